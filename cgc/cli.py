@@ -1,0 +1,143 @@
+"""The `cgc` command: check schedules, print their launch programs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from . import __version__
+from .diagnostics import CompileError, SourceCache, render_all
+from .frontend import Frontend, analyse, evaluate, parse_override
+from .ir import format_program
+
+EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+_DESCRIPTION = """\
+cgc compiles schedules of GPU kernel launches (.cg files) that describe a training step
+of a GPT-style transformer. It proves every launch safe before anything runs.
+
+exit status: 0 success, 1 diagnostics (errors in the schedule), 2 usage errors."""
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _add_program_options(parser: argparse.ArgumentParser, several_configs: bool) -> None:
+    parser.add_argument("--entry", metavar="NAME",
+                        help="the schedule to use (default: the last schedule declared in FILE)")
+    if several_configs:
+        parser.add_argument("--config", metavar="NAME", action="append",
+                            help="check this configuration (repeatable; default: every "
+                                 "configuration declared)")
+    else:
+        parser.add_argument("--config", metavar="NAME",
+                            help="the configuration (default: the first one declared)")
+    parser.add_argument("--set", metavar="CONSTANT=VALUE", action="append", default=[],
+                        help="override a model constant, e.g. --set cgLayers=96 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cgc", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"cgc {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    check = commands.add_parser(
+        "check", help="parse, resolve, type-check and evaluate schedules",
+        description="Parse, resolve and type-check FILE (and what it imports), then evaluate its "
+                    "entry schedule in every configuration. Prints all diagnostics, sorted by "
+                    "position.")
+    check.add_argument("files", nargs="+", metavar="FILE", help="a .cg schedule file")
+    _add_program_options(check, several_configs=True)
+
+    ir = commands.add_parser(
+        "ir", help="print the launch program of a schedule",
+        description="Print the evaluated launch program of FILE's entry schedule: one line per "
+                    "launch (phase, image, grid, source location) and one per bound slot, with "
+                    "repeats kept as loops. The text is stable: the same input gives the same "
+                    "bytes.")
+    ir.add_argument("file", metavar="FILE", help="a .cg schedule file")
+    _add_program_options(ir, several_configs=False)
+    ir.add_argument("-o", "--output", metavar="PATH", help="write the text here, not to stdout")
+    return parser
+
+
+def _overrides(frontend: Frontend, texts: list[str]) -> dict[str, object]:
+    overrides = {}
+    for text in texts:
+        try:
+            name, value = parse_override(frontend, text)
+        except ValueError as error:
+            raise _UsageError(str(error)) from None
+        overrides[name] = value
+    return overrides
+
+
+def _configs(frontend: Frontend, asked) -> list[str]:
+    for name in asked or ():
+        if name not in frontend.declarations.configs:
+            raise _UsageError(f"unknown config '{name}' (known: {', '.join(frontend.configs)})")
+    return list(asked) if asked else frontend.configs
+
+
+def _check(args, sources: SourceCache) -> int:
+    frontend = analyse(args.files, sources)
+    overrides = _overrides(frontend, args.set)
+    configs = _configs(frontend, args.config)
+    warnings = list(frontend.warnings)
+    for path in args.files:
+        launches = {}
+        for config in configs:
+            program = evaluate(frontend, path, args.entry, config, overrides)
+            launches[config] = sum(1 for _ in program.launches())
+        summary = ", ".join(f"{config} ({count} launches)" for config, count in launches.items())
+        print(f"{path}: ok: {program.entry} in {summary}")
+    if warnings:
+        print(render_all(warnings, sources), file=sys.stderr)
+    return EXIT_OK
+
+
+def _ir(args, sources: SourceCache) -> int:
+    frontend = analyse([args.file], sources)
+    overrides = _overrides(frontend, args.set)
+    config = _configs(frontend, [args.config] if args.config else None)[0]
+    text = format_program(evaluate(frontend, args.file, args.entry, config, overrides))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sources = SourceCache()
+    try:
+        return {"check": _check, "ir": _ir}[args.command](args, sources)
+    except CompileError as error:
+        print(render_all(error.diagnostics, sources), file=sys.stderr)
+        return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
+            else EXIT_OK
+    except _UsageError as error:
+        parser.print_usage(sys.stderr)
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as error:  # a bug in cgc, never a user error
+        if os.environ.get("CGC_DEBUG"):
+            traceback.print_exc()
+        print(f"cgc: internal error: {type(error).__name__}: {error}\n"
+              "cgc: this is a bug in cgc; set CGC_DEBUG=1 for the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

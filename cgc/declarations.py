@@ -1,0 +1,346 @@
+"""Elaborates the non-def declarations into records the type checker and evaluator read.
+
+The image record is the single source of truth for a kernel's signature: block shape,
+pointer arguments (element type, access, extent formula), scalar arguments (type,
+default) and the pointer pairs that may alias. The checker and the emitter both read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .builtins import ELEMENT_NAMES
+from .diagnostics import Note, Reporter, did_you_mean
+from .resolve import Scope
+from .syntax import Clause, Declaration, Floating, Integer, Name, Natural, Span, Term
+
+ACCESSES = ("read", "write", "readwrite", "accumulate")
+SCALAR_TYPES = ("float32", "int32")
+BANK_ROLES = ("parameters", "gradients", "state", "copies")
+STAGES = ("data", "forward", "backward", "optimizer")
+INITIALISERS = ("normal", "ones", "zeros")
+LOW_TYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class PointerParameter:
+    index: int
+    name: str
+    element: str
+    access: str
+    extent: Term | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class ScalarParameter:
+    index: int
+    name: str
+    type: str
+    default: Term | None
+    span: Span
+
+
+@dataclass
+class ImageDeclaration:
+    name: str
+    block: tuple[Term, Term, Term] | None
+    library: str | None
+    pointers: dict[int, PointerParameter]
+    scalars: dict[int, ScalarParameter]
+    aliases: set[frozenset[int]]
+    span: Span
+    doc: str | None
+
+
+@dataclass
+class StorageDeclaration:
+    """A buffer, an arena slot or a bank entry: element count, optional stack of items."""
+
+    kind: str  # buffer | arena | entry
+    name: str
+    element: str | None  # None for entries: the bank decides
+    count: Term
+    stack: Term | None
+    span: Span
+    matrix: bool = False
+    init: Clause | None = None
+
+
+@dataclass
+class BankDeclaration:
+    name: str
+    element: str
+    role: str
+    span: Span
+
+
+@dataclass
+class PhaseDeclaration:
+    name: str
+    stage: str | None
+    writes: tuple[Name, ...]
+    span: Span
+
+
+@dataclass
+class ConstantDeclaration:
+    name: str
+    type_term: Term
+    default: Term | None
+    span: Span
+
+
+@dataclass
+class ConfigDeclaration:
+    name: str
+    parent: Name | None
+    values: dict[str, tuple[Term, Span]]
+    span: Span
+
+
+@dataclass
+class Declarations:
+    images: dict[str, ImageDeclaration] = field(default_factory=dict)
+    storages: dict[str, StorageDeclaration] = field(default_factory=dict)
+    banks: dict[str, BankDeclaration] = field(default_factory=dict)
+    phases: dict[str, PhaseDeclaration] = field(default_factory=dict)
+    constants: dict[str, ConstantDeclaration] = field(default_factory=dict)
+    configs: dict[str, ConfigDeclaration] = field(default_factory=dict)
+
+
+def _natural(term: Term, report: Reporter, what: str) -> int | None:
+    if isinstance(term, Natural):
+        return term.value
+    report.error(f"{what} must be a natural number literal", term.span)
+    return None
+
+
+def _keyword(term: Term, allowed, report: Reporter, what: str) -> str | None:
+    if isinstance(term, Name) and term.text in allowed:
+        return term.text
+    if isinstance(term, Name):
+        note = did_you_mean(term.text, allowed)
+        report.error(f"unknown {what} '{term.text}': expected {', '.join(allowed)}", term.span,
+                     *([note] if note else []))
+    else:
+        report.error(f"expected {what} ({', '.join(allowed)})", term.span)
+    return None
+
+
+def _arity(clause: Clause, low: int, high: int, form: str, report: Reporter) -> bool:
+    if low <= len(clause.arguments) <= high:
+        return True
+    report.error(f"malformed ({clause.keyword.text} ...) clause: expected {form}", clause.span)
+    return False
+
+
+class _Elaborator:
+    def __init__(self, scope: Scope, report: Reporter):
+        self.scope = scope
+        self.report = report
+        self.result = Declarations()
+
+    def term(self, term: Term, owner: str, grid: bool = False, bound=()) -> Term:
+        self.scope.resolve_term(term, owner, bound=bound, grid=grid)
+        return term
+
+    def element(self, term: Term) -> str | None:
+        return _keyword(term, ELEMENT_NAMES, self.report, "element type")
+
+    def clauses(self, declaration: Declaration, allowed: dict[str, tuple[int, int, str]]):
+        """Validates clause keywords and arities; yields (keyword, clause) for good ones."""
+        for clause in declaration.clauses:
+            keyword = clause.keyword.text
+            if keyword not in allowed:
+                note = did_you_mean(keyword, allowed)
+                self.report.error(
+                    f"unknown clause '({keyword} ...)' in a {declaration.kind} declaration; "
+                    f"expected one of: {', '.join(allowed) or 'none'}",
+                    clause.keyword.span, *([note] if note else []))
+                continue
+            low, high, form = allowed[keyword]
+            if _arity(clause, low, high, form, self.report):
+                yield keyword, clause
+
+    def storage(self, declaration: Declaration) -> None:
+        name = declaration.name.text
+        if declaration.kind == "entry":
+            element, (count,) = None, declaration.terms
+        else:
+            element_term, count = declaration.terms
+            element = self.element(element_term)
+        allowed = {"stack": (1, 1, "(stack COUNT)")}
+        if declaration.kind == "entry":
+            allowed |= {"matrix": (0, 0, "(matrix)"),
+                        "init": (1, 2, "(init normal STD), (init ones) or (init zeros)")}
+        record = StorageDeclaration(declaration.kind, name, element, self.term(count, name), None,
+                                    declaration.span)
+        for keyword, clause in self.clauses(declaration, allowed):
+            if keyword == "stack":
+                record.stack = self.term(clause.arguments[0], name)
+            elif keyword == "matrix":
+                record.matrix = True
+            elif keyword == "init":
+                kind = _keyword(clause.arguments[0], INITIALISERS, self.report, "initialiser")
+                if kind == "normal" and len(clause.arguments) != 2:
+                    self.report.error("(init normal STD) needs the standard deviation", clause.span)
+                for argument in clause.arguments[1:]:
+                    self.term(argument, name)
+                record.init = clause
+        self.result.storages[name] = record
+
+    def bank(self, declaration: Declaration) -> None:
+        (element_term,) = declaration.terms
+        role = None
+        for _, clause in self.clauses(declaration, {"role": (1, 1, "(role ROLE)")}):
+            role = _keyword(clause.arguments[0], BANK_ROLES, self.report, "bank role")
+        if role is None and not any(c.keyword.text == "role" for c in declaration.clauses):
+            self.report.error(f"bank '{declaration.name.text}' needs a role: "
+                              f"(role {' | '.join(BANK_ROLES)})", declaration.name.span)
+        element = self.element(element_term)
+        self.result.banks[declaration.name.text] = BankDeclaration(
+            declaration.name.text, element or "float32", role or "parameters", declaration.span)
+
+    def phase(self, declaration: Declaration) -> None:
+        stage, writes = None, []
+        allowed = {"stage": (1, 1, "(stage STAGE)"), "writes": (1, 64, "(writes BANK ...)")}
+        for keyword, clause in self.clauses(declaration, allowed):
+            if keyword == "stage":
+                stage = _keyword(clause.arguments[0], STAGES, self.report, "stage")
+            else:
+                for argument in clause.arguments:
+                    if isinstance(argument, Name) and argument.text in self.scope.declarations \
+                            and self.scope.declarations[argument.text].kind == "bank":
+                        writes.append(argument)
+                    elif isinstance(argument, Name):
+                        banks = [d.name.text for d in self.scope.of_kind("bank")]
+                        note = did_you_mean(argument.text, banks)
+                        self.report.error(f"'{argument.text}' is not a bank", argument.span,
+                                          *([note] if note else []))
+                    else:
+                        self.report.error("(writes ...) lists bank names", argument.span)
+        self.result.phases[declaration.name.text] = PhaseDeclaration(
+            declaration.name.text, stage, tuple(writes), declaration.span)
+
+    def image(self, declaration: Declaration) -> None:
+        name = declaration.name.text
+        record = ImageDeclaration(name, None, None, {}, {}, set(), declaration.span,
+                                  declaration.doc)
+        allowed = {
+            "block": (3, 3, "(block X Y Z)"),
+            "library": (1, 1, "(library cublas)"),
+            "pointer": (4, 5, "(pointer INDEX NAME ELEMENT ACCESS [EXTENT])"),
+            "scalar": (3, 4, "(scalar INDEX NAME TYPE [DEFAULT])"),
+            "alias": (2, 2, "(alias POINTER POINTER)"),
+        }
+        clauses = list(self.clauses(declaration, allowed))
+        scalar_names = [c.arguments[1].text for k, c in clauses
+                        if k == "scalar" and isinstance(c.arguments[1], Name)]
+        for keyword, clause in clauses:
+            arguments = clause.arguments
+            if keyword == "block":
+                record.block = tuple(self.term(a, name) for a in arguments)
+            elif keyword == "library":
+                record.library = _keyword(arguments[0], ("cublas",), self.report, "library")
+            elif keyword in ("pointer", "scalar"):
+                index = _natural(arguments[0], self.report, f"a {keyword} index")
+                if not isinstance(arguments[1], Name):
+                    self.report.error(f"a {keyword} argument needs a name", arguments[1].span)
+                    continue
+                table = record.pointers if keyword == "pointer" else record.scalars
+                if index is not None and index in table:
+                    self.report.error(f"{keyword} {index} of image '{name}' is declared twice",
+                                      clause.span,
+                                      Note("the first declaration is here", table[index].span))
+                    continue
+                if keyword == "pointer":
+                    element = self.element(arguments[2])
+                    access = _keyword(arguments[3], ACCESSES, self.report, "access")
+                    extent = (self.term(arguments[4], name, grid=True, bound=scalar_names)
+                              if len(arguments) == 5 else None)
+                    if index is not None and element and access:
+                        table[index] = PointerParameter(index, arguments[1].text, element, access,
+                                                        extent, clause.span)
+                else:
+                    scalar_type = _keyword(arguments[2], SCALAR_TYPES, self.report, "scalar type")
+                    default = self.term(arguments[3], name) if len(arguments) == 4 else None
+                    if index is not None and scalar_type:
+                        table[index] = ScalarParameter(index, arguments[1].text, scalar_type,
+                                                       default, clause.span)
+            elif keyword == "alias":
+                pair = [_natural(a, self.report, "an aliased pointer index") for a in arguments]
+                if None not in pair:
+                    record.aliases.add(frozenset(pair))
+        if record.block is None and record.library is None:
+            self.report.error(f"image '{name}' needs a block shape (block X Y Z) or a "
+                              "(library cublas) clause", declaration.name.span)
+        for pair in record.aliases:
+            for index in pair:
+                if index not in record.pointers:
+                    self.report.error(f"(alias ...) names pointer {index}, which image '{name}' "
+                                      "does not declare", declaration.span)
+        self.result.images[name] = record
+
+    def constant(self, declaration: Declaration) -> None:
+        type_term = declaration.terms[0]
+        self.scope.resolve_type(type_term)
+        default = declaration.terms[1] if len(declaration.terms) > 1 else None
+        if default is not None:
+            self.term(default, declaration.name.text)
+        self.result.constants[declaration.name.text] = ConstantDeclaration(
+            declaration.name.text, type_term, default, declaration.span)
+
+    def config(self, declaration: Declaration) -> None:
+        values: dict[str, tuple[Term, Span]] = {}
+        constants = [d.name.text for d in self.scope.of_kind("constant")]
+        for clause in declaration.clauses:
+            key = clause.keyword.text
+            if key != "low" and key not in constants:
+                note = did_you_mean(key, constants + ["low"])
+                self.report.error(f"config '{declaration.name.text}' sets '{key}', which is not a "
+                                  "declared constant", clause.keyword.span,
+                                  *([note] if note else []))
+                continue
+            if key in values:
+                self.report.error(f"config '{declaration.name.text}' sets '{key}' twice",
+                                  clause.keyword.span, Note("first set here", values[key][1]))
+                continue
+            if len(clause.arguments) != 1:
+                self.report.error(f"({key} VALUE) takes exactly one value", clause.span)
+                continue
+            value = clause.arguments[0]
+            if key == "low":
+                _keyword(value, LOW_TYPES, self.report, "low-precision type")
+            elif not isinstance(value, (Natural, Integer, Floating)):
+                self.report.error("a config value must be a literal", value.span)
+                continue
+            values[key] = (value, clause.keyword.span)
+        if declaration.parent is not None:
+            parent = self.scope.declarations.get(declaration.parent.text)
+            if parent is None or parent.kind != "config":
+                configs = [d.name.text for d in self.scope.of_kind("config")]
+                note = did_you_mean(declaration.parent.text, configs)
+                self.report.error(f"unknown config '{declaration.parent.text}'",
+                                  declaration.parent.span, *([note] if note else []))
+        self.result.configs[declaration.name.text] = ConfigDeclaration(
+            declaration.name.text, declaration.parent, values, declaration.span)
+
+    def definition(self, declaration: Declaration) -> None:
+        type_term, body = declaration.terms
+        self.scope.resolve_type(type_term)
+        self.term(body, declaration.name.text)
+
+
+def elaborate(scope: Scope, report: Reporter) -> Declarations:
+    elaborator = _Elaborator(scope, report)
+    handlers = {
+        "def": elaborator.definition, "constant": elaborator.constant,
+        "config": elaborator.config, "buffer": elaborator.storage, "arena": elaborator.storage,
+        "entry": elaborator.storage, "bank": elaborator.bank, "phase": elaborator.phase,
+        "image": elaborator.image,
+    }
+    for declaration in scope.order:
+        handlers[declaration.kind](declaration)
+    scope.report_cycles()
+    return elaborator.result

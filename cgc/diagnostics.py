@@ -1,0 +1,130 @@
+"""Diagnostics: collected, sorted, rendered as `path:line:col: error: message` with a caret."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .syntax import Span
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    message: str
+    span: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    severity: str  # "error" | "warning"
+    message: str
+    span: Span | None
+    notes: tuple[Note, ...] = ()
+
+    def sort_key(self):
+        return self.span.sort_key() if self.span else ("", 0, 0)
+
+
+class CompileError(Exception):
+    """Raised when a stage ends with errors; carries every diagnostic it collected."""
+
+    def __init__(self, diagnostics: Iterable[Diagnostic]):
+        self.diagnostics = sorted(diagnostics, key=Diagnostic.sort_key)
+        super().__init__(f"{len(self.diagnostics)} diagnostic(s)")
+
+
+@dataclass
+class Reporter:
+    """Collects diagnostics for one compilation; `raise_if_errors` ends a stage."""
+
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def error(self, message: str, span: Span | None, *notes: Note) -> None:
+        self.diagnostics.append(Diagnostic("error", message, span, tuple(notes)))
+
+    def warning(self, message: str, span: Span | None, *notes: Note) -> None:
+        self.diagnostics.append(Diagnostic("warning", message, span, tuple(notes)))
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.severity == "error" for d in self.diagnostics)
+
+    def raise_if_errors(self) -> None:
+        if self.has_errors:
+            raise CompileError(self.diagnostics)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> Note | None:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return Note(f"did you mean '{close[0]}'?") if close else None
+
+
+class SourceCache:
+    """Reads each source file once, so that rendering can quote its lines."""
+
+    def __init__(self):
+        self._lines: dict[str, list[str]] = {}
+
+    def add(self, path: str, text: str) -> None:
+        self._lines[path] = text.splitlines()
+
+    def line(self, path: str, number: int) -> str | None:
+        if path not in self._lines:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    self.add(path, handle.read())
+            except OSError:
+                return None
+        lines = self._lines[path]
+        return lines[number - 1] if 0 < number <= len(lines) else None
+
+
+_WIDTH = 100
+
+
+def _quote(span: Span, sources: SourceCache) -> list[str]:
+    text = sources.line(span.path, span.line)
+    if text is None:
+        return []
+    text = text.expandtabs(1)
+    gutter = f"{span.line:>5} | "
+    start = max(span.column - 1, 0)
+    if len(text) > _WIDTH and start > _WIDTH // 2:
+        # Show a window of a long line around the span.
+        cut = start - _WIDTH // 4
+        text, start = "..." + text[cut:], start - cut + 3
+    if len(text) > _WIDTH:
+        text = text[:_WIDTH] + "..."
+    if span.end_line == span.line and span.end_column > span.column:
+        width = span.end_column - span.column
+    else:
+        width = max(len(text.rstrip()) - start, 1)
+    width = max(1, min(width, max(len(text) - start, 1)))
+    marker = " " * start + "^" + "~" * (width - 1)
+    return [gutter + text, " " * (len(gutter) - 2) + "| " + marker]
+
+
+def render(diagnostic: Diagnostic, sources: SourceCache) -> str:
+    lines = []
+    where = f"{diagnostic.span}: " if diagnostic.span else "cgc: "
+    lines.append(f"{where}{diagnostic.severity}: {diagnostic.message}")
+    if diagnostic.span:
+        lines.extend(_quote(diagnostic.span, sources))
+    for note in diagnostic.notes:
+        where = f"{note.span}: " if note.span else ""
+        lines.append(f"{where}note: {note.message}")
+        if note.span:
+            lines.extend(_quote(note.span, sources))
+    return "\n".join(lines)
+
+
+def render_all(diagnostics: Iterable[Diagnostic], sources: SourceCache | None = None) -> str:
+    sources = sources or SourceCache()
+    diagnostics = sorted(diagnostics, key=Diagnostic.sort_key)
+    parts = [render(d, sources) for d in diagnostics]
+    errors = sum(d.severity == "error" for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    if diagnostics:
+        parts.append(f"{errors} error(s), {warnings} warning(s)")
+    return "\n".join(parts)

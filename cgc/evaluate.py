@@ -1,0 +1,516 @@
+"""Evaluation of a checked schedule to a launch program, for one configuration.
+
+Call by value over closures; no recursion exists, so evaluation always ends. Inside
+`nvidiaAffineLaunchRepeat` the index is symbolic: every natural computed from it is an
+affine function of it (or the evaluator says why not), which keeps the loop a loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import affine
+from .affine import Affine, LoopVariable, Nat, bounds, format_nat
+from .builtins import PRIMITIVES
+from .declarations import Declarations, StorageDeclaration
+from .diagnostics import Note, Reporter
+from .ir import Launch, PhaseRegion, PointerBinding, Program, Repeat, ScalarBinding, StorageRef, View
+from .resolve import Scope
+from .syntax import Apply, Floating, Integer, Lambda, Name, Natural, Span, Term
+from .types import Function
+
+LOG2_E = 1.4426950408889634
+
+
+class Int(int):
+    """A signed integer value (type Int), told apart from a natural for scalar slots."""
+
+
+class _Poison:
+    """The value of a term whose evaluation failed; it silences errors that would follow."""
+
+    def __repr__(self):
+        return "<poison>"
+
+
+POISON = _Poison()
+
+
+@dataclass(frozen=True)
+class Closure:
+    function: Lambda
+    env: dict
+
+
+@dataclass(frozen=True)
+class Partial:
+    name: str
+    arity: int
+    arguments: tuple  # (value, span) pairs
+
+
+@dataclass(frozen=True)
+class Ref:
+    kind: str  # bank | arena | entry | phase | image
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentIndex:
+    index: int
+
+
+@dataclass(frozen=True)
+class ScalarIndex:
+    index: int
+
+
+@dataclass(frozen=True)
+class Slots:
+    bindings: tuple  # PointerBinding | ScalarBinding, in source order
+
+
+def _arity(t) -> int:
+    count = 0
+    while isinstance(t, Function):
+        count += 1
+        t = t.result
+    return count
+
+
+_ARITIES = {name: _arity(t) for name, t in PRIMITIVES.items()}
+
+
+class EvaluationError(Exception):
+    def __init__(self, message: str, span: Span | None, *notes: Note):
+        self.message, self.span, self.notes = message, span, notes
+
+
+def resolve_config(declarations: Declarations, name: str, overrides: dict[str, object],
+                   report: Reporter) -> tuple[dict[str, object], str]:
+    """The value of every constant in config `name`, and its low-precision type."""
+    chain, seen = [], set()
+    current = declarations.configs.get(name)
+    while current is not None and current.name not in seen:
+        seen.add(current.name)
+        chain.append(current)
+        current = declarations.configs.get(current.parent.text) if current.parent else None
+    values: dict[str, object] = {}
+    for config in reversed(chain):
+        for key, (term, _) in config.values.items():
+            values[key] = term
+    low = values.pop("low", None)
+    low_name = low.text if isinstance(low, Name) else "bfloat16"
+    constants = {}
+    for constant in declarations.constants.values():
+        if constant.name in overrides:
+            constants[constant.name] = overrides[constant.name]
+        elif constant.name in values:
+            constants[constant.name] = values[constant.name]
+        elif constant.default is not None:
+            constants[constant.name] = constant.default
+        else:
+            report.error(f"config '{name}' does not set constant '{constant.name}', which has "
+                         "no default", declarations.configs[name].span,
+                         Note(f"'{constant.name}' is declared here", constant.span))
+    return constants, low_name
+
+
+class Evaluator:
+    def __init__(self, scope: Scope, declarations: Declarations, config: str,
+                 overrides: dict[str, object], report: Reporter):
+        self.scope = scope
+        self.declarations = declarations
+        self.config = config
+        self.report = report
+        self.constant_terms, self.low = resolve_config(declarations, config, overrides, report)
+        self.cache: dict[str, object] = {}
+        self.in_progress: set[str] = set()
+        self.storages: dict[str, StorageRef] = {}
+        self.loop_spans: dict[LoopVariable, Span] = {}
+
+    # ---- globals -----------------------------------------------------------------
+
+    def global_value(self, name: str, span: Span):
+        if name in self.cache:
+            return self.cache[name]
+        if name in self.in_progress:
+            raise EvaluationError(f"'{name}' depends on its own value", span)
+        declaration = self.scope.declarations[name]
+        self.in_progress.add(name)
+        try:
+            kind = declaration.kind
+            if kind == "def":
+                value = self.eval(declaration.terms[1], {}, ())
+            elif kind == "constant":
+                value = self.constant(name, span)
+            elif kind == "buffer":
+                storage = self.storage_of(self.declarations.storages[name], None)
+                value = View(storage, 0, storage.count) if storage else POISON
+            elif kind in ("arena", "entry", "bank", "phase", "image"):
+                value = Ref(kind, name)
+            else:
+                raise EvaluationError(f"'{name}' is a {kind}, not a value", span)
+        finally:
+            self.in_progress.discard(name)
+        self.cache[name] = value
+        return value
+
+    def constant(self, name: str, span: Span):
+        term = self.constant_terms.get(name)
+        if term is None:
+            return POISON
+        if not isinstance(term, (Natural, Integer, Floating, Apply, Name)):
+            return term  # an override given on the command line, already a value
+        return self.eval(term, {}, ())
+
+    def natural_constant(self, term: Term, what: str) -> int | None:
+        value = self.eval(term, {}, ())
+        if value is POISON:
+            return None
+        if not isinstance(value, int) or value <= 0:
+            self.report.error(f"{what} must be a positive natural, found {value}", term.span)
+            return None
+        return value
+
+    def storage_of(self, declaration: StorageDeclaration, bank: str | None) -> StorageRef | None:
+        key = f"{bank}.{declaration.name}" if bank else declaration.name
+        if key in self.storages:
+            return self.storages[key]
+        count = self.natural_constant(declaration.count, f"the element count of '{declaration.name}'")
+        stack = (self.natural_constant(declaration.stack, f"the stack of '{declaration.name}'")
+                 if declaration.stack is not None else None)
+        if count is None or (declaration.stack is not None and stack is None):
+            return None
+        if bank is not None:
+            bank_declaration = self.declarations.banks[bank]
+            storage = StorageRef("bank", bank, declaration.name, bank_declaration.element, count,
+                                 stack)
+        else:
+            storage = StorageRef(declaration.kind, declaration.name, None, declaration.element, count,
+                                 stack)
+        self.storages[key] = storage
+        return storage
+
+    def bank_entries(self, bank: str) -> list[StorageDeclaration]:
+        copies = self.declarations.banks[bank].role == "copies"
+        return [s for s in self.declarations.storages.values()
+                if s.kind == "entry" and (s.matrix or not copies)]
+
+    # ---- terms -------------------------------------------------------------------
+
+    def eval(self, term: Term, env: dict, trace: tuple):
+        if isinstance(term, Name):
+            if term.text in env:
+                return env[term.text]
+            if term.text in _ARITIES:
+                arity = _ARITIES[term.text]
+                partial = Partial(term.text, arity, ())
+                return self.primitive(partial, term.span, trace) if arity == 0 else partial
+            try:
+                return self.global_value(term.text, term.span)
+            except EvaluationError as error:
+                self.report.error(error.message, error.span, *error.notes)
+                return POISON
+        if isinstance(term, Natural):
+            return term.value
+        if isinstance(term, Integer):
+            return Int(term.value)
+        if isinstance(term, Floating):
+            return term.value
+        if isinstance(term, Lambda):
+            return Closure(term, env)
+        if isinstance(term, Apply):
+            function = self.eval(term.function, env, trace)
+            for argument in term.arguments:
+                value = self.eval(argument, env, trace)
+                function = self.apply(function, value, argument.span, term.span, trace)
+            return function
+        return POISON
+
+    def apply(self, function, value, argument_span: Span, span: Span, trace: tuple):
+        if function is POISON:
+            return POISON
+        if isinstance(function, Closure):
+            lam = function.function
+            inner = trace if trace and trace[-1] == span else trace + (span,)
+            return self.eval(lam.body, {**function.env, lam.binder.text: value}, inner)
+        assert isinstance(function, Partial)
+        partial = Partial(function.name, function.arity,
+                          function.arguments + ((value, argument_span),))
+        if len(partial.arguments) < partial.arity:
+            return partial
+        if any(v is POISON for v, _ in partial.arguments):
+            return POISON
+        try:
+            return self.primitive(partial, span, trace)
+        except EvaluationError as error:
+            self.report.error(error.message, error.span, *error.notes)
+            return POISON
+
+    # ---- primitives --------------------------------------------------------------
+
+    def _not_affine(self, why: str, span: Span, value: Nat) -> EvaluationError:
+        variables = [v for v, _ in value.terms] if isinstance(value, Affine) else []
+        notes = [Note(f"the repeat of '{v.name}' is here", self.loop_spans[v])
+                 for v in variables if v in self.loop_spans]
+        return EvaluationError(f"not affine in the repeat index: {why}", span, *notes)
+
+    def _constant_float(self, value, span: Span) -> float:
+        if isinstance(value, Affine):
+            raise self._not_affine("a Float cannot depend on a repeat index", span, value)
+        return float(value)
+
+    def primitive(self, partial: Partial, span: Span, trace: tuple):
+        name = partial.name
+        values = [v for v, _ in partial.arguments]
+        spans = [s for _, s in partial.arguments]
+        handler = getattr(self, "_" + name, None)
+        if handler is not None:
+            return handler(values, spans, span, trace)
+        raise EvaluationError(f"built-in '{name}' has no evaluation rule", span)
+
+    def _cgThen(self, values, spans, span, trace):
+        return values[0] + values[1]
+
+    def _cgNothing(self, values, spans, span, trace):
+        return ()
+
+    def _cgPhase(self, values, spans, span, trace):
+        return (PhaseRegion(values[0].name, values[1], span),)
+
+    def _cgLaunch(self, values, spans, span, trace):
+        image, gx, gy, gz, slots = values
+        pointers = tuple(b for b in slots.bindings if isinstance(b, PointerBinding))
+        scalars = tuple(b for b in slots.bindings if isinstance(b, ScalarBinding))
+        return (Launch(self.declarations.images[image.name], (gx, gy, gz), pointers, scalars,
+                       span, trace),)
+
+    def _nvidiaAffineLaunchRepeat(self, values, spans, span, trace):
+        count, body = values
+        if isinstance(count, Affine):
+            raise EvaluationError("the repeat count must not depend on an enclosing repeat index",
+                                  spans[0])
+        name = body.function.binder.text if isinstance(body, Closure) else "i"
+        variable = LoopVariable.fresh(name, count)
+        self.loop_spans[variable] = span
+        if count == 0:
+            self.report.warning("this repeat runs zero times", spans[0])
+            return ()
+        result = self.apply(body, Affine.of(variable), spans[1], span, trace)
+        if result is POISON:
+            return POISON
+        return (Repeat(variable, result, span),)
+
+    def _cgPointer(self, values, spans, span, trace):
+        index, view, rest = values
+        return Slots((PointerBinding(index.index, view, span),) + rest.bindings)
+
+    def _cgSlot(self, values, spans, span, trace):
+        index, value, rest = values
+        kind = "Float" if isinstance(value, float) else "Int" if isinstance(value, Int) else "Nat"
+        return Slots((ScalarBinding(index.index, value, kind, span),) + rest.bindings)
+
+    def _cgNoSlots(self, values, spans, span, trace):
+        return Slots(())
+
+    def _index(self, value, span, what):
+        if isinstance(value, Affine):
+            raise self._not_affine(f"{what} must be a constant", span, value)
+        return value
+
+    def _cgArgument(self, values, spans, span, trace):
+        return ArgumentIndex(self._index(values[0], spans[0], "a pointer index"))
+
+    def _cgScalar(self, values, spans, span, trace):
+        return ScalarIndex(self._index(values[0], spans[0], "a scalar index"))
+
+    def _cgParameter(self, values, spans, span, trace):
+        bank, entry = values
+        declaration = self.declarations.storages[entry.name]
+        bank_declaration = self.declarations.banks[bank.name]
+        if bank_declaration.role == "copies" and not declaration.matrix:
+            raise EvaluationError(
+                f"entry '{entry.name}' has no copy in bank '{bank.name}', which holds the "
+                "16-bit copies of matrices only", spans[1],
+                Note("declare the entry with (matrix) to give it a copy", declaration.span))
+        storage = self.storage_of(declaration, bank.name)
+        return View(storage, 0, storage.count) if storage else POISON
+
+    def _cgBankAll(self, values, spans, span, trace):
+        bank = values[0].name
+        key = f"{bank}.*"
+        if key not in self.storages:
+            total = 0
+            for declaration in self.bank_entries(bank):
+                storage = self.storage_of(declaration, bank)
+                if storage is None:
+                    return POISON
+                total += storage.count
+            self.storages[key] = StorageRef("bank", bank, None,
+                                            self.declarations.banks[bank].element, total, None)
+        storage = self.storages[key]
+        return View(storage, 0, storage.count)
+
+    def _cgCount(self, values, spans, span, trace):
+        return values[0].count
+
+    def _cgArena(self, values, spans, span, trace):
+        storage = self.storage_of(self.declarations.storages[values[0].name], None)
+        return View(storage, 0, storage.count) if storage else POISON
+
+    def _cgItem(self, values, spans, span, trace):
+        view, item = values
+        storage = view.storage
+        if storage.stack is None or view.item is not None:
+            raise EvaluationError(
+                f"cgItem takes a stacked buffer (declared with (stack N)); '{view.label}' "
+                "is not one", spans[0])
+        low, high = bounds(item)
+        if high >= storage.stack:
+            raise EvaluationError(
+                f"item {format_nat(item)} is out of range: '{storage.label}' has "
+                f"{storage.stack} items (0 .. {storage.stack - 1}), and the index reaches {high}",
+                spans[1])
+        return View(storage, affine.scale(item, storage.item_count), storage.item_count, item)
+
+    # natural arithmetic
+
+    def _naturalAdd(self, values, spans, span, trace):
+        return affine.add(values[0], values[1])
+
+    def _naturalMultiply(self, values, spans, span, trace):
+        left, right = values
+        if isinstance(left, Affine) and isinstance(right, Affine):
+            raise self._not_affine("naturalMultiply of two values that both depend on it",
+                                   span, left)
+        if isinstance(left, Affine):
+            return affine.scale(left, right)
+        return affine.scale(right, left)
+
+    def _divisor(self, value, span):
+        if isinstance(value, Affine):
+            raise self._not_affine("the divisor depends on it", span, value)
+        if value == 0:
+            raise EvaluationError("division by zero", span)
+        return value
+
+    def _naturalDivideUnchecked(self, values, spans, span, trace):
+        dividend, divisor = values[0], self._divisor(values[1], spans[1])
+        if isinstance(dividend, int):
+            return dividend // divisor
+        if any(k % divisor for _, k in dividend.terms):
+            raise self._not_affine(f"({format_nat(dividend)}) / {divisor} is not affine: a "
+                                   "coefficient is not a multiple of the divisor", span, dividend)
+        return affine.normal(dividend.constant // divisor,
+                             {v: k // divisor for v, k in dividend.terms})
+
+    def _naturalDivideCeiling(self, values, spans, span, trace):
+        divisor = self._divisor(values[1], spans[1])
+        return self._naturalDivideUnchecked([affine.add(values[0], divisor - 1), divisor],
+                                            spans, span, trace)
+
+    def _naturalModulo(self, values, spans, span, trace):
+        dividend, divisor = values[0], self._divisor(values[1], spans[1])
+        if isinstance(dividend, Affine):
+            raise self._not_affine("naturalModulo of a value that depends on it", span, dividend)
+        return dividend % divisor
+
+    def _naturalSubtract(self, values, spans, span, trace):
+        result = affine.add(values[0], values[1], -1)
+        low, _ = bounds(result)
+        if low < 0:
+            raise EvaluationError(
+                f"naturalSubtract underflows: {format_nat(values[0])} - {format_nat(values[1])} "
+                f"reaches {low}; use naturalSaturatingSubtract to stop at zero", span)
+        return result
+
+    def _naturalSaturatingSubtract(self, values, spans, span, trace):
+        result = affine.add(values[0], values[1], -1)
+        low, high = bounds(result)
+        if low >= 0:
+            return result
+        if high <= 0:
+            return 0
+        raise self._not_affine(
+            f"{format_nat(values[0])} - {format_nat(values[1])} saturates at zero for some "
+            "iterations only", span, result)
+
+    def _extreme(self, values, span, pick):
+        left, right = values
+        if isinstance(left, int) and isinstance(right, int):
+            return pick(left, right)
+        difference = affine.add(left, right, -1)
+        low, high = bounds(difference)
+        if low >= 0:
+            return left if pick is max else right
+        if high <= 0:
+            return right if pick is max else left
+        raise self._not_affine("the larger of the two changes within the repeat", span,
+                               difference)
+
+    def _naturalMinimum(self, values, spans, span, trace):
+        return self._extreme(values, span, min)
+
+    def _naturalMaximum(self, values, spans, span, trace):
+        return self._extreme(values, span, max)
+
+    # integers and floats
+
+    def _integerOfNatural(self, values, spans, span, trace):
+        return Int(self._index(values[0], spans[0], "an Int"))
+
+    def _integerNegate(self, values, spans, span, trace):
+        return Int(-values[0])
+
+    def _floatOfNatural(self, values, spans, span, trace):
+        return self._constant_float(values[0], spans[0])
+
+    def _floatAdd(self, values, spans, span, trace):
+        return values[0] + values[1]
+
+    def _floatSubtract(self, values, spans, span, trace):
+        return values[0] - values[1]
+
+    def _floatMultiply(self, values, spans, span, trace):
+        return values[0] * values[1]
+
+    def _floatDivide(self, values, spans, span, trace):
+        if values[1] == 0.0:
+            raise EvaluationError("division by zero", spans[1])
+        return values[0] / values[1]
+
+    def _floatSquareRoot(self, values, spans, span, trace):
+        if values[0] < 0:
+            raise EvaluationError(f"square root of a negative number ({values[0]})", spans[0])
+        return values[0] ** 0.5
+
+    def _float32Log2E(self, values, spans, span, trace):
+        return LOG2_E
+
+
+def evaluate_program(scope: Scope, declarations: Declarations, source: str, entry: str,
+                     config: str, overrides: dict[str, object], report: Reporter) -> Program:
+    evaluator = Evaluator(scope, declarations, config, overrides, report)
+    report.raise_if_errors()
+    declaration = scope.declarations[entry]
+    body = evaluator.global_value(entry, declaration.name.span)
+    if report.has_errors or body is POISON:
+        report.raise_if_errors()
+    blocks = {}
+    for image in declarations.images.values():
+        if image.block is not None:
+            dims = [evaluator.natural_constant(t, "a block dimension") for t in image.block]
+            if None not in dims:
+                blocks[image.name] = tuple(dims)
+    for storage in declarations.storages.values():
+        if storage.kind != "entry":
+            evaluator.storage_of(storage, None)
+    for bank in declarations.banks:
+        for storage in evaluator.bank_entries(bank):
+            evaluator.storage_of(storage, bank)
+    report.raise_if_errors()
+    constants = {name: evaluator.constant(name, declarations.constants[name].span)
+                 for name in declarations.constants}
+    return Program(source, entry, config, evaluator.low, body, constants,
+                   dict(evaluator.storages), blocks)

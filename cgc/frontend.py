@@ -1,0 +1,101 @@
+"""The front end as one call: load, resolve, elaborate, type-check; then evaluate per config."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .declarations import Declarations, elaborate
+from .diagnostics import CompileError, Reporter, SourceCache
+from .evaluate import evaluate_program
+from .ir import Program
+from .load import load
+from .resolve import Scope
+from .syntax import Module
+from .typecheck import TypeChecker
+from .types import FLOAT, INT, NAT, SCHEDULE
+
+
+@dataclass
+class Frontend:
+    paths: list[str]
+    modules: list[Module]
+    scope: Scope
+    declarations: Declarations
+    checker: TypeChecker
+    sources: SourceCache
+    warnings: list
+
+    @property
+    def configs(self) -> list[str]:
+        return list(self.declarations.configs)
+
+    def schedules_in(self, path: str) -> list[str]:
+        """The schedule-typed definitions declared in one file, in source order."""
+        key = os.path.realpath(path)
+        return [d.name.text for d in self.scope.order
+                if d.kind == "def" and os.path.realpath(d.span.path) == key
+                and self.checker.global_types.get(d.name.text) == SCHEDULE]
+
+    def default_entry(self, path: str) -> str | None:
+        schedules = self.schedules_in(path)
+        return schedules[-1] if schedules else None
+
+
+def analyse(paths: list[str], sources: SourceCache | None = None) -> Frontend:
+    """Everything that does not depend on a configuration; raises CompileError on errors."""
+    sources = sources or SourceCache()
+    report = Reporter()
+    modules = load(paths, report, sources)
+    report.raise_if_errors()  # names from a file that did not parse would all look unknown
+    scope = Scope(modules, report)
+    declarations = elaborate(scope, report)
+    checker = TypeChecker(scope, declarations, report)
+    checker.check_all()
+    report.raise_if_errors()
+    return Frontend(paths, modules, scope, declarations, checker, sources,
+                    [d for d in report.diagnostics if d.severity == "warning"])
+
+
+def parse_override(frontend: Frontend, text: str) -> tuple[str, object]:
+    """`NAME=VALUE` from the command line, typed by the constant's declaration."""
+    name, _, value = text.partition("=")
+    if name not in frontend.declarations.constants or not value:
+        known = ", ".join(frontend.declarations.constants)
+        raise ValueError(f"--set expects CONSTANT=VALUE with a declared constant ({known})")
+    declared = frontend.checker.global_types.get(name)
+    try:
+        if declared == FLOAT:
+            return name, float(value)
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"--set {name}: '{value}' is not a {declared}") from None
+    if declared == NAT and number < 0:
+        raise ValueError(f"--set {name}: a Nat cannot be negative")
+    if declared == INT:
+        from .evaluate import Int
+        return name, Int(number)
+    return name, number
+
+
+def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: str | None = None,
+             overrides: dict[str, object] | None = None) -> Program:
+    """The launch program of `entry` (default: the file's last schedule) in `config`."""
+    report = Reporter()
+    entry = entry or frontend.default_entry(path)
+    if entry is None:
+        report.error(f"'{path}' declares no schedule (a def of type "
+                     "(family NvidiaLaunchSchedule)) to use as the entry", None)
+        report.raise_if_errors()
+    if entry not in frontend.scope.declarations or \
+            frontend.checker.global_types.get(entry) != SCHEDULE:
+        report.error(f"'{entry}' is not a schedule declared in the loaded files", None)
+        report.raise_if_errors()
+    config = config or (frontend.configs[0] if frontend.configs else None)
+    if config is None or config not in frontend.declarations.configs:
+        known = ", ".join(frontend.configs) or "none declared"
+        report.error(f"unknown config '{config}' (known: {known})", None)
+        report.raise_if_errors()
+    return evaluate_program(frontend.scope, frontend.declarations, path, entry, config,
+                            overrides or {}, report)
+

@@ -1,0 +1,19 @@
+"""Locates the grammar and templates, in an installed package or in a source checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """`grammar` or `templates`: installed beside the modules, or at the checkout's top."""
+    for candidate in (_PACKAGE / name, _PACKAGE.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"cgc is installed without its {name}/ folder")
+
+
+def grammar_path() -> Path:
+    return data_dir("grammar") / "cg.lark"
