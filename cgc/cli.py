@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 
 from . import __version__
-from .diagnostics import CompileError, SourceCache, render_all
+from .diagnostics import CompileError, render_all
 from .frontend import Frontend, analyse, evaluate, parse_override
 from .ir import format_program
 
@@ -85,8 +86,8 @@ def _configs(frontend: Frontend, asked) -> list[str]:
     return list(asked) if asked else frontend.configs
 
 
-def _check(args, sources: SourceCache) -> int:
-    frontend = analyse(args.files, sources)
+def _check(args) -> int:
+    frontend = analyse(args.files)
     overrides = _overrides(frontend, args.set)
     configs = _configs(frontend, args.config)
     warnings = list(frontend.warnings)
@@ -98,12 +99,12 @@ def _check(args, sources: SourceCache) -> int:
         summary = ", ".join(f"{config} ({count} launches)" for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
     if warnings:
-        print(render_all(warnings, sources), file=sys.stderr)
+        print(render_all(warnings), file=sys.stderr)
     return EXIT_OK
 
 
-def _ir(args, sources: SourceCache) -> int:
-    frontend = analyse([args.file], sources)
+def _ir(args) -> int:
+    frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     text = format_program(evaluate(frontend, args.file, args.entry, config, overrides))
@@ -116,13 +117,34 @@ def _ir(args, sources: SourceCache) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    sources = SourceCache()
+    """Runs the command on a thread with a deep stack: terms nest, and so does the compiler."""
+    result: list[int] = []
+    threading.stack_size(_STACK_BYTES)
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, _RECURSION_LIMIT))
+    worker = threading.Thread(target=lambda: result.append(_main(argv)))
     try:
-        return {"check": _check, "ir": _ir}[args.command](args, sources)
+        worker.start()
+        worker.join()
+    finally:
+        sys.setrecursionlimit(previous)
+    return result[0] if result else EXIT_INTERNAL
+
+
+_STACK_BYTES = 512 * 1024 * 1024
+_RECURSION_LIMIT = 200_000
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # --help, --version and usage errors
+        return int(exit.code or 0)
+    try:
+        return {"check": _check, "ir": _ir}[args.command](args)
     except CompileError as error:
-        print(render_all(error.diagnostics, sources), file=sys.stderr)
+        print(render_all(error.diagnostics), file=sys.stderr)
         return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
             else EXIT_OK
     except _UsageError as error:

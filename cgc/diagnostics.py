@@ -60,31 +60,11 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> Note | None:
     return Note(f"did you mean '{close[0]}'?") if close else None
 
 
-class SourceCache:
-    """Reads each source file once, so that rendering can quote its lines."""
-
-    def __init__(self):
-        self._lines: dict[str, list[str]] = {}
-
-    def add(self, path: str, text: str) -> None:
-        self._lines[path] = text.splitlines()
-
-    def line(self, path: str, number: int) -> str | None:
-        if path not in self._lines:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    self.add(path, handle.read())
-            except OSError:
-                return None
-        lines = self._lines[path]
-        return lines[number - 1] if 0 < number <= len(lines) else None
-
-
 _WIDTH = 100
 
 
-def _quote(span: Span, sources: SourceCache) -> list[str]:
-    text = sources.line(span.path, span.line)
+def _quote(span: Span) -> list[str]:
+    text = span.source.line_text(span.line)
     if text is None:
         return []
     text = text.expandtabs(1)
@@ -105,24 +85,23 @@ def _quote(span: Span, sources: SourceCache) -> list[str]:
     return [gutter + text, " " * (len(gutter) - 2) + "| " + marker]
 
 
-def render(diagnostic: Diagnostic, sources: SourceCache) -> str:
+def render(diagnostic: Diagnostic) -> str:
     lines = []
     where = f"{diagnostic.span}: " if diagnostic.span else "cgc: "
     lines.append(f"{where}{diagnostic.severity}: {diagnostic.message}")
     if diagnostic.span:
-        lines.extend(_quote(diagnostic.span, sources))
+        lines.extend(_quote(diagnostic.span))
     for note in diagnostic.notes:
         where = f"{note.span}: " if note.span else ""
         lines.append(f"{where}note: {note.message}")
         if note.span:
-            lines.extend(_quote(note.span, sources))
+            lines.extend(_quote(note.span))
     return "\n".join(lines)
 
 
-def render_all(diagnostics: Iterable[Diagnostic], sources: SourceCache | None = None) -> str:
-    sources = sources or SourceCache()
+def render_all(diagnostics: Iterable[Diagnostic]) -> str:
     diagnostics = sorted(diagnostics, key=Diagnostic.sort_key)
-    parts = [render(d, sources) for d in diagnostics]
+    parts = [render(d) for d in diagnostics]
     errors = sum(d.severity == "error" for d in diagnostics)
     warnings = len(diagnostics) - errors
     if diagnostics:

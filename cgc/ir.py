@@ -125,7 +125,11 @@ def _scalar_text(binding: ScalarBinding) -> str:
 
 
 def format_program(program: Program) -> str:
-    """Stable, readable text: one line per launch, then one line per slot."""
+    """Stable, readable text: one line per launch, then one line per slot.
+
+    Each launch line ends with where it was written and the calls that led there,
+    innermost first: `library.cg:32:9 < backward.cg:49:2`.
+    """
     root = os.path.dirname(program.source)
     lines = [
         "-- cgc launch program",
@@ -149,8 +153,8 @@ def format_program(program: Program) -> str:
                 grid = ", ".join(format_nat(g) for g in node.grid)
                 block = program.blocks.get(node.image.name)
                 shape = f" block ({', '.join(map(str, block))})" if block else " (library)"
-                lines.append(f"{pad}launch {node.image.name} grid ({grid}){shape}"
-                             f"  -- {_where(node.span, root)}")
+                chain = " < ".join(_where(span, root) for span in (node.span, *reversed(node.trace)))
+                lines.append(f"{pad}launch {node.image.name} grid ({grid}){shape}  -- {chain}")
                 for binding in node.pointers:
                     parameter = node.image.pointers.get(binding.index)
                     name = parameter.name if parameter else "?"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from .diagnostics import CompileError, Reporter, SourceCache
-from .parse import parse_text
-from .syntax import Module
+from .diagnostics import CompileError, Reporter
+from .parse import parse_source
+from .syntax import Module, Source
 
 
-def load(paths: list[str], report: Reporter, sources: SourceCache) -> list[Module]:
+def load(paths: list[str], report: Reporter) -> list[Module]:
     """Modules in dependency order (imports before importers); errors go to `report`."""
     modules: list[Module] = []
     seen: set[str] = set()
@@ -26,9 +26,8 @@ def load(paths: list[str], report: Reporter, sources: SourceCache) -> list[Modul
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
             report.error(f"cannot read '{path}': {reason}", import_span)
             return
-        sources.add(path, text)
         try:
-            module = parse_text(text, path)
+            module = parse_source(Source(path, text))
         except CompileError as error:
             report.diagnostics.extend(error.diagnostics)
             return

@@ -1,65 +1,127 @@
-"""The syntax tree: small immutable nodes, each carrying its source span."""
+"""The syntax tree: small immutable nodes, each carrying its source span.
+
+Nodes are named tuples: immutable, and cheap to make by the hundred thousand.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+from bisect import bisect_right
+from typing import NamedTuple, Union
 
 
-@dataclass(frozen=True, slots=True)
+class Source:
+    """One source file's text, with the line table that turns offsets into lines."""
+
+    __slots__ = ("path", "text", "_line_starts")
+
+    def __init__(self, path: str, text: str):
+        self.path, self.text, self._line_starts = path, text, None
+
+    @property
+    def line_starts(self) -> list[int]:
+        if self._line_starts is None:
+            starts = [0]
+            find, text, position = self.text.find, self.text, 0
+            while (position := find("\n", position) + 1) > 0:
+                starts.append(position)
+            self._line_starts = starts
+        return self._line_starts
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """(line, column), both 1-based, of a character offset."""
+        line = bisect_right(self.line_starts, offset)
+        return line, offset - self.line_starts[line - 1] + 1
+
+    def line_text(self, line: int) -> str | None:
+        starts = self.line_starts
+        if not 0 < line <= len(starts):
+            return None
+        end = starts[line] - 1 if line < len(starts) else len(self.text)
+        return self.text[starts[line - 1]:end].rstrip("\r")
+
+
 class Span:
-    """A region of one source file; lines and columns are 1-based, end column exclusive."""
+    """A region of one source file, kept as character offsets (end exclusive).
 
-    path: str
-    line: int
-    column: int
-    end_line: int
-    end_column: int
+    Lines and columns (1-based, end column exclusive) are worked out only when asked:
+    the parser makes a span for every node, and most are never printed.
+    """
+
+    __slots__ = ("source", "start", "end")
+
+    def __init__(self, source: Source, start: int, end: int):
+        self.source, self.start, self.end = source, start, end
+
+    @property
+    def path(self) -> str:
+        return self.source.path
+
+    @property
+    def line(self) -> int:
+        return self.source.position(self.start)[0]
+
+    @property
+    def column(self) -> int:
+        return self.source.position(self.start)[1]
+
+    @property
+    def end_line(self) -> int:
+        return self.source.position(max(self.end - 1, self.start))[0]
+
+    @property
+    def end_column(self) -> int:
+        line, column = self.source.position(max(self.end - 1, self.start))
+        return column + (1 if self.end > self.start else 0)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Span) and (self.path, self.start, self.end) == \
+            (other.path, other.start, other.end)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.start, self.end))
+
+    def __repr__(self) -> str:
+        return f"Span({self.path!r}, {self.start}, {self.end})"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.column}"
+        line, column = self.source.position(self.start)
+        return f"{self.path}:{line}:{column}"
 
-    def sort_key(self) -> tuple[str, int, int]:
-        return (self.path, self.line, self.column)
+    def sort_key(self) -> tuple[str, int]:
+        return (self.path, self.start)
 
 
 # ---- terms -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Name:
+class Name(NamedTuple):
     text: str
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Natural:
+class Natural(NamedTuple):
     value: int
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Integer:
+class Integer(NamedTuple):
     value: int
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Floating:
+class Floating(NamedTuple):
     value: float
     text: str
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Apply:
+class Apply(NamedTuple):
     function: "Term"
     arguments: tuple["Term", ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Lambda:
+class Lambda(NamedTuple):
     usage: str  # "linear" | "affine" | "unrestricted"
     binder: Name
     binder_type: "Term"
@@ -67,8 +129,7 @@ class Lambda:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Arrow:
+class Arrow(NamedTuple):
     """A function type `(A -> B -> C)`, kept as its parts (right-associative)."""
 
     parts: tuple["Term", ...]
@@ -80,8 +141,7 @@ Term = Union[Name, Natural, Integer, Floating, Apply, Lambda, Arrow]
 # ---- declarations --------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Clause:
+class Clause(NamedTuple):
     """`(keyword arg ...)` inside a declaration, e.g. `(stack cgLayers)`."""
 
     keyword: Name
@@ -89,14 +149,12 @@ class Clause:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Import:
+class Import(NamedTuple):
     path: str
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
-class Declaration:
+class Declaration(NamedTuple):
     """Every named declaration: `kind` says which (def, constant, buffer, ...).
 
     `terms` holds the positional terms in source order: for def the type and the
@@ -114,8 +172,7 @@ class Declaration:
     parent: Name | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Module:
+class Module(NamedTuple):
     path: str
     imports: tuple[Import, ...]
     declarations: tuple[Declaration, ...]

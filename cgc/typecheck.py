@@ -9,7 +9,7 @@ from .resolve import Scope
 from .syntax import Apply, Arrow, Floating, Integer, Lambda, Name, Natural, Span, Term
 from .types import (
     ENTRY, FLOAT, IMAGE, INT, NAT, NUMBER, PHASE, SCHEDULE, Base, Function, Storage, Type,
-    Unifier, instantiate,
+    Unifier, instantiate, is_polymorphic,
 )
 
 _BASE_BY_NAME = {name: Base(name) for name in
@@ -57,6 +57,7 @@ def type_from_term(term: Term, report: Reporter) -> Type | None:
 
 
 _REPEAT = "nvidiaAffineLaunchRepeat"
+_POLYMORPHIC = {name for name, t in PRIMITIVES.items() if is_polymorphic(t)}
 
 
 def _arity_name(term: Term) -> str:
@@ -119,7 +120,7 @@ class TypeChecker:
         if text in local:
             return local[text]
         if text in PRIMITIVES:
-            return instantiate(PRIMITIVES[text])
+            return instantiate(PRIMITIVES[text]) if text in _POLYMORPHIC else PRIMITIVES[text]
         if text in self.global_types:
             found = self.global_types[text]
             if found is None and self.scope.declarations[text].kind == "config":

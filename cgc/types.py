@@ -91,6 +91,8 @@ class Unifier:
         return element
 
     def apply(self, t: Type) -> Type:
+        if not self.solution:
+            return t
         if isinstance(t, Storage):
             return Storage(t.kind, self.resolve(t.element))
         if isinstance(t, Function):
@@ -121,8 +123,18 @@ class Unifier:
         return False
 
 
+def is_polymorphic(t: Type) -> bool:
+    if isinstance(t, Storage):
+        return isinstance(t.element, ElementVar)
+    if isinstance(t, Function):
+        return is_polymorphic(t.argument) or is_polymorphic(t.result)
+    return False
+
+
 def instantiate(t: Type) -> Type:
     """Fresh element variables for one use of a polymorphic built-in."""
+    if not is_polymorphic(t):
+        return t
     mapping: dict[int, ElementVar] = {}
 
     def go(node):

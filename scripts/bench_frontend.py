@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Front-end speed: a generated 10,000-line schedule, and `cgc ir` at 12 versus 96 layers.
+
+Prints the time of each stage (best of several runs) and the two requirements of the
+front end: the whole 10,000-line front end under 1 s, and `cgc ir` on the 96-layer
+configuration within 1.2x of the 12-layer one (repeats are not unrolled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from cgc.declarations import elaborate  # noqa: E402
+from cgc.diagnostics import Reporter  # noqa: E402
+from cgc.evaluate import evaluate_program  # noqa: E402
+from cgc.frontend import paused_gc  # noqa: E402
+from cgc.load import load  # noqa: E402
+from cgc.resolve import Scope  # noqa: E402
+from cgc.typecheck import TypeChecker  # noqa: E402
+
+
+def generate(lines_wanted: int) -> str:
+    """A self-contained schedule: declarations, then layers of small launch definitions."""
+    out = [
+        "constant cgRows : Nat",
+        "config bench (cgRows 4096)",
+        "buffer cgIn float32 (naturalMultiply cgRows 64) (stack 64)",
+        "buffer cgOut float32 (naturalMultiply cgRows 64) (stack 64)",
+        "phase cgPhaseBench (stage forward)",
+        "image cgImageCopy (block 128 1 1)",
+        "  (pointer 0 output float32 write (naturalMultiply gridX 64))",
+        "  (pointer 1 input float32 read (naturalMultiply gridX 64))",
+        "  (scalar 0 scale float32 1.0)",
+    ]
+    index = 0
+    while len(out) < lines_wanted - 12:
+        out += [
+            f"--- Step {index}: copy item {index % 64} with a scale.",
+            f"def cgStep{index} : (Nat -> Schedule) =",
+            "  (lambda unrestricted i : Nat .",
+            "    (cgLaunch cgImageCopy (naturalDivideUnchecked cgRows 1) 1 1",
+            f"      (cgPointer (cgArgument 0) (cgItem cgOut (naturalAdd i {index % 32}))",
+            f"        (cgPointer (cgArgument 1) (cgItem cgIn {index % 64})",
+            f"          (cgSlot (cgScalar 0) {index % 7}.5 cgNoSlots)))))",
+        ]
+        index += 1
+    # Sequence every step in one schedule, as a balanced tree of cgThen, inside one repeat.
+    def sequence(names):
+        if len(names) == 1:
+            return names[0]
+        middle = len(names) // 2
+        return f"(cgThen {sequence(names[:middle])} {sequence(names[middle:])})"
+
+    body = sequence([f"(cgStep{k} i)" for k in range(index)])
+    out += ["def cgBench : (family NvidiaLaunchSchedule) =",
+            "  (cgPhase cgPhaseBench (nvidiaAffineLaunchRepeat 32 (lambda unrestricted i : Nat .",
+            "    " + body + ")))"]
+    return "\n".join(out) + "\n"
+
+
+def best(function, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def front_end(path: str) -> dict[str, float]:
+    stages: dict[str, float] = {}
+    report = Reporter()
+    start = time.perf_counter()
+    modules = load([path], report)
+    stages["parse"] = time.perf_counter() - start
+    mark = time.perf_counter()
+    scope = Scope(modules, report)
+    declarations = elaborate(scope, report)
+    stages["resolve"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    checker = TypeChecker(scope, declarations, report)
+    checker.check_all()
+    stages["types"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    program = evaluate_program(scope, declarations, path, "cgBench", "bench", {}, report)
+    stages["evaluate"] = time.perf_counter() - mark
+    stages["total"] = time.perf_counter() - start
+    assert not report.has_errors and sum(1 for _ in program.launches()) > 1000
+    return stages
+
+
+def cli_ir_seconds(layers: int, runs: int) -> float:
+    command = [sys.executable, "-m", "cgc", "ir", os.path.join(ROOT, "schedules", "train.cg"),
+               "--config", "gpt2", "--set", f"cgLayers={layers}", "-o", os.devnull]
+    return best(lambda: subprocess.run(command, check=True, cwd=ROOT), runs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lines", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "bench.cg")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(generate(args.lines))
+        lines = sum(1 for _ in open(path, encoding="utf-8"))
+        with paused_gc():  # as cgc.frontend.analyse and evaluate run
+            front_end(path)  # warm: builds the parser once, as a long-lived process would
+            runs = [front_end(path) for _ in range(args.runs)]
+    stages = {key: min(run[key] for run in runs) for key in runs[0]}
+    ir12, ir96 = cli_ir_seconds(12, args.runs), cli_ir_seconds(96, args.runs)
+    print(f"front end on a generated schedule of {lines} lines (best of {args.runs}):")
+    for key, seconds in stages.items():
+        print(f"  {key:<9} {seconds * 1000:8.1f} ms")
+    verdict = "ok" if stages["total"] < 1.0 else "TOO SLOW"
+    print(f"  requirement: total under 1000 ms: {verdict}")
+    print(f"cgc ir schedules/train.cg --config gpt2 (whole process, best of {args.runs}):")
+    print(f"  12 layers {ir12 * 1000:8.1f} ms")
+    print(f"  96 layers {ir96 * 1000:8.1f} ms")
+    ratio = ir96 / ir12
+    print(f"  ratio {ratio:.2f} (requirement: within 1.2x): {'ok' if ratio <= 1.2 else 'TOO SLOW'}")
+    return 0 if stages["total"] < 1.0 and ratio <= 1.2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
