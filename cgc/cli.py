@@ -92,10 +92,14 @@ def _check(args) -> int:
     configs = _configs(frontend, args.config)
     warnings = list(frontend.warnings)
     for path in args.files:
+        if args.entry is None and frontend.default_entry(path) is None:
+            print(f"{path}: ok: declarations only (no schedule to evaluate)")
+            continue
         launches = {}
         for config in configs:
             program = evaluate(frontend, path, args.entry, config, overrides)
             launches[config] = sum(1 for _ in program.launches())
+            warnings.extend(w for w in program.warnings if w not in warnings)
         summary = ", ".join(f"{config} ({count} launches)" for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
     if warnings:
@@ -107,7 +111,10 @@ def _ir(args) -> int:
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
-    text = format_program(evaluate(frontend, args.file, args.entry, config, overrides))
+    program = evaluate(frontend, args.file, args.entry, config, overrides)
+    if frontend.warnings or program.warnings:
+        print(render_all(frontend.warnings + program.warnings), file=sys.stderr)
+    text = format_program(program)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.write(text)

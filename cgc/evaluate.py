@@ -512,5 +512,6 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     report.raise_if_errors()
     constants = {name: evaluator.constant(name, declarations.constants[name].span)
                  for name in declarations.constants}
+    warnings = [d for d in report.diagnostics if d.severity == "warning"]
     return Program(source, entry, config, evaluator.low, body, constants,
-                   dict(evaluator.storages), blocks)
+                   dict(evaluator.storages), blocks, warnings)

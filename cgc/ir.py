@@ -97,6 +97,7 @@ class Program:
     constants: dict[str, object] = field(default_factory=dict)
     storages: dict[str, StorageRef] = field(default_factory=dict)  # by label
     blocks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # image -> block
+    warnings: list = field(default_factory=list)  # diagnostics that did not stop evaluation
 
     def launches(self):
         """Every launch with its innermost phase and enclosing loops, in program order."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .builtins import GRID_NAMES, PRIMITIVES
+from .builtins import ELEMENT_NAMES, GRID_NAMES, PRIMITIVES, TYPE_NAMES
 from .declarations import Declarations
 from .diagnostics import Note, Reporter
 from .resolve import Scope
@@ -18,9 +18,14 @@ _BASE_BY_NAME["Schedule"] = SCHEDULE
 
 
 def type_from_term(term: Term, report: Reporter) -> Type | None:
-    """Reads a type term: Nat, (Buffer float32), (family NvidiaLaunchSchedule), (A -> B)."""
+    """Reads a type term: Nat, (Buffer float32), (family NvidiaLaunchSchedule), (A -> B).
+
+    Unknown names were reported by resolution; they give None here without a second error.
+    """
     if isinstance(term, Name) and term.text in _BASE_BY_NAME:
         return _BASE_BY_NAME[term.text]
+    if isinstance(term, Name) and term.text not in TYPE_NAMES and term.text not in ELEMENT_NAMES:
+        return None
     if isinstance(term, Arrow):
         parts = [type_from_term(part, report) for part in term.parts]
         if None in parts:
@@ -37,9 +42,10 @@ def type_from_term(term: Term, report: Reporter) -> Type | None:
             report.error("unknown family: the one family is NvidiaLaunchSchedule", argument.span)
             return None
         if head in ("Buffer", "Bank", "Arena"):
-            from .builtins import ELEMENT_NAMES
             if isinstance(argument, Name) and argument.text in ELEMENT_NAMES:
                 return Storage(head, argument.text)
+            if isinstance(argument, Name) and argument.text not in TYPE_NAMES:
+                return None  # an unknown name, reported by resolution
             report.error(f"({head} ELEMENT) needs an element type: "
                          f"{', '.join(ELEMENT_NAMES)}", argument.span)
             return None

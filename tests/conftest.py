@@ -1,0 +1,48 @@
+"""Shared test helpers: the repository root, golden files, and hardware markers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULES = ROOT / "schedules"
+SEED_DIR = ROOT.parent / "shared" / "seed"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite golden files from the current output (review with git diff)")
+
+
+def _gpu_present() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU; none is present")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def golden(request):
+    """golden(path, text): compare text with the file, or write it under --update-golden."""
+    update = request.config.getoption("--update-golden")
+
+    def check(path: Path, text: str) -> None:
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            return
+        assert path.exists(), f"no golden file {path}; run pytest --update-golden and review it"
+        expected = path.read_text(encoding="utf-8")
+        assert text == expected, f"output differs from {path.relative_to(ROOT)}; " \
+                                 "if the change is intended, run pytest --update-golden"
+
+    return check

@@ -1,0 +1,64 @@
+"""The launch program as text: golden files, determinism, loops kept as loops."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cgc.frontend import analyse, evaluate
+from cgc.ir import Launch, PhaseRegion, Repeat, format_program
+
+from conftest import ROOT, SCHEDULES
+
+GOLDEN = ROOT / "tests" / "golden" / "ir"
+CASES = [(stem, config) for stem in ("backward", "train") for config in ("tiny", "tiny32", "gpt2")]
+
+
+def program(stem: str, config: str, **overrides):
+    path = str(SCHEDULES / f"{stem}.cg")
+    return evaluate(analyse([path]), path, config=config, overrides=overrides)
+
+
+@pytest.mark.parametrize("stem,config", CASES, ids=[f"{s}-{c}" for s, c in CASES])
+def test_ir_matches_golden(stem, config, golden):
+    golden(GOLDEN / f"{stem}.{config}.ir", format_program(program(stem, config)))
+
+
+def test_ir_is_the_same_bytes_from_another_process():
+    path = str(SCHEDULES / "train.cg")
+    runs = [subprocess.run([sys.executable, "-m", "cgc", "ir", path, "--config", "gpt2"],
+                           capture_output=True, check=True, cwd=ROOT).stdout for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert runs[0].decode() == format_program(program("train", "gpt2"))
+
+
+def test_repeats_stay_loops_whatever_the_layer_count():
+    texts = {layers: format_program(program("train", "gpt2", cgLayers=layers))
+             for layers in (12, 96)}
+    assert len(texts[12].splitlines()) == len(texts[96].splitlines())
+    assert "repeat layer in 0 .. 95 {" in texts[96]
+    assert "repeat fromTop in 0 .. 95 {" in texts[96]
+
+
+def test_the_seed_loop_indexes_layers_from_the_top():
+    train = program("train", "tiny")
+    (loop,) = [node for node in train.body if isinstance(node, Repeat)
+               and node.variable.name == "fromTop"]
+    (phase,) = loop.body
+    assert isinstance(phase, PhaseRegion) and phase.phase == "cgPhaseLayerBackward"
+    first = phase.body[0]
+    assert isinstance(first, Launch) and first.image.name == "cgImageLayerNorm"
+    boundary = first.pointers[2].view
+    assert boundary.label == "cgBoundaries[1 - fromTop]"
+    assert boundary.offset.at({loop.variable: 0}) == 1 * boundary.count
+    assert boundary.offset.at({loop.variable: 1}) == 0
+
+
+def test_every_phase_of_the_step_appears_in_order():
+    phases = [node.phase for node in program("train", "tiny").body
+              if isinstance(node, PhaseRegion)]
+    assert phases == ["cgPhaseEmbedding", "cgPhaseLayerForward", "cgPhaseZeroGradients",
+                      "cgPhaseLoss", "cgPhaseOutput", "cgPhaseOutputGradient", "cgPhaseScatter",
+                      "cgPhaseGradientNorm", "cgPhaseUpdate"]
