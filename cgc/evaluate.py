@@ -200,50 +200,65 @@ class Evaluator:
     # ---- terms -------------------------------------------------------------------
 
     def eval(self, term: Term, env: dict, trace: tuple):
-        if isinstance(term, Name):
-            if term.text in env:
-                return env[term.text]
-            if term.text in _ARITIES:
-                arity = _ARITIES[term.text]
-                partial = Partial(term.text, arity, ())
-                return self.primitive(partial, term.span, trace) if arity == 0 else partial
+        kind = term.__class__
+        if kind is Name:
+            text = term.text
+            if text in env:
+                return env[text]
+            arity = _ARITIES.get(text)
+            if arity is not None:
+                return self.call(text, [], [], term.span, trace) if arity == 0 \
+                    else Partial(text, arity, ())
             try:
-                return self.global_value(term.text, term.span)
+                return self.global_value(text, term.span)
             except EvaluationError as error:
                 self.report.error(error.message, error.span, *error.notes)
                 return POISON
-        if isinstance(term, Natural):
-            return term.value
-        if isinstance(term, Integer):
-            return Int(term.value)
-        if isinstance(term, Floating):
-            return term.value
-        if isinstance(term, Lambda):
-            return Closure(term, env)
-        if isinstance(term, Apply):
+        if kind is Apply:
             function = self.eval(term.function, env, trace)
-            for argument in term.arguments:
+            arguments = term.arguments
+            if function.__class__ is Partial and not function.arguments \
+                    and function.arity == len(arguments):
+                # The common case: a built-in given all its arguments at once.
+                values = [self.eval(argument, env, trace) for argument in arguments]
+                for value in values:
+                    if value is POISON:
+                        return POISON
+                return self.call(function.name, values, [a.span for a in arguments],
+                                 term.span, trace)
+            for argument in arguments:
                 value = self.eval(argument, env, trace)
                 function = self.apply(function, value, argument.span, term.span, trace)
             return function
+        if kind is Natural:
+            return term.value
+        if kind is Integer:
+            return Int(term.value)
+        if kind is Floating:
+            return term.value
+        if kind is Lambda:
+            return Closure(term, env)
         return POISON
 
     def apply(self, function, value, argument_span: Span, span: Span, trace: tuple):
         if function is POISON:
             return POISON
-        if isinstance(function, Closure):
+        if function.__class__ is Closure:
             lam = function.function
-            inner = trace if trace and trace[-1] == span else trace + (span,)
+            inner = trace if trace and trace[-1] is span else trace + (span,)
             return self.eval(lam.body, {**function.env, lam.binder.text: value}, inner)
-        assert isinstance(function, Partial)
-        partial = Partial(function.name, function.arity,
-                          function.arguments + ((value, argument_span),))
-        if len(partial.arguments) < partial.arity:
-            return partial
-        if any(v is POISON for v, _ in partial.arguments):
+        arguments = function.arguments + ((value, argument_span),)
+        if len(arguments) < function.arity:
+            return Partial(function.name, function.arity, arguments)
+        if any(v is POISON for v, _ in arguments):
             return POISON
+        return self.call(function.name, [v for v, _ in arguments], [s for _, s in arguments],
+                         span, trace)
+
+    def call(self, name: str, values: list, spans: list, span: Span, trace: tuple):
+        """A built-in with all its arguments; its errors become diagnostics and POISON."""
         try:
-            return self.primitive(partial, span, trace)
+            return getattr(self, "_" + name)(values, spans, span, trace)
         except EvaluationError as error:
             self.report.error(error.message, error.span, *error.notes)
             return POISON
@@ -260,15 +275,6 @@ class Evaluator:
         if isinstance(value, Affine):
             raise self._not_affine("a Float cannot depend on a repeat index", span, value)
         return float(value)
-
-    def primitive(self, partial: Partial, span: Span, trace: tuple):
-        name = partial.name
-        values = [v for v, _ in partial.arguments]
-        spans = [s for _, s in partial.arguments]
-        handler = getattr(self, "_" + name, None)
-        if handler is not None:
-            return handler(values, spans, span, trace)
-        raise EvaluationError(f"built-in '{name}' has no evaluation rule", span)
 
     def _cgThen(self, values, spans, span, trace):
         return values[0] + values[1]

@@ -104,14 +104,17 @@ class TypeChecker:
     # ---- inference ---------------------------------------------------------------
 
     def infer(self, term: Term, local: dict[str, Type]) -> Type | None:
-        if isinstance(term, Natural):
-            return NAT
-        if isinstance(term, Integer):
-            return INT
-        if isinstance(term, Floating):
-            return FLOAT
-        if isinstance(term, Name):
+        kind = term.__class__
+        if kind is Name:
             return self._name_type(term, local)
+        if kind is Apply:
+            return self._apply_type(term, local)
+        if kind is Natural:
+            return NAT
+        if kind is Integer:
+            return INT
+        if kind is Floating:
+            return FLOAT
         if isinstance(term, Lambda):
             binder = type_from_term(term.binder_type, self.report)
             body = self.infer(term.body, {**local, term.binder.text: binder})
@@ -160,7 +163,7 @@ class TypeChecker:
                                       self.global_type_spans[term.function.text]))
                 elif isinstance(term.function, Name) and term.function.text in PRIMITIVES:
                     notes.append(Note(f"built-in '{term.function.text}' has type "
-                                      f"{PRIMITIVES[term.function.text]}".replace("e-1", "e")))
+                                      f"{PRIMITIVES[term.function.text]}"))
                 what = "a Nat, an Int or a Float" if expected == NUMBER else str(expected)
                 self.report.error(
                     f"argument {position} of {_arity_name(term.function)} has the wrong type: "

@@ -31,7 +31,7 @@ class ElementVar:
     number: int
 
     def __str__(self):
-        return f"e{self.number}"
+        return "e" if self.number < 0 else f"e{self.number}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +100,8 @@ class Unifier:
         return t
 
     def unify(self, expected: Type, actual: Type) -> bool:
+        if expected is actual:
+            return True
         if expected == NUMBER and actual in (NAT, INT, FLOAT):
             return True
         if isinstance(expected, Base) or isinstance(actual, Base):

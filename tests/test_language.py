@@ -130,3 +130,11 @@ def test_affine_binder_used_once_and_linear_used_once_are_accepted(tmp_path):
                     "(lambda affine b : Nat . (naturalAdd a b)))\n"
                     "def none : (Nat -> Nat) = (lambda affine a : Nat . 0)\n")
     analyse([str(path)])
+
+
+def test_the_language_reference_lists_every_built_in_with_its_type():
+    from cgc.builtins import PRIMITIVES
+    from conftest import ROOT
+    reference = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    for name, signature in PRIMITIVES.items():
+        assert f"| `{name}` | `{signature}` |" in reference, name
