@@ -97,10 +97,22 @@ def front_end(path: str) -> dict[str, float]:
     return stages
 
 
+def ir_arguments(layers: int) -> list[str]:
+    return ["ir", os.path.join(ROOT, "schedules", "train.cg"), "--config", "gpt2",
+            "--set", f"cgLayers={layers}", "-o", os.devnull]
+
+
 def cli_ir_seconds(layers: int, runs: int) -> float:
-    command = [sys.executable, "-m", "cgc", "ir", os.path.join(ROOT, "schedules", "train.cg"),
-               "--config", "gpt2", "--set", f"cgLayers={layers}", "-o", os.devnull]
+    """The whole command, interpreter start-up included."""
+    command = [sys.executable, "-m", "cgc", *ir_arguments(layers)]
     return best(lambda: subprocess.run(command, check=True, cwd=ROOT), runs)
+
+
+def in_process_ir_seconds(layers: int, runs: int) -> float:
+    """The command's own work (load, check, evaluate, print), without starting Python."""
+    from cgc.cli import main as cgc_main
+    cgc_main(ir_arguments(layers))  # warm: the grammar's table is built once per process
+    return best(lambda: cgc_main(ir_arguments(layers)), runs)
 
 
 def main() -> int:
@@ -117,17 +129,21 @@ def main() -> int:
             front_end(path)  # warm: builds the parser once, as a long-lived process would
             runs = [front_end(path) for _ in range(args.runs)]
     stages = {key: min(run[key] for run in runs) for key in runs[0]}
+    own12, own96 = in_process_ir_seconds(12, 3 * args.runs), in_process_ir_seconds(96, 3 * args.runs)
     ir12, ir96 = cli_ir_seconds(12, args.runs), cli_ir_seconds(96, args.runs)
     print(f"front end on a generated schedule of {lines} lines (best of {args.runs}):")
     for key, seconds in stages.items():
         print(f"  {key:<9} {seconds * 1000:8.1f} ms")
     verdict = "ok" if stages["total"] < 1.0 else "TOO SLOW"
     print(f"  requirement: total under 1000 ms: {verdict}")
-    print(f"cgc ir schedules/train.cg --config gpt2 (whole process, best of {args.runs}):")
-    print(f"  12 layers {ir12 * 1000:8.1f} ms")
-    print(f"  96 layers {ir96 * 1000:8.1f} ms")
-    ratio = ir96 / ir12
-    print(f"  ratio {ratio:.2f} (requirement: within 1.2x): {'ok' if ratio <= 1.2 else 'TOO SLOW'}")
+    print("cgc ir schedules/train.cg --config gpt2 --set cgLayers=N:")
+    print(f"  {'layers':<8} {'own work':>10} {'whole process':>15}")
+    print(f"  {12:<8} {own12 * 1000:7.1f} ms {ir12 * 1000:12.1f} ms")
+    print(f"  {96:<8} {own96 * 1000:7.1f} ms {ir96 * 1000:12.1f} ms")
+    ratio = own96 / own12
+    print(f"  ratio of the command's own work, 96 to 12 layers: {ratio:.2f} "
+          f"(requirement: within 1.2x): {'ok' if ratio <= 1.2 else 'TOO SLOW'}")
+    print(f"  ratio of whole processes: {ir96 / ir12:.2f} (interpreter start-up included)")
     return 0 if stages["total"] < 1.0 and ratio <= 1.2 else 1
 
 
