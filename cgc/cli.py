@@ -10,8 +10,9 @@ import traceback
 
 from . import __version__
 from .diagnostics import CompileError, render_all
-from .frontend import Frontend, analyse, evaluate, parse_override
+from .frontend import Frontend, analyse, check, evaluate, parse_override
 from .ir import format_program
+from .memory import format_memory_plan, plan_memory
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -48,13 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
-    check = commands.add_parser(
-        "check", help="parse, resolve, type-check and evaluate schedules",
-        description="Parse, resolve and type-check FILE (and what it imports), then evaluate its "
-                    "entry schedule in every configuration. Prints all diagnostics, sorted by "
-                    "position.")
-    check.add_argument("files", nargs="+", metavar="FILE", help="a .cg schedule file")
-    _add_program_options(check, several_configs=True)
+    checker = commands.add_parser(
+        "check", help="prove schedules safe: types, slots, extents, permissions, aliasing",
+        description="Parse, resolve and type-check FILE (and what it imports), evaluate its "
+                    "entry schedule in every configuration, and check every launch: each "
+                    "argument slot bound once with the right type, every access inside its "
+                    "buffer for every grid index and repeat iteration, no write a phase may "
+                    "not make, no unallowed aliasing. Prints all diagnostics, sorted by "
+                    "position; the rules are in docs/checker.md.")
+    checker.add_argument("files", nargs="+", metavar="FILE", help="a .cg schedule file")
+    _add_program_options(checker, several_configs=True)
+    checker.add_argument("--memory", action="store_true",
+                         help="also print the memory plan: banks and entries, step buffers, "
+                              "arena slots with offsets and sizes (shared when their "
+                              "lifetimes never overlap), total and peak bytes")
 
     ir = commands.add_parser(
         "ir", help="print the launch program of a schedule",
@@ -98,9 +106,13 @@ def _check(args) -> int:
         launches = {}
         for config in configs:
             program = evaluate(frontend, path, args.entry, config, overrides)
+            found = program.warnings + check(frontend, program)
             launches[config] = sum(1 for _ in program.launches())
-            warnings.extend(w for w in program.warnings if w not in warnings)
-        summary = ", ".join(f"{config} ({count} launches)" for config, count in launches.items())
+            warnings.extend(w for w in found if w not in warnings)
+            if args.memory:
+                print(format_memory_plan(plan_memory(program, frontend.declarations)))
+        summary = ", ".join(f"{config} ({count} launch{'es' if count != 1 else ''})"
+                            for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
     if warnings:
         print(render_all(warnings), file=sys.stderr)
@@ -112,8 +124,9 @@ def _ir(args) -> int:
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     program = evaluate(frontend, args.file, args.entry, config, overrides)
-    if frontend.warnings or program.warnings:
-        print(render_all(frontend.warnings + program.warnings), file=sys.stderr)
+    warnings = frontend.warnings + program.warnings + check(frontend, program)
+    if warnings:
+        print(render_all(warnings), file=sys.stderr)
     text = format_program(program)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

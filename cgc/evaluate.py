@@ -20,6 +20,9 @@ from .syntax import Apply, Floating, Integer, Lambda, Name, Natural, Span, Term
 from .types import Function
 
 LOG2_E = 1.4426950408889634
+# Entries start on multiples of 64 elements in their bank (256 bytes of float32), so that
+# every entry can be read with 16-byte vector loads; the padding stays zero.
+BANK_ALIGNMENT = 64
 
 
 class Int(int):
@@ -128,6 +131,7 @@ class Evaluator:
         self.in_progress: set[str] = set()
         self.storages: dict[str, StorageRef] = {}
         self.loop_spans: dict[LoopVariable, Span] = {}
+        self.layouts: dict[str, tuple[dict[str, int], int]] = {}
 
     # ---- globals -----------------------------------------------------------------
 
@@ -343,18 +347,28 @@ class Evaluator:
         storage = self.storage_of(declaration, bank.name)
         return View(storage, 0, storage.count) if storage else POISON
 
+    def bank_layout(self, bank: str) -> tuple[dict[str, int], int] | None:
+        """Each entry's offset in the bank, in elements, and the bank's padded size."""
+        if bank not in self.layouts:
+            offsets, offset = {}, 0
+            for declaration in self.bank_entries(bank):
+                storage = self.storage_of(declaration, bank)
+                if storage is None:
+                    return None
+                offsets[declaration.name] = offset
+                offset += -(-storage.count // BANK_ALIGNMENT) * BANK_ALIGNMENT
+            self.layouts[bank] = (offsets, offset)
+        return self.layouts[bank]
+
     def _cgBankAll(self, values, spans, span, trace):
         bank = values[0].name
         key = f"{bank}.*"
         if key not in self.storages:
-            total = 0
-            for declaration in self.bank_entries(bank):
-                storage = self.storage_of(declaration, bank)
-                if storage is None:
-                    return POISON
-                total += storage.count
+            layout = self.bank_layout(bank)
+            if layout is None:
+                return POISON
             self.storages[key] = StorageRef("bank", bank, None,
-                                            self.declarations.banks[bank].element, total, None)
+                                            self.declarations.banks[bank].element, layout[1], None)
         storage = self.storages[key]
         return View(storage, 0, storage.count)
 
@@ -513,11 +527,10 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
         if storage.kind != "entry":
             evaluator.storage_of(storage, None)
     for bank in declarations.banks:
-        for storage in evaluator.bank_entries(bank):
-            evaluator.storage_of(storage, bank)
+        evaluator.bank_layout(bank)
     report.raise_if_errors()
     constants = {name: evaluator.constant(name, declarations.constants[name].span)
                  for name in declarations.constants}
     warnings = [d for d in report.diagnostics if d.severity == "warning"]
     return Program(source, entry, config, evaluator.low, body, constants,
-                   dict(evaluator.storages), blocks, warnings)
+                   dict(evaluator.storages), blocks, warnings, dict(evaluator.layouts), evaluator)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .declarations import Declarations, elaborate
 from .diagnostics import CompileError, Diagnostic, Reporter
+from .check import check_program
 from .evaluate import evaluate_program
 from .ir import Program
 from .load import load
@@ -131,3 +132,12 @@ def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: st
         except RecursionError:
             raise _too_deep() from None
 
+
+
+def check(frontend: Frontend, program: Program) -> list:
+    """Runs the static checker; raises CompileError on errors, returns the warnings."""
+    report = Reporter()
+    with paused_gc():
+        check_program(program, frontend.declarations, report)
+    report.raise_if_errors()
+    return [d for d in report.diagnostics if d.severity == "warning"]

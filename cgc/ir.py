@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from . import affine
 from .affine import LoopVariable, Nat, format_nat
 from .declarations import ImageDeclaration
 from .syntax import Span
@@ -98,6 +99,16 @@ class Program:
     storages: dict[str, StorageRef] = field(default_factory=dict)  # by label
     blocks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # image -> block
     warnings: list = field(default_factory=list)  # diagnostics that did not stop evaluation
+    bank_layouts: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)
+    evaluator: object = None  # evaluates image formulas (extents) in this configuration
+
+    def address(self, view: View) -> tuple[str, Nat]:
+        """The allocation a view lies in, and its first element's offset there."""
+        storage = view.storage
+        if storage.kind == "bank" and storage.entry is not None:
+            base = self.bank_layouts[storage.name][0][storage.entry]
+            return storage.name, affine.add(base, view.offset)
+        return storage.name, view.offset
 
     def launches(self):
         """Every launch with its innermost phase and enclosing loops, in program order."""

@@ -1,4 +1,9 @@
-"""Bad inputs and the exact diagnostics they give (golden files in tests/diagnostics/)."""
+"""Bad inputs and the exact diagnostics they give.
+
+tests/diagnostics/ holds front-end mistakes (syntax, names, types, evaluation) and
+tests/checker/ the launches the static checker refuses; each NAME.cg sits beside
+NAME.expected, what cgc prints for it.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +12,36 @@ import os
 import pytest
 
 from cgc.diagnostics import CompileError, render_all
-from cgc.frontend import analyse, evaluate
+from cgc.frontend import analyse, check, evaluate
 
 from conftest import ROOT
 
-CASES = sorted(p for p in (ROOT / "tests" / "diagnostics").glob("*.cg")
-               if not p.name.startswith("_"))
+FRONT_END = sorted(p for p in (ROOT / "tests" / "diagnostics").glob("*.cg")
+                   if not p.name.startswith("_"))
+CHECKER = sorted(p for p in (ROOT / "tests" / "checker").glob("*.cg")
+                 if not p.name.startswith("_"))
+CASES = FRONT_END + CHECKER
 
 
 def diagnose(path: str) -> str:
     """Everything the front end says about a file: its errors, or its warnings."""
     try:
         frontend = analyse([path])
-        evaluate(frontend, path)
+        warnings = check(frontend, evaluate(frontend, path))
     except CompileError as error:
         return render_all(error.diagnostics) + "\n"
-    return "no diagnostics\n"
+    return render_all(warnings) + "\n" if warnings else "no diagnostics\n"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[p.stem for p in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
 def test_bad_input_gives_its_golden_diagnostics(case, golden, monkeypatch):
     monkeypatch.chdir(ROOT)
     text = diagnose(os.path.relpath(case, ROOT))
-    assert "error" in text, "every case here is a bad input"
+    assert "error:" in text or "warning:" in text, "every case here is a bad input"
     assert "Traceback" not in text
     golden(case.with_suffix(".expected"), text)
 
 
 def test_there_are_enough_cases():
-    assert len(CASES) >= 15
+    assert len(FRONT_END) >= 15
+    assert len(CHECKER) >= 25

@@ -1,0 +1,356 @@
+"""The static checker: every launch of an evaluated program, before anything runs.
+
+Per launch it proves: every argument slot bound exactly once with the right element or
+scalar type; every access inside its buffer for every grid index and every repeat
+iteration; no write outside what the launch's phase may write; no buffer bound to two
+pointers of which one writes, unless the image allows that pair to alias. It warns when a
+write leaves part of its output untouched. All problems are reported together.
+
+Repeats are checked without unrolling: a launch's grid, scalars and buffer offsets are
+affine in the repeat indices, and so are the extents computed from them, so their largest
+and smallest values over all iterations are at the ends of the ranges (docs/checker.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from . import affine
+from .affine import Affine, LoopVariable, Nat, bounds, format_nat
+from .builtins import GRID_NAMES
+from .declarations import Declarations, ImageDeclaration, PointerParameter
+from .diagnostics import Note, Reporter
+from .evaluate import POISON, Evaluator, EvaluationError, Int
+from .ir import Launch, PointerBinding, Program, View
+
+WRITES = ("write", "readwrite", "accumulate")
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+GRID_LIMITS = (2 ** 31 - 1, 65535, 65535)
+BLOCK_LIMITS = (1024, 1024, 64)
+# Beyond this many iterations a non-affine extent is an error rather than enumerated.
+ENUMERATION_LIMIT = 100_000
+# Which banks each stage may name in (writes ...): parameters and optimizer state belong
+# to the optimizer, gradients to the backward pass.
+STAGE_ROLES = {"forward": (), "data": (), "backward": ("gradients",),
+               "optimizer": ("parameters", "state", "copies")}
+
+
+def _where(variables: tuple[LoopVariable, ...], values: dict[LoopVariable, int]) -> str:
+    if not variables:
+        return ""
+    return " at " + ", ".join(f"{v.name} = {values[v]}" for v in variables)
+
+
+def _extreme_point(value: Nat, loops, largest: bool) -> dict[LoopVariable, int]:
+    """The repeat indices at which an affine value is largest (or smallest)."""
+    point = {v: 0 for v in loops}
+    if isinstance(value, Affine):
+        for variable, k in value.terms:
+            high = (k > 0) == largest
+            point[variable] = variable.count - 1 if high else 0
+    return point
+
+
+class Checker:
+    def __init__(self, program: Program, declarations: Declarations, report: Reporter):
+        self.program = program
+        self.declarations = declarations
+        self.report = report
+        self.evaluator: Evaluator = program.evaluator
+
+    def run(self) -> None:
+        self.check_images()
+        self.check_phases()
+        for launch, phase, loops in self.program.launches():
+            self.check_launch(launch, phase, loops)
+
+    # ---- declarations ------------------------------------------------------------
+
+    def check_images(self) -> None:
+        for image in self.declarations.images.values():
+            block = self.program.blocks.get(image.name)
+            if block is None:
+                continue
+            for axis, (size, limit) in enumerate(zip(block, BLOCK_LIMITS)):
+                if size > limit:
+                    self.report.error(f"block dimension {'xyz'[axis]} of image '{image.name}' is "
+                                      f"{size}; CUDA allows at most {limit}", image.span)
+            threads = block[0] * block[1] * block[2]
+            if threads > 1024:
+                self.report.error(f"image '{image.name}' has {threads} threads a block; CUDA "
+                                  "allows at most 1024", image.span)
+
+    def check_phases(self) -> None:
+        banks = self.declarations.banks
+        for phase in self.declarations.phases.values():
+            allowed = STAGE_ROLES.get(phase.stage or "forward", ())
+            for name in phase.writes:
+                role = banks[name.text].role
+                if role not in allowed:
+                    owner = {"gradients": "backward", "parameters": "optimizer",
+                             "state": "optimizer", "copies": "optimizer"}[role]
+                    self.report.error(
+                        f"phase '{phase.name}' is a {phase.stage or 'forward'} phase and may not "
+                        f"write bank '{name.text}' ({role}): only {owner} phases write {role}",
+                        name.span)
+
+    # ---- launches ----------------------------------------------------------------
+
+    def _image_note(self, image: ImageDeclaration) -> Note:
+        return Note(f"image '{image.name}' is declared here", image.span)
+
+    def _trace_notes(self, launch: Launch) -> list[Note]:
+        """The innermost call that led to the launch, and the outermost (the user's own)."""
+        spans = list(dict.fromkeys([*launch.trace[-1:], *launch.trace[:1]]))
+        return [Note("in the expansion of the call here", span) for span in spans]
+
+    def error(self, launch: Launch, message: str, span=None, *notes: Note) -> None:
+        self.report.error(message, span or launch.span, *notes, *self._trace_notes(launch))
+
+    def check_launch(self, launch: Launch, phase: str | None, loops) -> None:
+        image = launch.image
+        if phase is None:
+            self.error(launch, f"launch of '{image.name}' is outside any phase, so what it may "
+                               "write is unknown; wrap it in (cgPhase PHASE ...)")
+        pointers = self.check_pointer_slots(launch)
+        scalars = self.check_scalar_slots(launch, loops)
+        self.check_grid(launch, loops)
+        if image.library is None and image.name not in self.program.blocks:
+            return
+        environment = self.extent_environment(launch, scalars)
+        for index, binding in sorted(pointers.items()):
+            parameter = image.pointers[index]
+            if parameter.extent is not None and environment is not None:
+                self.check_extent(launch, parameter, binding, environment, loops)
+            if phase is not None and parameter.access in WRITES:
+                self.check_permission(launch, parameter, binding, phase)
+        self.check_aliasing(launch, pointers, loops)
+
+    def check_pointer_slots(self, launch: Launch) -> dict[int, PointerBinding]:
+        image, bound = launch.image, {}
+        for binding in launch.pointers:
+            parameter = image.pointers.get(binding.index)
+            if parameter is None:
+                known = ", ".join(str(i) for i in sorted(image.pointers)) or "none"
+                self.error(launch, f"'{image.name}' has no pointer argument {binding.index} "
+                                   f"(its pointers: {known})", binding.span,
+                           self._image_note(image))
+                continue
+            if binding.index in bound:
+                self.error(launch, f"pointer argument {binding.index} '{parameter.name}' of "
+                                   f"'{image.name}' is bound twice", binding.span,
+                           Note("first bound here", bound[binding.index].span))
+                continue
+            bound[binding.index] = binding
+            element = binding.view.storage.element
+            if element != parameter.element:
+                self.error(launch, f"pointer argument {binding.index} '{parameter.name}' of "
+                                   f"'{image.name}' takes {parameter.element}, but "
+                                   f"'{binding.view.label}' holds {element}", binding.span,
+                           Note(f"'{parameter.name}' is declared here", parameter.span))
+        for index, parameter in sorted(image.pointers.items()):
+            if index not in bound and not any(b.index == index for b in launch.pointers):
+                self.error(launch, f"pointer argument {index} '{parameter.name}' of "
+                                   f"'{image.name}' is not bound", launch.span,
+                           Note(f"'{parameter.name}' is declared here", parameter.span))
+        return {i: b for i, b in bound.items()
+                if b.view.storage.element == image.pointers[i].element}
+
+    def check_scalar_slots(self, launch: Launch, loops) -> dict[str, object] | None:
+        """The value of every scalar by name (bound or default), or None if one is wrong."""
+        image, values, bound, fine = launch.image, {}, {}, True
+        for binding in launch.scalars:
+            parameter = image.scalars.get(binding.index)
+            if parameter is None:
+                known = ", ".join(str(i) for i in sorted(image.scalars)) or "none"
+                self.error(launch, f"'{image.name}' has no scalar argument {binding.index} "
+                                   f"(its scalars: {known})", binding.span,
+                           self._image_note(image))
+                fine = False
+                continue
+            if binding.index in bound:
+                self.error(launch, f"scalar argument {binding.index} '{parameter.name}' of "
+                                   f"'{image.name}' is bound twice", binding.span,
+                           Note("first bound here", bound[binding.index].span))
+                fine = False
+                continue
+            bound[binding.index] = binding
+            if not self.scalar_fits(launch, parameter, binding.value, binding.kind, binding.span):
+                fine = False
+            values[parameter.name] = binding.value
+        for index, parameter in sorted(image.scalars.items()):
+            if index in bound:
+                continue
+            if parameter.default is None:
+                if not any(b.index == index for b in launch.scalars):
+                    self.error(launch, f"scalar argument {index} '{parameter.name}' of "
+                                       f"'{image.name}' is not bound, and it has no default",
+                               launch.span,
+                               Note(f"'{parameter.name}' is declared here", parameter.span))
+                fine = False
+                continue
+            values[parameter.name] = self.evaluator.eval(parameter.default, {}, ())
+        return values if fine else None
+
+    def scalar_fits(self, launch, parameter, value, kind: str, span) -> bool:
+        if parameter.type == "float32":
+            if kind != "Float":
+                self.error(launch, f"scalar argument {parameter.index} '{parameter.name}' of "
+                                   f"'{launch.image.name}' is a float32; found a {kind} "
+                                   f"({format_nat(value)}); write it as a float, e.g. "
+                                   f"{format_nat(value)}.0", span,
+                           Note(f"'{parameter.name}' is declared here", parameter.span))
+                return False
+            if abs(value) > 3.4028234663852886e38:
+                self.error(launch, f"{value!r} does not fit in a float32", span)
+                return False
+            return True
+        if kind == "Float":
+            self.error(launch, f"scalar argument {parameter.index} '{parameter.name}' of "
+                               f"'{launch.image.name}' is an int32; found the Float {value!r}",
+                       span, Note(f"'{parameter.name}' is declared here", parameter.span))
+            return False
+        low, high = bounds(value)
+        if low < INT32[0] or high > INT32[1]:
+            self.error(launch, f"scalar argument {parameter.index} '{parameter.name}' of "
+                               f"'{launch.image.name}' is an int32, but its value reaches "
+                               f"{high if high > INT32[1] else low}", span)
+            return False
+        return True
+
+    def check_grid(self, launch: Launch, loops) -> None:
+        for axis, (size, limit) in enumerate(zip(launch.grid, GRID_LIMITS)):
+            low, high = bounds(size)
+            if low < 1:
+                point = _extreme_point(size, loops, largest=False)
+                self.error(launch, f"grid dimension {'xyz'[axis]} of this launch of "
+                                   f"'{launch.image.name}' is {low}{_where(loops, point)}: a "
+                                   "grid has at least one block in each dimension")
+            if high > limit:
+                point = _extreme_point(size, loops, largest=True)
+                self.error(launch, f"grid dimension {'xyz'[axis]} of this launch of "
+                                   f"'{launch.image.name}' is {high}{_where(loops, point)}; "
+                                   f"CUDA allows at most {limit}")
+
+    # ---- extents -----------------------------------------------------------------
+
+    def extent_environment(self, launch: Launch, scalars) -> dict | None:
+        if scalars is None:
+            return None
+        block = self.program.blocks.get(launch.image.name, (1, 1, 1))
+        return dict(zip(GRID_NAMES, (*launch.grid, *block))) | scalars
+
+    def extent_range(self, launch, parameter, environment, loops):
+        """(largest, point, smallest, point) of the extent over every repeat iteration."""
+        try:
+            value = self._evaluate(parameter.extent, environment)
+            low, high = bounds(value)
+            return (high, _extreme_point(value, loops, True),
+                    low, _extreme_point(value, loops, False))
+        except EvaluationError:
+            pass
+        # Not affine (a minimum that changes sides, say): try every iteration, if few.
+        total = 1
+        for variable in loops:
+            total *= variable.count
+        if total > ENUMERATION_LIMIT:
+            self.error(launch, f"the extent of pointer {parameter.index} '{parameter.name}' is "
+                               f"not affine in the repeat indices, and {total} iterations are "
+                               "too many to try one by one", None,
+                       Note("the extent is declared here", parameter.span))
+            return None
+        best = None
+        for values in itertools.product(*(range(v.count) for v in loops)):
+            point = dict(zip(loops, values))
+            concrete = {name: (value.at(point) if isinstance(value, Affine) else value)
+                        for name, value in environment.items()}
+            extent = self._evaluate(parameter.extent, concrete)
+            if best is None:
+                best = [extent, point, extent, point]
+            if extent > best[0]:
+                best[0:2] = extent, point
+            if extent < best[2]:
+                best[2:4] = extent, point
+        return tuple(best)
+
+    def _evaluate(self, term, environment):
+        errors_before = len(self.report.diagnostics)
+        value = self.evaluator.eval(term, environment, ())
+        if len(self.report.diagnostics) > errors_before or value is POISON:
+            # The evaluator reports its own errors; here they only say "not affine".
+            del self.report.diagnostics[errors_before:]
+            raise EvaluationError("extent not affine", None)
+        return int(value) if isinstance(value, Int) else value
+
+    def check_extent(self, launch, parameter: PointerParameter, binding: PointerBinding,
+                     environment, loops) -> None:
+        found = self.extent_range(launch, parameter, environment, loops)
+        if found is None:
+            return
+        largest, at_largest, smallest, at_smallest = found
+        view = binding.view
+        verb = {"read": "reads", "write": "writes", "readwrite": "reads and writes",
+                "accumulate": "accumulates into"}[parameter.access]
+        if largest > view.count:
+            self.error(launch, f"'{launch.image.name}' {verb} {largest} elements of "
+                               f"'{view.label}' through pointer {parameter.index} "
+                               f"'{parameter.name}'{_where(loops, at_largest)}, but "
+                               f"'{view.label}' holds {view.count} ({view.storage.element}"
+                               f"[{view.count}])", binding.span,
+                       Note(f"the extent of '{parameter.name}' is declared here", parameter.span))
+        elif parameter.access == "write" and smallest < view.count:
+            self.report.warning(
+                f"'{launch.image.name}' writes only up to element {smallest} of the {view.count} of "
+                f"'{view.label}'{_where(loops, at_smallest)}: at least {view.count - smallest} "
+                "are left untouched (does the grid leave a tail uncovered?)", binding.span,
+                Note(f"the extent of '{parameter.name}' is declared here", parameter.span),
+                *self._trace_notes(launch))
+
+    # ---- permissions and aliasing ------------------------------------------------
+
+    def check_permission(self, launch, parameter, binding, phase: str) -> None:
+        storage = binding.view.storage
+        if storage.kind != "bank":
+            return
+        declaration = self.declarations.phases[phase]
+        if any(name.text == storage.name for name in declaration.writes):
+            return
+        role = self.declarations.banks[storage.name].role
+        self.error(launch, f"phase '{phase}' may not write bank '{storage.name}' ({role}), but "
+                           f"pointer {parameter.index} '{parameter.name}' of "
+                           f"'{launch.image.name}' writes '{binding.view.label}'", binding.span,
+                   Note(f"phase '{phase}' is declared here; its (writes ...) clause lists the "
+                        "banks it may write", declaration.span))
+
+    def check_aliasing(self, launch: Launch, pointers: dict[int, PointerBinding], loops) -> None:
+        image = launch.image
+        placed = {index: self.program.address(binding.view) for index, binding in pointers.items()}
+        for first, second in itertools.combinations(sorted(pointers), 2):
+            accesses = (image.pointers[first].access, image.pointers[second].access)
+            if not any(access in WRITES for access in accesses):
+                continue  # two reads of one buffer are harmless
+            if frozenset((first, second)) in image.aliases:
+                continue
+            (home_a, start_a), (home_b, start_b) = placed[first], placed[second]
+            if home_a != home_b:
+                continue
+            count_a, count_b = pointers[first].view.count, pointers[second].view.count
+            # [a, a + count_a) and [b, b + count_b) overlap when -count_b < b - a < count_a,
+            # for some iteration: b - a is affine, so its range is between its extremes.
+            difference = affine.add(start_b, start_a, -1)
+            low, high = bounds(difference)
+            if high <= -count_b or low >= count_a:
+                continue
+            names = [f"{i} '{image.pointers[i].name}'" for i in (first, second)]
+            self.error(launch, f"pointers {names[0]} and {names[1]} of '{image.name}' overlap "
+                               f"in '{pointers[first].view.label}' and "
+                               f"'{pointers[second].view.label}', and "
+                               f"'{image.name}' does not allow them to alias",
+                       pointers[second].span,
+                       Note("the other pointer is bound here", pointers[first].span),
+                       Note(f"an image that works in place says so with (alias {first} "
+                            f"{second})", image.span))
+
+
+def check_program(program: Program, declarations: Declarations, report: Reporter) -> None:
+    Checker(program, declarations, report).run()

@@ -1,0 +1,217 @@
+"""The memory plan: every bank and its entries, the step buffers, and the arena.
+
+Everything is allocated once, before the step: one allocation per bank, one for the step
+buffers and one for the arena. Arena slots whose lifetimes never overlap share memory.
+A slot is live from a launch that writes all of it to the last launch that reads that
+value (see _live_ranges for repeats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .declarations import Declarations
+from .ir import Launch, PhaseRegion, Program, Repeat
+
+ALIGNMENT = 256  # bytes: every allocation and arena slot starts on a 256-byte boundary
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "int32": 4}
+
+
+def element_bytes(element: str, low: str) -> int:
+    return ELEMENT_BYTES[low if element == "low" else element]
+
+
+def _align(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass
+class Placed:
+    name: str
+    element: str
+    count: int
+    bytes: int
+    offset: int  # bytes from the start of its allocation
+    live: list = field(default_factory=list)  # arena only: [first, last] launch positions
+
+
+@dataclass
+class MemoryPlan:
+    config: str
+    low: str
+    banks: dict[str, tuple[str, str, int, list[Placed]]] = field(default_factory=dict)
+    buffers: list[Placed] = field(default_factory=list)
+    buffers_bytes: int = 0
+    arena: list[Placed] = field(default_factory=list)
+    arena_bytes: int = 0
+    arena_unshared_bytes: int = 0
+    unused_slots: list[str] = field(default_factory=list)
+    peak_bytes: int = 0
+    launches: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, _, size, _ in self.banks.values()) + self.buffers_bytes + \
+            self.arena_bytes
+
+    def arena_offset(self, name: str) -> int:
+        return next(slot.offset for slot in self.arena if slot.name == name)
+
+
+def _live_ranges(program: Program) -> tuple[dict[str, list[list[int]]], int]:
+    """Each arena slot's live ranges, as [first, last] launch positions in program order.
+
+    Launches run one after another, in program order, and a repeat's body is numbered
+    once. A launch that writes a whole slot (access `write`) starts a new value: a new
+    range. Any other access (read, readwrite, accumulate, or a write of part of the slot)
+    extends the current range. In a repeat, a slot whose first access in the body is not a
+    whole write carries its value from one iteration to the next: its range covers the
+    whole repeat, from its last value before it.
+    """
+    ranges: dict[str, list[list[int]]] = {}
+    position = 0
+
+    def touch(slot: str, whole_write: bool, at: int, first_access: dict) -> None:
+        first_access.setdefault(slot, whole_write)
+        spans = ranges.setdefault(slot, [])
+        if whole_write or not spans:
+            spans.append([at if whole_write else 0, at])
+        else:
+            spans[-1][1] = at
+
+    def walk(nodes, first_access: dict) -> None:
+        nonlocal position
+        for node in nodes:
+            if isinstance(node, Launch):
+                writes_whole = {}
+                for binding in node.pointers:
+                    storage = binding.view.storage
+                    if storage.kind != "arena":
+                        continue
+                    parameter = node.image.pointers.get(binding.index)
+                    whole = (parameter is not None and parameter.access == "write"
+                             and binding.view.count == storage.count)
+                    # A slot read and written by one launch is read first.
+                    writes_whole[storage.name] = writes_whole.get(storage.name, True) and whole
+                for slot, whole in writes_whole.items():
+                    touch(slot, whole, position, first_access)
+                position += 1
+            elif isinstance(node, Repeat):
+                start = position
+                before = {slot: len(spans) for slot, spans in ranges.items()}
+                inner: dict[str, bool] = {}
+                walk(node.body, inner)
+                end = position - 1
+                for slot, whole_write_first in inner.items():
+                    first_access.setdefault(slot, whole_write_first)
+                    if whole_write_first:
+                        continue
+                    spans = ranges[slot]
+                    keep = max(before.get(slot, 0) - 1, 0)
+                    merged_start = spans[keep][0] if keep < len(spans) else start
+                    ranges[slot] = spans[:keep] + [[min(merged_start, start),
+                                                     max(end, spans[-1][1])]]
+            else:
+                assert isinstance(node, PhaseRegion)
+                walk(node.body, first_access)
+
+    walk(program.body, {})
+    return ranges, position
+
+
+def _overlap(a: list[list[int]], b: list[list[int]]) -> bool:
+    return any(x[0] <= y[1] and y[0] <= x[1] for x in a for y in b)
+
+
+def plan_memory(program: Program, declarations: Declarations) -> MemoryPlan:
+    low = program.low
+    plan = MemoryPlan(program.config, low)
+    for bank, (offsets, total) in program.bank_layouts.items():
+        declaration = declarations.banks[bank]
+        size = element_bytes(declaration.element, low)
+        entries = []
+        for entry, offset in offsets.items():
+            storage = program.storages[f"{bank}.{entry}"]
+            entries.append(Placed(entry, declaration.element, storage.count,
+                                  storage.count * size, offset * size))
+        plan.banks[bank] = (declaration.role, declaration.element, _align(total * size), entries)
+
+    offset = 0
+    for name, storage in program.storages.items():
+        if storage.kind == "buffer":
+            size = storage.count * element_bytes(storage.element, low)
+            plan.buffers.append(Placed(name, storage.element, storage.count, size, offset))
+            offset += _align(size)
+    plan.buffers_bytes = offset
+
+    ranges, plan.launches = _live_ranges(program)
+    slots = []
+    for name, storage in program.storages.items():
+        if storage.kind != "arena":
+            continue
+        if name not in ranges:
+            plan.unused_slots.append(name)
+            continue
+        size = storage.count * element_bytes(storage.element, low)
+        slots.append(Placed(name, storage.element, storage.count, size, 0, ranges[name]))
+    # First fit, largest first: each slot takes the lowest offset clear of every placed
+    # slot that is live at the same time as it.
+    placed: list[Placed] = []
+    for slot in sorted(slots, key=lambda s: (-s.bytes, s.name)):
+        busy = sorted((other.offset, other.offset + _align(other.bytes)) for other in placed
+                      if _overlap(other.live, slot.live))
+        candidate = 0
+        for start, end in busy:
+            if candidate + _align(slot.bytes) <= start:
+                break
+            candidate = max(candidate, end)
+        slot.offset = candidate
+        placed.append(slot)
+    plan.arena = sorted(placed, key=lambda s: (s.offset, s.name))
+    plan.arena_bytes = max((s.offset + _align(s.bytes) for s in placed), default=0)
+    plan.arena_unshared_bytes = sum(_align(s.bytes) for s in placed)
+    fixed = plan.total_bytes - plan.arena_bytes
+    live_arena = max((sum(_align(s.bytes) for s in placed
+                          if any(a <= position <= b for a, b in s.live))
+                      for position in range(plan.launches)), default=0)
+    plan.peak_bytes = fixed + live_arena
+    return plan
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if size >= scale:
+            return f"{size:,} bytes ({size / scale:.2f} {unit})"
+    return f"{size:,} bytes"
+
+
+def format_memory_plan(plan: MemoryPlan) -> str:
+    lines = [f"memory plan, config {plan.config} (low = {plan.low})", ""]
+    for bank, (role, element, size, entries) in plan.banks.items():
+        lines.append(f"bank {bank} ({role}, {element}): {_bytes(size)}")
+        lines.append(f"  {'offset':>14} {'elements':>12} {'bytes':>14}  entry")
+        for entry in entries:
+            lines.append(f"  {entry.offset:>14,} {entry.count:>12,} {entry.bytes:>14,}  "
+                         f"{entry.name}")
+        lines.append("")
+    lines.append(f"step buffers: {_bytes(plan.buffers_bytes)}")
+    lines.append(f"  {'offset':>14} {'elements':>12} {'bytes':>14}  buffer")
+    for buffer in plan.buffers:
+        lines.append(f"  {buffer.offset:>14,} {buffer.count:>12,} {buffer.bytes:>14,}  "
+                     f"{buffer.name}: {buffer.element}")
+    lines.append("")
+    saved = plan.arena_unshared_bytes - plan.arena_bytes
+    lines.append(f"arena: {_bytes(plan.arena_bytes)}; with a slot each it would take "
+                 f"{plan.arena_unshared_bytes:,} bytes: sharing saves {saved:,} bytes")
+    lines.append(f"  {'offset':>14} {'bytes':>14}  slot, and the launches it is live across")
+    for slot in plan.arena:
+        live = ", ".join(f"{a}..{b}" for a, b in slot.live)
+        lines.append(f"  {slot.offset:>14,} {slot.bytes:>14,}  {slot.name}: {slot.element}, "
+                     f"live {live}")
+    if plan.unused_slots:
+        lines.append(f"  not used by this schedule, not allocated: {', '.join(plan.unused_slots)}")
+    lines.append("")
+    lines.append(f"total: {_bytes(plan.total_bytes)}")
+    lines.append(f"peak live: {_bytes(plan.peak_bytes)} (banks and buffers, and the arena slots "
+                 f"live at the busiest of {plan.launches} launches)")
+    return "\n".join(lines) + "\n"

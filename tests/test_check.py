@@ -1,0 +1,124 @@
+"""The static checker on the real schedules: what it accepts, and that it accepts it for
+the right reason (remove the reason and it refuses). Bad inputs with their golden
+diagnostics are in tests/checker/."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from cgc.diagnostics import CompileError
+from cgc.frontend import analyse, check, evaluate
+from cgc.memory import plan_memory
+from cgc.signature import c_parameters
+
+from conftest import SCHEDULES
+
+
+def checked(path, config="tiny", **overrides):
+    frontend = analyse([str(path)])
+    program = evaluate(frontend, str(path), config=config, overrides=overrides)
+    return frontend, program, check(frontend, program)
+
+
+@pytest.mark.parametrize("config", ["tiny", "tiny32", "gpt2"])
+@pytest.mark.parametrize("name", ["train", "backward", "forward", "optimizer"])
+def test_every_schedule_passes_in_every_configuration(name, config):
+    _, _, warnings = checked(SCHEDULES / f"{name}.cg", config)
+    assert warnings == []
+
+
+@pytest.fixture
+def schedules(tmp_path):
+    for path in SCHEDULES.glob("*.cg"):
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path
+
+
+def edit(path, old, new):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def errors_of(path, config="tiny"):
+    with pytest.raises(CompileError) as error:
+        checked(path, config)
+    return [d.message for d in error.value.diagnostics if d.severity == "error"]
+
+
+def test_in_place_gelu_backward_passes_because_the_image_allows_it(schedules):
+    edit(schedules / "images.cg", "  (scalar 0 count int32)\n  (alias 0 1)\n",
+         "  (scalar 0 count int32)\n")
+    messages = errors_of(schedules / "train.cg")
+    assert any("'cgImageGeluBackward' does not allow them to alias" in m
+               and "cgGradientFc" in m for m in messages)
+
+
+def test_the_residual_gradient_may_be_updated_in_place_through_the_allowed_pair(schedules):
+    """current = current + LN'(dout): residual and dinput bound to one arena slot."""
+    edit(schedules / "library.cg", "(cgArena cgStatistics1) other current)",
+         "(cgArena cgStatistics1) current current)")
+    checked(schedules / "train.cg")
+    edit(schedules / "images.cg", "  (pointer 7 residual float32 read (naturalMultiply gridX cgWidth))\n"
+                                  "  (alias 0 7)\n",
+         "  (pointer 7 residual float32 read (naturalMultiply gridX cgWidth))\n")
+    assert any("cgDy0" in m and "alias" in m for m in errors_of(schedules / "train.cg"))
+
+
+def test_the_seed_backward_writes_gradients_only_because_its_phases_may(schedules):
+    edit(schedules / "model.cg", "phase cgPhaseOutputGradient (stage backward) (writes cgBankG)",
+         "phase cgPhaseOutputGradient (stage backward)")
+    messages = errors_of(schedules / "backward.cg")
+    assert any("phase 'cgPhaseOutputGradient' may not write bank 'cgBankG'" in m
+               for m in messages)
+
+
+def test_a_vocabulary_the_block_does_not_divide_leaves_a_tail_uncovered(schedules):
+    edit(schedules / "model.cg", "constant cgThreads : Nat = 128", "constant cgThreads : Nat = 96")
+    _, _, warnings = checked(schedules / "backward.cg", "tiny")
+    (warning,) = [w for w in warnings if "cgLogitsGradient" in w.message]
+    assert "writes only up to element 65472 of the 65536 of 'cgLogitsGradient'" in warning.message
+    assert "at least 64 are left untouched" in warning.message
+
+
+def test_extents_are_checked_at_both_ends_of_a_repeat(schedules):
+    """The layer loop one iteration longer reaches one boundary past the stack."""
+    edit(schedules / "forward.cg", "(nvidiaAffineLaunchRepeat cgLayers",
+         "(nvidiaAffineLaunchRepeat (naturalAdd cgLayers 1)")
+    assert any("out of range" in m for m in errors_of(schedules / "forward.cg"))
+
+
+def test_checking_does_not_depend_on_the_layer_count():
+    for layers in (1, 12, 96):
+        _, program, warnings = checked(SCHEDULES / "train.cg", "gpt2", cgLayers=layers)
+        assert warnings == []
+        assert sum(1 for _ in program.launches()) == 54
+
+
+def test_memory_plan_shares_only_slots_never_live_together():
+    frontend, program, _ = checked(SCHEDULES / "train.cg", "gpt2")
+    plan = plan_memory(program, frontend.declarations)
+    assert plan.arena_bytes < plan.arena_unshared_bytes
+    for i, a in enumerate(plan.arena):
+        for b in plan.arena[i + 1:]:
+            share = a.offset < b.offset + b.bytes and b.offset < a.offset + a.bytes
+            live_together = any(x[0] <= y[1] and y[0] <= x[1] for x in a.live for y in b.live)
+            assert not (share and live_together), (a.name, b.name)
+    # The residual gradient carries across the layer loop: one range, to the scatter.
+    (dy0,) = [slot for slot in plan.arena if slot.name == "cgDy0"]
+    assert len(dy0.live) == 1 and dy0.live[0][1] == plan.launches - 14
+    assert plan.total_bytes >= plan.peak_bytes
+    bank = plan.banks["cgBankP"]
+    assert bank[2] == 4 * sum(-(-e.count // 64) * 64 for e in bank[3])
+
+
+def test_c_parameters_come_from_the_declaration():
+    frontend = analyse([str(SCHEDULES / "images.cg")])
+    images = frontend.declarations.images
+    assert c_parameters(images["cgImageGeluBackward"], "bfloat16") == [
+        "__nv_bfloat16* gradientPre", "const __nv_bfloat16* gradientAct",
+        "const __nv_bfloat16* __restrict__ pre", "int count"]
+    assert c_parameters(images["cgImageCastDown"], "float32") == [
+        "float* __restrict__ output", "const float* __restrict__ input", "int count"]
