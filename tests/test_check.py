@@ -122,3 +122,11 @@ def test_c_parameters_come_from_the_declaration():
         "const __nv_bfloat16* __restrict__ pre", "int count"]
     assert c_parameters(images["cgImageCastDown"], "float32") == [
         "float* __restrict__ output", "const float* __restrict__ input", "int count"]
+
+
+def test_the_checker_reference_shows_every_checker_case():
+    from conftest import ROOT
+    reference = (ROOT / "docs" / "checker.md").read_text(encoding="utf-8")
+    for case in (ROOT / "tests" / "checker").glob("*.cg"):
+        if not case.name.startswith("_"):
+            assert f"`{case.stem}`" in reference, case.stem
