@@ -139,7 +139,8 @@ class Checker:
             if binding.index in bound:
                 self.error(launch, f"pointer argument {binding.index} '{parameter.name}' of "
                                    f"'{image.name}' is bound twice", binding.span,
-                           Note("first bound here", bound[binding.index].span))
+                           Note("first bound here", bound[binding.index].span),
+                           Note(f"'{parameter.name}' is declared here", parameter.span))
                 continue
             bound[binding.index] = binding
             element = binding.view.storage.element
@@ -171,7 +172,8 @@ class Checker:
             if binding.index in bound:
                 self.error(launch, f"scalar argument {binding.index} '{parameter.name}' of "
                                    f"'{image.name}' is bound twice", binding.span,
-                           Note("first bound here", bound[binding.index].span))
+                           Note("first bound here", bound[binding.index].span),
+                           Note(f"'{parameter.name}' is declared here", parameter.span))
                 fine = False
                 continue
             bound[binding.index] = binding
