@@ -73,6 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("file", metavar="FILE", help="a .cg schedule file")
     _add_program_options(ir, several_configs=False)
     ir.add_argument("-o", "--output", metavar="PATH", help="write the text here, not to stdout")
+
+    run = commands.add_parser(
+        "run", help="run training steps of a schedule",
+        description="Check FILE, then run its entry schedule as training steps. The numpy "
+                    "backend runs every launch on the bounds-checked reference machine (each "
+                    "kernel's NumPy semantics, every access checked against its declared "
+                    "extent and its buffer) on the CPU; it is the ground truth the GPU is "
+                    "compared with. Tokens are bytes (the tiny configuration's vocabulary is "
+                    "256) of the --data files, or by default of the Python standard library's "
+                    "own source files.")
+    run.add_argument("file", metavar="FILE", help="a .cg schedule file (schedules/train.cg: "
+                                                  "the whole step)")
+    _add_program_options(run, several_configs=False)
+    run.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
+                     help="where to run: numpy (the CPU reference machine; the default) or "
+                          "cupy (an NVIDIA GPU)")
+    run.add_argument("--steps", type=int, default=10, metavar="N",
+                     help="training steps to run (default 10)")
+    run.add_argument("--seed", type=int, default=0, metavar="S",
+                     help="seeds the parameters and the choice of windows (default 0)")
+    run.add_argument("--data", nargs="+", metavar="PATH",
+                     help="text files or folders to take byte tokens from (default: the Python "
+                          "standard library's source files)")
+    run.add_argument("--dump", metavar="DIR",
+                     help="write the run for replay: configuration, tokens, every entry before "
+                          "and after the first step, its gradients, the losses "
+                          "(docs/dump-format.md)")
     return parser
 
 
@@ -136,6 +163,39 @@ def _ir(args) -> int:
     return EXIT_OK
 
 
+def _run(args) -> int:
+    if args.backend == "cupy":
+        print("cgc: error: the CuPy backend is not built yet (it needs the CUDA backend); "
+              "use --backend numpy to run on the CPU reference machine", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    if args.steps < 1:
+        raise _UsageError("--steps must be at least 1")
+    from .data import Batches, describe, load_corpus
+    from .runtime_numpy import NumpyRun, train
+    frontend = analyse([args.file])
+    overrides = _overrides(frontend, args.set)
+    config = _configs(frontend, [args.config] if args.config else None)[0]
+    runner = NumpyRun(frontend, args.file, config, overrides, args.seed)
+    if runner.warnings:
+        print(render_all(runner.warnings), file=sys.stderr)
+    try:
+        corpus = load_corpus(args.data)
+        constants = runner.constants
+        if corpus.max() >= constants["cgVocab"]:
+            raise ValueError("a byte value is past the vocabulary")
+        batches = Batches(corpus, constants["cgBatch"], constants["cgContext"], args.seed)
+    except (OSError, ValueError) as error:
+        print(f"cgc: error: cannot read the training data: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    print(f"{args.file}: {runner.program.entry}, config {config} (low = {runner.program.low}), "
+          f"numpy backend; {corpus.size:,} bytes of {describe(args.data)}", file=sys.stderr)
+    losses = train(runner, batches, args.steps, dump=args.dump, out=sys.stdout, seed=args.seed)
+    if args.dump:
+        print(f"dumped the run to {args.dump}", file=sys.stderr)
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {len(losses)} steps")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command on a thread with a deep stack: terms nest, and so does the compiler."""
     result: list[int] = []
@@ -162,7 +222,7 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as exit:  # --help, --version and usage errors
         return int(exit.code or 0)
     try:
-        return {"check": _check, "ir": _ir}[args.command](args)
+        return {"check": _check, "ir": _ir, "run": _run}[args.command](args)
     except CompileError as error:
         print(render_all(error.diagnostics), file=sys.stderr)
         return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \

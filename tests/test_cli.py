@@ -77,3 +77,24 @@ def test_the_installed_command_works_from_any_directory(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "train.cg: ok" in result.stdout
+
+
+def test_run_trains_on_the_numpy_backend_and_dumps(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("hello, cgc. " * 200)
+    dump = tmp_path / "dump"
+    assert main(["run", str(SCHEDULES / "train.cg"), "--steps", "2", "--data", str(text),
+                 "--dump", str(dump)]) == 0
+    out = capsys.readouterr().out
+    assert "step 2/2" in out and "loss" in out
+    assert (dump / "run.json").exists() and (dump / "gradients" / "cgQkvWeight.npy").exists()
+
+
+def test_run_without_a_gpu_names_the_numpy_alternative(capsys):
+    assert main(["run", str(SCHEDULES / "train.cg"), "--backend", "cupy"]) == 1
+    assert "--backend numpy" in capsys.readouterr().err
+
+
+def test_run_with_unreadable_data_is_an_error_not_a_traceback(tmp_path, capsys):
+    assert main(["run", str(SCHEDULES / "train.cg"), "--data", str(tmp_path / "none.txt")]) == 1
+    assert "cannot read the training data" in capsys.readouterr().err

@@ -1,0 +1,250 @@
+"""The bounds-checked reference machine: runs a launch program with each image's NumPy
+reference semantics (cgc/reference.py), on memory laid out by the memory plan.
+
+Every access a kernel makes goes through a Pointer, which checks it against the extent the
+image declares and against the buffer actually bound; after each launch the machine checks
+that no two pointers touched the same bytes where one wrote, unless the image allows the
+pair. A violation raises Fault naming the launch and the slot. The machine resolves slot
+bindings itself, so it runs programs the static checker never saw: that is how the checker
+is tested against ground truth.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .affine import Affine
+from .builtins import GRID_NAMES
+from .declarations import Declarations
+from .evaluate import Int
+from .ir import Launch, PhaseRegion, Program, Repeat, View
+from .memory import MemoryPlan, element_bytes
+from .numerics import decode, encode, storage_dtype
+
+WRITES = ("write", "readwrite", "accumulate")
+
+
+class Fault(Exception):
+    """A launch did something unsafe: the message names the launch and the slot."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind  # slot | bounds | extent | alias | permission | data
+        super().__init__(message)
+
+
+def concrete(value, point: dict) -> int | float:
+    if isinstance(value, Affine):
+        return value.at(point)
+    return int(value) if isinstance(value, Int) else value
+
+
+class Pointer:
+    """One pointer argument of one launch: typed, bounded access to the bound view."""
+
+    def __init__(self, launch_name: str, index: int, name: str, access: str, element: str,
+                 low: str, array: np.ndarray, extent: int | None, home: str, base: int,
+                 item_bytes: int):
+        self.launch_name, self.index, self.name, self.access = launch_name, index, name, access
+        self.element, self.low, self.array = element, low, array
+        self.extent = extent
+        self.home, self.base, self.item_bytes = home, base, item_bytes
+        self.touched: list[tuple[int, int, bool]] = []  # element ranges, written?
+
+    def _where(self) -> str:
+        return f"pointer {self.index} '{self.name}' of {self.launch_name}"
+
+    def _check(self, start: int, stop: int, writing: bool) -> None:
+        if writing and self.access == "read":
+            raise Fault("slot", f"{self._where()} is declared read-only, but the kernel writes it")
+        if start < 0 or stop > len(self.array):
+            raise Fault("bounds", f"{self._where()} touches elements {start} .. {stop - 1}, "
+                                  f"outside the {len(self.array)} of its buffer")
+        if self.extent is not None and stop > self.extent:
+            raise Fault("extent", f"{self._where()} touches element {stop - 1}, past its "
+                                  f"declared extent {self.extent}")
+        self.touched.append((start, stop, writing))
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        stop = self.extent if stop is None else stop
+        self._check(start, stop, False)
+        return decode(self.array[start:stop], self.element, self.low)
+
+    def write(self, start: int, values) -> None:
+        values = np.asarray(values).reshape(-1)
+        self._check(start, start + len(values), True)
+        self.array[start:start + len(values)] = encode(values, self.element, self.low)
+
+    def accumulate(self, start: int, values) -> None:
+        values = np.asarray(values).reshape(-1)
+        self._check(start, start + len(values), True)
+        current = decode(self.array[start:start + len(values)], self.element, self.low)
+        self.array[start:start + len(values)] = encode(current + values, self.element, self.low)
+
+    def byte_ranges(self):
+        """(first byte, last byte + 1, written?) in the pointer's allocation."""
+        for start, stop, writing in self.touched:
+            if stop > start:
+                yield (self.base + start * self.item_bytes, self.base + stop * self.item_bytes,
+                       writing)
+
+
+@dataclass
+class Kernel:
+    """What a reference kernel sees: its pointers and scalars by name, grid, block, model."""
+
+    pointers: dict[str, Pointer]
+    scalars: dict[str, object]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    constants: dict[str, object]
+
+
+class Machine:
+    def __init__(self, program: Program, declarations: Declarations, plan: MemoryPlan,
+                 kernels: dict):
+        self.program, self.declarations, self.plan = program, declarations, plan
+        self.kernels = kernels
+        self.low = program.low
+        self.memory: dict[str, np.ndarray] = {}
+        for bank, (_, _, size, _) in plan.banks.items():
+            self.memory[bank] = np.zeros(size, dtype=np.uint8)
+        self.memory["buffers"] = np.zeros(max(plan.buffers_bytes, 1), dtype=np.uint8)
+        self.memory["arena"] = np.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
+        self.buffer_offsets = {b.name: b.offset for b in plan.buffers}
+        self.arena_offsets = {s.name: s.offset for s in plan.arena}
+        self.launch_count = 0
+
+    # ---- memory --------------------------------------------------------------------
+
+    def home(self, view: View) -> tuple[str, int]:
+        """The allocation holding a storage, and the byte where the storage starts."""
+        storage = view.storage
+        if storage.kind == "bank":
+            size = element_bytes(storage.element, self.low)
+            offset = self.program.bank_layouts[storage.name][0][storage.entry] \
+                if storage.entry else 0
+            return storage.name, offset * size
+        if storage.kind == "buffer":
+            return "buffers", self.buffer_offsets[storage.name]
+        return "arena", self.arena_offsets[storage.name]
+
+    def storage_array(self, view: View) -> np.ndarray:
+        storage = view.storage
+        home, start = self.home(view)
+        size = element_bytes(storage.element, self.low)
+        raw = self.memory[home][start:start + storage.count * size]
+        return raw.view(storage_dtype(storage.element, self.low))
+
+    def array(self, label: str) -> np.ndarray:
+        """A whole storage by label (`cgLogits`, `cgBankP.cgQkvWeight`), decoded."""
+        storage = self.program.storages[label]
+        view = View(storage, 0, storage.count)
+        return decode(self.storage_array(view), storage.element, self.low)
+
+    def store(self, label: str, values) -> None:
+        storage = self.program.storages[label]
+        array = self.storage_array(View(storage, 0, storage.count))
+        array[:] = encode(np.asarray(values).reshape(-1), storage.element, self.low)
+
+    # ---- running -------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._run(self.program.body, None, {})
+
+    def _run(self, nodes, phase, point) -> None:
+        for node in nodes:
+            if isinstance(node, Launch):
+                self.launch(node, phase, point)
+            elif isinstance(node, Repeat):
+                for value in range(node.variable.count):
+                    point[node.variable] = value
+                    self._run(node.body, phase, point)
+                point.pop(node.variable, None)
+            else:
+                assert isinstance(node, PhaseRegion)
+                self._run(node.body, node.phase, point)
+
+    def launch(self, launch: Launch, phase: str | None, point: dict) -> None:
+        image = launch.image
+        where = f"launch {self.launch_count} of '{image.name}' ({launch.span})"
+        self.launch_count += 1
+        evaluator = self.program.evaluator
+        grid = tuple(concrete(g, point) for g in launch.grid)
+        block = self.program.blocks.get(image.name, (1, 1, 1))
+        if min(grid) < 1:
+            raise Fault("slot", f"{where} has an empty grid {grid}")
+
+        scalars: dict[str, object] = {}
+        for index, parameter in sorted(image.scalars.items()):
+            bound = [b for b in launch.scalars if b.index == index]
+            if len(bound) > 1:
+                raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' is bound twice")
+            if bound:
+                value = concrete(bound[0].value, point)
+                if parameter.type == "float32" and bound[0].kind != "Float" or \
+                        parameter.type == "int32" and bound[0].kind == "Float":
+                    raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' is a "
+                                        f"{parameter.type}, bound to a {bound[0].kind}")
+                if parameter.type == "int32" and not -2 ** 31 <= value < 2 ** 31:
+                    raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' = {value} "
+                                        "does not fit in an int32")
+            elif parameter.default is not None:
+                value = concrete(evaluator.eval(parameter.default, {}, ()), point)
+            else:
+                raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' is not bound")
+            scalars[parameter.name] = value
+        for binding in launch.scalars:
+            if binding.index not in image.scalars:
+                raise Fault("slot", f"{where}: the image has no scalar {binding.index}")
+
+        environment = dict(zip(GRID_NAMES, (*grid, *block))) | scalars
+        pointers: dict[str, Pointer] = {}
+        writable = {name.text for name in self.declarations.phases[phase].writes} \
+            if phase in self.declarations.phases else set()
+        for binding in launch.pointers:
+            if binding.index not in image.pointers:
+                raise Fault("slot", f"{where}: the image has no pointer {binding.index}")
+        for index, parameter in sorted(image.pointers.items()):
+            bound = [b for b in launch.pointers if b.index == index]
+            if not bound:
+                raise Fault("slot", f"{where}: pointer {index} '{parameter.name}' is not bound")
+            if len(bound) > 1:
+                raise Fault("slot", f"{where}: pointer {index} '{parameter.name}' is bound twice")
+            view = bound[0].view
+            if view.storage.element != parameter.element:
+                raise Fault("slot", f"{where}: pointer {index} '{parameter.name}' takes "
+                                    f"{parameter.element}, bound to {view.storage.element} "
+                                    f"'{view.label}'")
+            if parameter.access in WRITES and view.storage.kind == "bank" and \
+                    view.storage.name not in writable:
+                raise Fault("permission", f"{where}: phase '{phase}' may not write bank "
+                                          f"'{view.storage.name}'")
+            offset = concrete(view.offset, point)
+            array = self.storage_array(view)[offset:offset + view.count]
+            extent = (int(evaluator.eval(parameter.extent, environment, ()))
+                      if parameter.extent is not None else None)
+            home, base = self.home(view)
+            item = element_bytes(view.storage.element, self.low)
+            pointers[parameter.name] = Pointer(where, index, parameter.name, parameter.access,
+                                               parameter.element, self.low, array, extent,
+                                               home, base + offset * item, item)
+
+        kernel = self.kernels[image.name]
+        kernel(Kernel(pointers, scalars, grid, block, self.program.constants))
+        self.check_aliasing(where, image, pointers)
+
+    def check_aliasing(self, where: str, image, pointers: dict[str, Pointer]) -> None:
+        by_index = {p.index: p for p in pointers.values()}
+        for first, second in itertools.combinations(sorted(by_index), 2):
+            if frozenset((first, second)) in image.aliases:
+                continue
+            a, b = by_index[first], by_index[second]
+            if a.home != b.home:
+                continue
+            for (a0, a1, aw), (b0, b1, bw) in itertools.product(a.byte_ranges(), b.byte_ranges()):
+                if (aw or bw) and a0 < b1 and b0 < a1:
+                    raise Fault("alias", f"{where}: pointers {first} '{a.name}' and {second} "
+                                         f"'{b.name}' touch the same memory, and one writes it")

@@ -1,0 +1,353 @@
+"""Reference semantics of every kernel image, in NumPy: the living definition of what each
+image computes. Arithmetic is float32; values stored in the low type are rounded to it as
+they are written (cgc/numerics.py). Each function receives a Kernel (cgc/machine.py) and
+touches memory only through its pointers, as the CUDA kernel would: rows from the grid,
+the model's own dimensions guarded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .machine import Fault, Kernel
+
+F32 = np.float32
+
+
+def _width(k: Kernel) -> int:
+    return int(k.constants["cgWidth"])
+
+
+def embedding(k: Kernel) -> None:
+    rows, width, vocab = k.grid[0], _width(k), int(k.constants["cgVocab"])
+    ids = k.pointers["ids"].read(0, rows).astype(np.int64)
+    if ((ids < 0) | (ids >= vocab)).any():
+        raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")
+    table = k.pointers["table"].read(0, (int(ids.max()) + 1) * width).reshape(-1, width)
+    k.pointers["output"].write(0, table[ids])
+
+
+def _statistics(x: np.ndarray, epsilon) -> tuple[np.ndarray, np.ndarray]:
+    mean = x.mean(axis=1, dtype=F32)
+    variance = np.square(x - mean[:, None]).mean(axis=1, dtype=F32)
+    return mean, (F32(1) / np.sqrt(variance + F32(epsilon))).astype(F32)
+
+
+def layer_norm(k: Kernel) -> None:
+    rows, width = k.grid[0], _width(k)
+    x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
+    gamma, beta = k.pointers["gamma"].read(0, width), k.pointers["beta"].read(0, width)
+    mean, rstd = _statistics(x, k.scalars["epsilon"])
+    out = (x - mean[:, None]) * rstd[:, None] * gamma + beta
+    k.pointers["output"].write(0, out)
+    k.pointers["statistics"].write(0, np.stack([mean, rstd], axis=1))
+
+
+def _layer_norm_gradient(k: Kernel):
+    rows, width = k.grid[0], _width(k)
+    x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
+    dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, width)
+    statistics = k.pointers["statistics"].read(0, rows * 2).reshape(rows, 2)
+    gamma = k.pointers["gamma"].read(0, width)
+    mean, rstd = statistics[:, :1], statistics[:, 1:]
+    normed = (x - mean) * rstd
+    dnormed = dout * gamma
+    dx = rstd * (dnormed - dnormed.mean(axis=1, keepdims=True, dtype=F32)
+                 - normed * (dnormed * normed).mean(axis=1, keepdims=True, dtype=F32))
+    k.pointers["gradientGamma"].accumulate(0, (dout * normed).sum(axis=0, dtype=F32))
+    k.pointers["gradientBeta"].accumulate(0, dout.sum(axis=0, dtype=F32))
+    return dx
+
+
+def layer_norm_backward(k: Kernel) -> None:
+    k.pointers["gradientInput"].write(0, _layer_norm_gradient(k))
+
+
+def layer_norm_backward_add(k: Kernel) -> None:
+    rows, width = k.grid[0], _width(k)
+    residual = k.pointers["residual"].read(0, rows * width).reshape(rows, width)
+    k.pointers["gradientInput"].write(0, residual + _layer_norm_gradient(k))
+
+
+def _operands(k: Kernel, transposed: bool, weight: bool):
+    m, n, depth = k.scalars["m"], k.scalars["n"], k.scalars["k"]
+    a = k.pointers["a"].read(0, m * depth)
+    a = a.reshape(depth, m).T if weight else a.reshape(m, depth)
+    b = k.pointers["b"].read(0, depth * n)
+    b = b.reshape(n, depth).T if transposed else b.reshape(depth, n)
+    return np.matmul(a, b, dtype=F32)
+
+
+def product_data(k: Kernel) -> None:
+    k.pointers["output"].write(0, _operands(k, transposed=False, weight=False))
+
+
+def product_transposed(k: Kernel) -> None:
+    k.pointers["output"].write(0, _operands(k, transposed=True, weight=False))
+
+
+def product_residual(k: Kernel) -> None:
+    m, n = k.scalars["m"], k.scalars["n"]
+    residual = k.pointers["residual"].read(0, m * n).reshape(m, n)
+    k.pointers["output"].write(0, residual + _operands(k, transposed=False, weight=False))
+
+
+def product_weight(k: Kernel) -> None:
+    k.pointers["output"].accumulate(0, _operands(k, transposed=False, weight=True))
+
+
+def _rotary_tables(positions: int, head_width: int):
+    half = head_width // 2
+    frequencies = np.power(F32(10000), -np.arange(half, dtype=F32) * F32(2) / F32(head_width))
+    angles = np.arange(positions, dtype=F32)[:, None] * frequencies[None, :]
+    return np.cos(angles).astype(F32), np.sin(angles).astype(F32)
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool = False):
+    """Rotates pairs (i, i + D/2) of the last axis by each position's angle; x: [.., T, D]."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    if inverse:
+        sin = -sin
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+class _Heads:
+    """The attention problem of one launch: sequences of the grid, heads, rotary tables."""
+
+    def __init__(self, k: Kernel):
+        self.sequences = k.grid[2]
+        self.context = int(k.constants["cgContext"])
+        self.heads = int(k.constants["cgHeads"])
+        self.width = _width(k)
+        self.head_width = self.width // self.heads
+        self.rows = self.sequences * self.context
+        self.cos, self.sin = _rotary_tables(self.context, self.head_width)
+        self.scale = F32(1.0 / math.sqrt(self.head_width))
+        self.mask = np.triu(np.ones((self.context, self.context), dtype=bool), k=1)
+
+    def split(self, qkv: np.ndarray):
+        """[rows, 3W] to rotated q, k and plain v, each [sequences, heads, T, D]."""
+        parts = qkv.reshape(self.sequences, self.context, 3, self.heads, self.head_width)
+        q, key, v = (parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+        return _rotate(q, self.cos, self.sin), _rotate(key, self.cos, self.sin), v
+
+    def merge(self, x: np.ndarray) -> np.ndarray:
+        """[sequences, heads, T, D] to [rows, W]."""
+        return x.transpose(0, 2, 1, 3).reshape(self.rows, self.width)
+
+    def probabilities(self, q, key, lse=None):
+        scores = np.matmul(q, key.transpose(0, 1, 3, 2), dtype=F32) * self.scale
+        scores = np.where(self.mask, F32(-np.inf), scores)
+        if lse is None:
+            top = scores.max(axis=-1, keepdims=True)
+            lse = top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True, dtype=F32))
+        return np.exp(scores - lse).astype(F32), lse
+
+
+# The attention kernels compute every row and head of the grid's sequences (gridZ): the
+# reference does not model a grid with too few query tiles (gridX) or heads (gridY), which
+# stays inside the declared extents and so is a question of coverage, not of safety.
+
+
+def attention(k: Kernel) -> None:
+    heads = _Heads(k)
+    qkv = k.pointers["qkv"].read(0, heads.rows * 3 * heads.width)
+    q, key, v = heads.split(qkv.reshape(heads.rows, 3 * heads.width))
+    probabilities, lse = heads.probabilities(q, key)
+    k.pointers["output"].write(0, heads.merge(np.matmul(probabilities, v, dtype=F32)))
+    # lse[row, head], rows in order
+    k.pointers["lse"].write(0, lse[..., 0].transpose(0, 2, 1))
+
+
+def attention_delta(k: Kernel) -> None:
+    rows, width, count = k.grid[0], _width(k), int(k.constants["cgHeads"])
+    out = k.pointers["output"].read(0, rows * width).reshape(rows, count, -1)
+    dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, count, -1)
+    k.pointers["delta"].write(0, (out * dout).sum(axis=-1, dtype=F32))
+
+
+def attention_backward(k: Kernel) -> None:
+    heads = _Heads(k)
+    rows, width, count = heads.rows, heads.width, heads.heads
+    qkv = k.pointers["qkv"].read(0, rows * 3 * width).reshape(rows, 3 * width)
+    q, key, v = heads.split(qkv)
+    d_out = k.pointers["gradientOutput"].read(0, rows * width).reshape(
+        heads.sequences, heads.context, count, heads.head_width).transpose(0, 2, 1, 3)
+    lse = k.pointers["lse"].read(0, rows * count).reshape(
+        heads.sequences, heads.context, count).transpose(0, 2, 1)[..., None]
+    delta = k.pointers["delta"].read(0, rows * count).reshape(
+        heads.sequences, heads.context, count).transpose(0, 2, 1)[..., None]
+    probabilities, _ = heads.probabilities(q, key, lse)
+    dv = np.matmul(probabilities.transpose(0, 1, 3, 2), d_out, dtype=F32)
+    dprobabilities = np.matmul(d_out, v.transpose(0, 1, 3, 2), dtype=F32)
+    dscores = probabilities * (dprobabilities - delta) * heads.scale
+    dq = np.matmul(dscores, key, dtype=F32)
+    dkey = np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32)
+    dq = _rotate(dq, heads.cos, heads.sin, inverse=True)
+    dkey = _rotate(dkey, heads.cos, heads.sin, inverse=True)
+    merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
+    k.pointers["gradientQkv"].write(0, merged)
+
+
+_GELU = F32(math.sqrt(2.0 / math.pi))
+
+
+def _elementwise_count(k: Kernel, per_block: int) -> int:
+    return min(int(k.scalars["count"]), k.grid[0] * per_block)
+
+
+def gelu(k: Kernel) -> None:
+    n = _elementwise_count(k, 2048)
+    x = k.pointers["input"].read(0, n)
+    y = F32(0.5) * x * (F32(1) + np.tanh(_GELU * (x + F32(0.044715) * x * x * x)))
+    k.pointers["output"].write(0, y)
+
+
+def gelu_backward(k: Kernel) -> None:
+    n = _elementwise_count(k, 2048)
+    x = k.pointers["pre"].read(0, n)
+    dy = k.pointers["gradientAct"].read(0, n)
+    inner = _GELU * (x + F32(0.044715) * x * x * x)
+    t = np.tanh(inner)
+    slope = F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * _GELU * \
+        (F32(1) + F32(3 * 0.044715) * x * x)
+    k.pointers["gradientPre"].write(0, dy * slope)
+
+
+def cast_down(k: Kernel) -> None:
+    n = _elementwise_count(k, 2048)
+    k.pointers["output"].write(0, k.pointers["input"].read(0, n))
+
+
+def loss(k: Kernel) -> None:
+    rows, vocab = k.grid[0], int(k.constants["cgVocab"])
+    logits = k.pointers["logits"].read(0, rows * vocab).reshape(rows, vocab)
+    targets = k.pointers["targets"].read(0, rows).astype(np.int64)
+    if (targets >= vocab).any():
+        raise Fault("data", f"a target is past the vocabulary ({vocab})")
+    counted = (targets >= 0) & (targets != k.scalars["ignoreIndex"])
+    top = logits.max(axis=1)
+    lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
+    safe = np.where(counted, targets, 0)
+    target_logit = logits[np.arange(rows), safe]
+    k.pointers["loss"].write(0, np.where(counted, lse - target_logit, F32(0)))
+    k.pointers["correct"].write(0, (counted & (logits.argmax(axis=1) == safe)).astype(np.int32))
+
+
+def cross_entropy_backward(k: Kernel) -> None:
+    rows, vocab = k.grid[0], int(k.constants["cgVocab"])
+    columns = min(k.grid[1] * k.block[0], vocab)
+    span = (rows - 1) * vocab + columns
+    logits = np.zeros(rows * vocab, dtype=F32)
+    logits[:span] = k.pointers["logits"].read(0, span)
+    logits = logits.reshape(rows, vocab)
+    row_loss = k.pointers["loss"].read(0, rows)
+    k.pointers["correct"].read(0, rows)
+    targets = k.pointers["targets"].read(0, rows).astype(np.int64)
+    counted = (targets >= 0) & (targets != k.scalars["ignoreIndex"])
+    safe = np.where(counted, targets, 0)
+    lse = row_loss + logits[np.arange(rows), safe]
+    exponent = (logits - lse[:, None]) * F32(k.scalars["log2e"])
+    gradient = np.exp2(exponent).astype(F32)
+    gradient[np.arange(rows), safe] -= F32(1)
+    gradient = np.where(counted[:, None], gradient * F32(k.scalars["scale"]), F32(0))
+    out = k.pointers["logitsGradient"]
+    existing = out.read(0, span)  # columns past the grid are left as they were
+    full = np.zeros(rows * vocab, dtype=F32)
+    full[:span] = existing
+    full = full.reshape(rows, vocab)
+    full[:, :columns] = gradient[:, :columns]
+    out.write(0, full.reshape(-1)[:span])
+
+
+def scatter(k: Kernel) -> None:
+    rows, width, vocab = k.grid[0], _width(k), int(k.constants["cgVocab"])
+    ids = k.pointers["ids"].read(0, rows).astype(np.int64)
+    if ((ids < 0) | (ids >= vocab)).any():
+        raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")
+    gradient = k.pointers["gradient"].read(0, rows * width).reshape(rows, width)
+    touched = int(ids.max()) + 1
+    update = np.zeros((touched, width), dtype=F32)
+    np.add.at(update, ids, gradient)
+    k.pointers["table"].accumulate(0, update)
+
+
+def zero(k: Kernel) -> None:
+    k.pointers["output"].write(0, np.zeros(_elementwise_count(k, 1024), dtype=F32))
+
+
+def square_sum(k: Kernel) -> None:
+    count, blocks, threads = int(k.scalars["count"]), k.grid[0], k.block[0]
+    values = k.pointers["input"].read(0, count).astype(np.float64)
+    owner = (np.arange(count) // threads) % blocks  # a grid-stride loop, a block's share
+    partials = np.bincount(owner, weights=values * values, minlength=blocks)
+    k.pointers["partials"].write(0, partials.astype(F32))
+
+
+def _adamw(k: Kernel):
+    n = _elementwise_count(k, 1024)
+    s = k.scalars
+    partials = k.pointers["normPartials"].read(0, int(s["partialCount"]))
+    norm = F32(math.sqrt(float(partials.astype(np.float64).sum())))
+    step = int(k.pointers["step"].read(0, 1)[0])
+    if step < 1:
+        raise Fault("data", "the optimizer step must be advanced before the update")
+    clip = min(F32(1), F32(s["clipNorm"]) / (norm + F32(1e-6)))
+    gradient = k.pointers["gradient"].read(0, n) * F32(clip)
+    beta1, beta2 = F32(s["beta1"]), F32(s["beta2"])
+    m = beta1 * k.pointers["moment1"].read(0, n) + (F32(1) - beta1) * gradient
+    v = beta2 * k.pointers["moment2"].read(0, n) + (F32(1) - beta2) * gradient * gradient
+    rate = F32(s["learningRate"])
+    correction1 = F32(1) - beta1 ** step
+    correction2 = F32(1) - beta2 ** step
+    parameter = k.pointers["parameter"].read(0, n) * (F32(1) - rate * F32(s["weightDecay"]))
+    denominator = np.sqrt(v) / np.sqrt(correction2) + F32(s["epsilon"])
+    parameter = parameter - (rate / correction1) * m / denominator
+    k.pointers["moment1"].write(0, m)
+    k.pointers["moment2"].write(0, v)
+    k.pointers["parameter"].write(0, parameter)
+    return parameter
+
+
+def adamw(k: Kernel) -> None:
+    _adamw(k)
+
+
+def adamw_matrix(k: Kernel) -> None:
+    k.pointers["copy"].write(0, _adamw(k))
+
+
+def step_advance(k: Kernel) -> None:
+    step = k.pointers["step"]
+    step.write(0, step.read(0, 1) + 1)
+
+
+KERNELS = {
+    "cgImageEmbedding": embedding,
+    "cgImageLayerNorm": layer_norm,
+    "cgImageLayerNormBackward": layer_norm_backward,
+    "cgImageLayerNormBackwardAdd": layer_norm_backward_add,
+    "cgImageProductData": product_data,
+    "cgImageProductDataLow": product_data,
+    "cgImageProductTransposed": product_transposed,
+    "cgImageProductTransposedLow": product_transposed,
+    "cgImageProductResidual": product_residual,
+    "cgImageProductWeight": product_weight,
+    "cgImageAttention": attention,
+    "cgImageAttentionDelta": attention_delta,
+    "cgImageAttentionBackward": attention_backward,
+    "cgImageGelu": gelu,
+    "cgImageGeluBackward": gelu_backward,
+    "cgImageCastDown": cast_down,
+    "cgImageLoss": loss,
+    "cgImageCrossEntropyBackward": cross_entropy_backward,
+    "cgImageScatter": scatter,
+    "cgImageZero": zero,
+    "cgImageSquareSum": square_sum,
+    "cgImageAdamW": adamw,
+    "cgImageAdamWMatrix": adamw_matrix,
+    "cgImageStepAdvance": step_advance,
+}

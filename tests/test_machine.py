@@ -1,0 +1,83 @@
+"""The reference machine is bounds-checked, and its runs are reproducible and learn."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import numpy as np
+import pytest
+
+from cgc.data import Batches, load_corpus
+from cgc.frontend import analyse
+from cgc.machine import Fault, Pointer
+from cgc.numerics import round_to_bfloat16, to_bfloat16_bits
+from cgc.runtime_numpy import NumpyRun, train
+
+from conftest import ROOT, SCHEDULES
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import checker_vs_ground_truth  # noqa: E402
+
+
+def pointer(count=8, extent=6, access="write"):
+    return Pointer("launch 0 of 'cgImageTest'", 1, "output", access, "float32", "bfloat16",
+                   np.zeros(count, dtype=np.float32), extent, "buffers", 0, 4)
+
+
+def test_an_access_past_the_declared_extent_faults_naming_the_slot():
+    with pytest.raises(Fault, match="pointer 1 'output' of launch 0 of 'cgImageTest' touches "
+                                    "element 6, past its declared extent 6"):
+        pointer().write(0, np.ones(7))
+
+
+def test_an_access_past_the_buffer_faults():
+    with pytest.raises(Fault, match="outside the 4 of its buffer"):
+        pointer(count=4, extent=6).read(0, 5)
+
+
+def test_a_read_only_pointer_cannot_be_written():
+    with pytest.raises(Fault, match="read-only"):
+        pointer(access="read").write(0, np.ones(2))
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    values = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -2.5, 3.0e38], dtype=np.float32)
+    rounded = round_to_bfloat16(values)
+    assert rounded[1] == 1.0  # a tie goes to the even mantissa
+    assert rounded[2] == 1.0 + 2 ** -6
+    assert rounded[3] == -2.5
+    assert to_bfloat16_bits(np.array([1.0], dtype=np.float32))[0] == 0x3F80
+
+
+def test_the_same_seed_gives_the_same_run():
+    path = str(SCHEDULES / "train.cg")
+    frontend = analyse([path])
+    corpus = load_corpus(None)
+    losses = []
+    for _ in range(2):
+        run = NumpyRun(frontend, path, "tiny", {}, seed=3)
+        batches = Batches(corpus, run.constants["cgBatch"], run.constants["cgContext"], 3)
+        losses.append(train(run, batches, 3, out=io.StringIO()))
+    assert losses[0] == losses[1]
+
+
+def test_200_steps_of_the_tiny_model_learn():
+    """From about ln 256 = 5.55 to below 3.0 on the default data (figures in docs/benchmarks.md)."""
+    path = str(SCHEDULES / "train.cg")
+    run = NumpyRun(analyse([path]), path, "tiny", {}, seed=0)
+    batches = Batches(load_corpus(None), run.constants["cgBatch"], run.constants["cgContext"], 0)
+    losses = train(run, batches, 200, out=io.StringIO())
+    assert 5.0 < losses[0] < 5.7
+    assert np.mean(losses[-20:]) < 3.0
+
+
+def test_the_checker_has_no_false_accepts_on_500_variants_of_the_backward_schedule():
+    out = io.StringIO()
+    table = checker_vs_ground_truth.run(limit=None, seed=0, out=out)
+    print(out.getvalue())
+    ran = table["total"] - table["rejected by the front end (not run)"]
+    assert ran >= 500
+    assert table["accepted but faulted (FALSE ACCEPT)"] == 0, out.getvalue()
+    assert table["accepted and safe"] > 50 and table["rejected, and the machine faults"] > 50
+    assert table["fault extent"] == 0, "a kernel touched memory past its declared extent"
