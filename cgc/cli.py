@@ -74,6 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_program_options(ir, several_configs=False)
     ir.add_argument("-o", "--output", metavar="PATH", help="write the text here, not to stdout")
 
+    compiler = commands.add_parser(
+        "compile", help="emit one CUDA file (kernels and host program) for a schedule",
+        description="Check FILE and emit its entry schedule as one .cu file: the kernels "
+                    "(one per image, from templates/), and under #ifndef __CUDACC_RTC__ the host "
+                    "program (memory plan, one function per phase, a checked launch per "
+                    "cgLaunch, cuBLAS for the products, and a main that replays a dumped run). "
+                    "NVRTC compiles the file as it is; nvcc builds the whole of it. The same "
+                    "input gives the same bytes.")
+    compiler.add_argument("file", metavar="FILE", help="a .cg schedule file")
+    _add_program_options(compiler, several_configs=False)
+    compiler.add_argument("-o", "--output", metavar="OUT.cu",
+                          help="where to write (default: STEM.CONFIG.cu here; - for stdout)")
+    compiler.add_argument("--nvrtc", action="store_true",
+                          help="also compile the device part with NVRTC for sm_90 and report "
+                               "its messages at the template lines they come from")
+    compiler.add_argument("--report", action="store_true",
+                          help="print each kernel's registers, shared memory and spills as "
+                               "ptxas reports them (needs nvcc: pip install 'cgc[cuda-tools]')")
+
     run = commands.add_parser(
         "run", help="run training steps of a schedule",
         description="Check FILE, then run its entry schedule as training steps. The numpy "
@@ -163,6 +182,56 @@ def _ir(args) -> int:
     return EXIT_OK
 
 
+def _compile(args) -> int:
+    from .compile import compiler_diagnostics, default_output
+    from .emit import emit_program, shared_memory_bytes
+    from .toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
+    frontend = analyse([args.file])
+    overrides = _overrides(frontend, args.set)
+    config = _configs(frontend, [args.config] if args.config else None)[0]
+    program = evaluate(frontend, args.file, args.entry, config, overrides)
+    warnings = frontend.warnings + program.warnings + check(frontend, program)
+    if warnings:
+        print(render_all(warnings), file=sys.stderr)
+    emitted = emit_program(program, frontend.declarations,
+                           plan_memory(program, frontend.declarations))
+    output = default_output(args.file, config, args.output)
+    if output == "-":
+        sys.stdout.write(emitted.text)
+    else:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(emitted.text)
+        print(f"wrote {output}: {len(emitted.kernels)} kernels, "
+              f"{emitted.text.count(chr(10))} lines", file=sys.stderr)
+    name = output if output != "-" else "<stdout>"
+    try:
+        if args.nvrtc:
+            ok, log = nvrtc_compile(emitted.text, name)
+            found = compiler_diagnostics(emitted, log, name)
+            if found or not ok:
+                print(render_all(found) if found else log, file=sys.stderr)
+                if not ok:
+                    return EXIT_DIAGNOSTICS
+            print(f"NVRTC compiled {name} for sm_90 with no warnings" if not found else
+                  f"NVRTC compiled {name} for sm_90", file=sys.stderr)
+        if args.report:
+            ok, log, reports = ptxas_report(emitted.text)
+            if not ok:
+                print(render_all(compiler_diagnostics(emitted, log, name)) or log, file=sys.stderr)
+                return EXIT_DIAGNOSTICS
+            constants = {k.image: k.shared_bytes for k in emitted.kernels}
+            print(f"{'kernel':<30} {'registers':>9} {'static smem':>12} {'dynamic smem':>13} "
+                  f"{'spill stores':>13} {'spill loads':>12}")
+            for report in sorted(reports, key=lambda r: r.name):
+                print(f"{report.name:<30} {report.registers:>9} {report.shared_bytes:>12} "
+                      f"{constants.get(report.name, 0):>13} {report.spill_stores:>13} "
+                      f"{report.spill_loads:>12}")
+    except ToolchainMissing as error:
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    return EXIT_OK
+
+
 def _run(args) -> int:
     if args.backend == "cupy":
         print("cgc: error: the CuPy backend is not built yet (it needs the CUDA backend); "
@@ -222,7 +291,7 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as exit:  # --help, --version and usage errors
         return int(exit.code or 0)
     try:
-        return {"check": _check, "ir": _ir, "run": _run}[args.command](args)
+        return {"check": _check, "ir": _ir, "compile": _compile, "run": _run}[args.command](args)
     except CompileError as error:
         print(render_all(error.diagnostics), file=sys.stderr)
         return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
 
 
 def data_dir(name: str) -> Path:
-    """`grammar` or `templates`: installed beside the modules, or at the checkout's top."""
+    """`grammar` or `templates`: installed beside the modules, or at the checkout's top.
+
+    CGC_TEMPLATES names another templates folder, for working on the kernels.
+    """
+    override = os.environ.get("CGC_TEMPLATES") if name == "templates" else None
+    if override:
+        return Path(override)
     for candidate in (_PACKAGE / name, _PACKAGE.parent / name):
         if candidate.is_dir():
             return candidate

@@ -1,0 +1,300 @@
+"""The CUDA backend: one host + device .cu file for a checked launch program.
+
+The emitter computes every name, size, grid and offset; the Jinja templates in templates/
+only place them (StrictUndefined: a missing value is an error, never an empty string).
+Each kernel image has a template named after it (cgImageLayerNorm: kernels/layer_norm.cu.j2);
+each image of a library (cuBLAS) has a host function of its own name in program.cu.j2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import jinja2
+
+from . import __version__
+from .affine import format_nat
+from .declarations import Declarations, ImageDeclaration
+from .ir import Launch, PhaseRegion, Program, Repeat, View
+from .memory import MemoryPlan, element_bytes
+from .resources import data_dir
+from .signature import c_parameters, c_type
+
+LOW_C_TYPES = {"bfloat16": "__nv_bfloat16", "float32": "float"}
+LOW_CUDA_TYPES = {"bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
+# The model constants kernels see, by their C names.
+KERNEL_CONSTANTS = {"kRows": "cgSeq", "kBatch": "cgBatch", "kContext": "cgContext",
+                    "kVocab": "cgVocab", "kWidth": "cgWidth", "kLayers": "cgLayers",
+                    "kHeads": "cgHeads", "kHeadWidth": "cgHeadWidth",
+                    "kAttentionTile": "cgAttentionTile"}
+
+
+def template_name(image: str) -> str:
+    """cgImageLayerNormBackwardAdd -> layer_norm_backward_add."""
+    stem = image.removeprefix("cgImage")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
+
+
+def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
+    """Dynamic shared memory of the attention kernels: tiles of q, k, v (and dO), the
+    probability tiles, the float score tile and the float accumulators. `constants` are
+    the kernel constants by C name."""
+    tile, width = constants["kAttentionTile"], constants["kHeadWidth"]
+    low_bytes = element_bytes("low", low)
+    if image == "cgImageAttention":
+        return (3 * tile * width + tile * tile) * low_bytes + \
+            (tile * tile + tile * width + 2 * tile) * 4
+    if image == "cgImageAttentionBackward":
+        return (4 * tile * width + 2 * tile * tile) * low_bytes + \
+            (tile * tile + 2 * tile * width + 2 * tile) * 4
+    return 0
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, autoescape=False)
+
+
+def _float(value: float) -> str:
+    """A float32 literal that reads back to the same float32."""
+    text = repr(float(value))
+    if "e" not in text and "." not in text and "inf" not in text:
+        text += ".0"
+    return text + "f"
+
+
+@dataclass
+class Kernel:
+    image: str
+    summary: str
+    code: str
+    shared_bytes: int
+    template: str
+
+
+class Emitter:
+    def __init__(self, program: Program, declarations: Declarations, plan: MemoryPlan):
+        self.program, self.declarations, self.plan = program, declarations, plan
+        self.low = program.low
+        self.environment = _environment()
+        self.root = os.path.dirname(program.source)
+        self.phase_count = 0
+        self.phases: list[dict] = []
+        self.constants = dict(self.kernel_constants())
+
+    # ---- names -------------------------------------------------------------------
+
+    @staticmethod
+    def pointer_name(view: View) -> str:
+        storage = view.storage
+        if storage.kind == "bank":
+            return f"{storage.name}_{storage.entry}" if storage.entry else storage.name + "_all"
+        return storage.name
+
+    def where(self, launch: Launch) -> str:
+        """The launch's source line, and the outermost call that led there."""
+        def at(span):
+            return f"{os.path.relpath(span.path, self.root)}:{span.line}:{span.column}"
+        if launch.trace and launch.trace[0] is not launch.span:
+            return f"{at(launch.span)} (from {at(launch.trace[0])})"
+        return at(launch.span)
+
+    # ---- memory ------------------------------------------------------------------
+
+    def allocations(self) -> list[dict]:
+        found = []
+        for bank, (role, element, size, entries) in self.plan.banks.items():
+            found.append({"name": f"cg_bank_{bank}", "bytes": size,
+                          "comment": f"bank {bank} ({role}, {element}), {len(entries)} entries"})
+        found.append({"name": "cg_buffers", "bytes": max(self.plan.buffers_bytes, 256),
+                      "comment": f"{len(self.plan.buffers)} step buffers"})
+        found.append({"name": "cg_arena", "bytes": max(self.plan.arena_bytes, 256),
+                      "comment": f"{len(self.plan.arena)} arena slots, shared where never "
+                                 "live together"})
+        return found
+
+    def buffers(self) -> list[dict]:
+        found = []
+        for bank, (role, element, size, entries) in self.plan.banks.items():
+            ctype = c_type(element, self.low)
+            for entry in entries:
+                storage = self.program.storages[f"{bank}.{entry.name}"]
+                items = f" x {storage.stack} items" if storage.stack else ""
+                found.append({"name": f"{bank}_{entry.name}", "c_type": ctype,
+                              "allocation": f"cg_bank_{bank}", "offset": entry.offset,
+                              "shape": f"{element}[{entry.count}]{items}: {bank}.{entry.name}"})
+            if f"{bank}.*" in self.program.storages:  # the whole bank, as cgBankAll binds it
+                found.append({"name": f"{bank}_all", "c_type": ctype,
+                              "allocation": f"cg_bank_{bank}", "offset": 0,
+                              "shape": f"{element}[{size // element_bytes(element, self.low)}]: "
+                                       f"the whole of {bank}"})
+        for buffer in self.plan.buffers:
+            storage = self.program.storages[buffer.name]
+            items = f" x {storage.stack} items" if storage.stack else ""
+            found.append({"name": buffer.name, "c_type": c_type(buffer.element, self.low),
+                          "allocation": "cg_buffers", "offset": buffer.offset,
+                          "shape": f"{buffer.element}[{storage.item_count}]{items}: step buffer"})
+        for slot in self.plan.arena:
+            found.append({"name": slot.name, "c_type": c_type(slot.element, self.low),
+                          "allocation": "cg_arena", "offset": slot.offset,
+                          "shape": f"{slot.element}[{slot.count}]: arena slot"})
+        return found
+
+    # ---- kernels -----------------------------------------------------------------
+
+    def kernels(self) -> list[Kernel]:
+        used = sorted({launch.image.name for launch, _, _ in self.program.launches()})
+        found = []
+        for name in used:
+            image = self.declarations.images[name]
+            if image.library is not None:
+                continue
+            template = f"kernels/{template_name(name)}.cu.j2"
+            block = self.program.blocks[name]
+            code = self.environment.get_template(template).render(
+                name=name, parameters=", ".join(c_parameters(image, self.low)),
+                threads=block[0] * block[1] * block[2])
+            summary = (image.doc or name).replace("\n", " ")
+            found.append(Kernel(name, summary, code.rstrip("\n"),
+                                shared_memory_bytes(name, self.constants, self.low),
+                                template))
+        return found
+
+    # ---- the schedule ------------------------------------------------------------
+
+    def launch_lines(self, launch: Launch) -> list[str]:
+        image = launch.image
+        where = f"{self.where(launch)} {image.name}"
+        pointers = {b.index: b for b in launch.pointers}
+        scalars = {b.index: b for b in launch.scalars}
+        arguments = []
+        for index in sorted(image.pointers):
+            view = pointers[index].view
+            name = self.pointer_name(view)
+            if view.item is not None:  # item i of a stack: i items of `count` elements in
+                arguments.append(f"{name} + {view.count}L * ({format_nat(view.item)})")
+            elif view.offset != 0:
+                arguments.append(f"{name} + ({format_nat(view.offset)})")
+            else:
+                arguments.append(name)
+        for index in sorted(image.scalars):
+            parameter = image.scalars[index]
+            if index in scalars:
+                value = scalars[index].value
+            else:
+                value = self.program.evaluator.eval(parameter.default, {}, ())
+            arguments.append(_float(value) if parameter.type == "float32" else format_nat(value))
+        comment = f"// {where}"
+        if image.library is not None:
+            call = f"{image.name}(stream, \"{where}\", {', '.join(arguments)});"
+            return [comment, call]
+        grid = ", ".join(format_nat(g) for g in launch.grid)
+        block = ", ".join(str(b) for b in self.program.blocks[image.name])
+        shared = shared_memory_bytes(image.name, self.constants, self.low)
+        call = (f"{image.name}<<<dim3({grid}), dim3({block}), {shared}, stream>>>"
+                f"({', '.join(arguments)});")
+        return [comment, call, f"CG_LAUNCHED(\"{where}\");"]
+
+    def schedule(self, nodes, loops: list[str], indent: str) -> list[str]:
+        lines = []
+        for node in nodes:
+            if isinstance(node, Launch):
+                lines.extend(indent + line for line in self.launch_lines(node))
+            elif isinstance(node, Repeat):
+                variable = node.variable.name
+                lines.append(f"{indent}for (int {variable} = 0; {variable} < "
+                             f"{node.variable.count}; ++{variable}) {{")
+                lines.extend(self.schedule(node.body, loops + [variable], indent + "  "))
+                lines.append(f"{indent}}}")
+            else:
+                assert isinstance(node, PhaseRegion)
+                function = f"cg_phase_{self.phase_count}_{node.phase}"
+                self.phase_count += 1
+                body = self.schedule(node.body, loops, "")
+                self.phases.append({
+                    "function": function,
+                    "comment": f"phase {node.phase}"
+                               + (f", inside the repeat of {', '.join(loops)}" if loops else ""),
+                    "parameters": "".join(f", int {loop}" for loop in loops),
+                    "lines": body})
+                lines.append(f"{indent}{function}(stream{''.join(', ' + v for v in loops)});")
+        return lines
+
+    def main(self) -> str:
+        needed = {"cgIds", "cgTargets", "cgLoss"}
+        if not needed <= set(self.program.storages):
+            return ""
+        template = self.environment.get_template("main.cu.j2")
+        parameter_bank = next(b for b, d in self.declarations.banks.items()
+                              if d.role == "parameters")
+        copies = [b for b, d in self.declarations.banks.items() if d.role == "copies"]
+        entries = []
+        for declaration in self.declarations.storages.values():
+            if declaration.kind != "entry":
+                continue
+            storage = self.program.storages[f"{parameter_bank}.{declaration.name}"]
+            copy = [f"{bank}_{declaration.name}" for bank in copies
+                    if f"{bank}.{declaration.name}" in self.program.storages]
+            entries.append({"name": declaration.name, "count": storage.count,
+                            "parameter": f"{parameter_bank}_{declaration.name}",
+                            "half_copy": copy[0] if copy else "nullptr"})
+        rows = self.program.storages["cgIds"].count
+        return template.render(entries=entries, rows=rows, low=self.low)
+
+    def kernel_constants(self) -> list[tuple[str, int]]:
+        """The model's constants and definitions the kernels use, by their C names."""
+        evaluator, found = self.program.evaluator, []
+        for name, source in KERNEL_CONSTANTS.items():
+            declaration = evaluator.scope.declarations.get(source)
+            if declaration is not None:
+                found.append((name, int(evaluator.global_value(source, declaration.name.span))))
+        return found
+
+    def render(self) -> str:
+        common = self.environment.get_template("common.cuh.j2").render(
+            low=self.low, low_c_type=LOW_C_TYPES[self.low], config=self.program.config,
+            constants=list(self.constants.items()))
+        kernels = self.rendered_kernels = self.kernels()
+        step_lines = self.schedule(self.program.body, [], "")
+        source = os.path.basename(self.program.source)
+        return self.environment.get_template("program.cu.j2").render(
+            version=__version__, source=source, entry=self.program.entry,
+            config=self.program.config, config_flag=f" --config {self.program.config}",
+            low=self.low, common=common.rstrip("\n"), kernels=kernels,
+            large_shared_memory=[k for k in kernels if k.shared_bytes > 48 * 1024],
+            allocations=self.allocations(), buffers=self.buffers(),
+            low_cuda_type=LOW_CUDA_TYPES[self.low], phases=self.phases,
+            step_lines=step_lines, main=self.main())
+
+
+@dataclass
+class Emitted:
+    """The emitted text, and where each kernel's lines came from."""
+
+    text: str
+    kernels: list[Kernel]
+    starts: dict[str, int]  # image -> the emitted line (1-based) of its template's line 1
+
+    def origin(self, line: int) -> tuple[Kernel, int] | None:
+        """The kernel whose template produced an emitted line, and the template's line."""
+        for kernel in self.kernels:
+            start = self.starts[kernel.image]
+            if start <= line < start + kernel.code.count("\n") + 1:
+                return kernel, line - start + 1
+        return None
+
+
+def emit_program(program: Program, declarations: Declarations, plan: MemoryPlan) -> Emitted:
+    emitter = Emitter(program, declarations, plan)
+    text = emitter.render()
+    lines = text.splitlines()
+    starts = {}
+    for kernel in emitter.rendered_kernels:
+        marker = f"// {kernel.image}: "
+        index = next(i for i, line in enumerate(lines) if line.startswith(marker))
+        starts[kernel.image] = index + 2  # the line after the marker, 1-based
+    return Emitted(text, emitter.rendered_kernels, starts)

@@ -1,0 +1,123 @@
+"""CUDA's compilers, from CUDA's own Python wheels: NVRTC (through CuPy) and nvcc.
+
+Neither needs a GPU: both compile for sm_90 (Hopper), which is how CI proves every emitted
+file builds. Compiler messages about the emitted file are mapped back to the template and
+the image that produced the offending line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ARCHITECTURE = "sm_90"
+LANGUAGE = "c++17"
+
+
+class ToolchainMissing(Exception):
+    """A CUDA wheel is not installed; the message says which extra installs it."""
+
+
+def cuda_root() -> Path:
+    """The folder the nvidia-* CUDA 13 wheels install into (bin, include, lib)."""
+    spec = importlib.util.find_spec("nvidia")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        root = Path(location) / "cu13"
+        if (root / "include" / "cuda_runtime.h").exists():
+            return root
+    raise ToolchainMissing("CUDA's headers are not installed: pip install 'cgc[cuda]'")
+
+
+def include_flags() -> list[str]:
+    root = cuda_root()
+    return [f"-I{root / 'include'}", f"-I{root / 'include' / 'cccl'}"]
+
+
+@dataclass
+class Message:
+    line: int
+    severity: str  # error | warning
+    text: str
+
+
+_MESSAGE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?P<severity>error|warning)"
+                      r"[^:]*: (?P<text>.*)$", re.MULTILINE)
+
+
+def messages(log: str) -> list[Message]:
+    return [Message(int(m["line"]), m["severity"], m["text"]) for m in _MESSAGE.finditer(log)]
+
+
+def nvrtc_compile(source: str, name: str = "program.cu") -> tuple[bool, str]:
+    """Compiles the device part with NVRTC for sm_90: (success, log)."""
+    try:
+        from cupy.cuda import nvrtc
+    except ImportError as error:
+        raise ToolchainMissing(f"CuPy is not installed ({error}): pip install 'cgc[cuda]'") \
+            from None
+    program = nvrtc.createProgram(source, name, [], [])
+    try:
+        nvrtc.compileProgram(program, [f"--gpu-architecture={ARCHITECTURE}", f"-std={LANGUAGE}",
+                                       *include_flags()])
+        return True, nvrtc.getProgramLog(program)
+    except nvrtc.NVRTCError:
+        return False, nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def nvcc() -> Path:
+    path = cuda_root() / "bin" / "nvcc"
+    if not path.exists():
+        raise ToolchainMissing("nvcc is not installed: pip install 'cgc[cuda-tools]'")
+    return path
+
+
+def nvcc_build(source_path: str, output: str) -> tuple[bool, str]:
+    """The whole file, host program included, compiled and linked with cuBLAS."""
+    library = cuda_root() / "lib"
+    command = [str(nvcc()), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
+               f"-L{library}", "-l:libcublas.so.13", f"-Xlinker=-rpath={library}",
+               "-o", output, source_path]
+    result = subprocess.run(command, capture_output=True, text=True)
+    return result.returncode == 0, result.stdout + result.stderr
+
+
+@dataclass
+class KernelReport:
+    name: str
+    registers: int
+    shared_bytes: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+def ptxas_report(source: str) -> tuple[bool, str, list[KernelReport]]:
+    """Registers, static shared memory and spills of every kernel, as ptxas reports them."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "program.cu")
+        Path(path).write_text(source, encoding="utf-8")
+        command = [str(nvcc()), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
+                   "-cubin", "-Xptxas=-v", "-o", os.path.join(folder, "program.cubin"), path]
+        result = subprocess.run(command, capture_output=True, text=True)
+    log = result.stdout + result.stderr
+    reports, current, frame = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := re.search(r"Function properties for (\S+)", line):
+            current = m.group(1)
+        elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                            r"(\d+) bytes spill loads", line):
+            frame = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := re.search(r"Used (\d+) registers", line)) and current:
+            shared = re.search(r"(\d+) bytes smem", line)
+            reports.append(KernelReport(current, int(m.group(1)),
+                                        int(shared.group(1)) if shared else 0,
+                                        frame[1], frame[2], frame[0]))
+            current = None
+    return result.returncode == 0, log, reports

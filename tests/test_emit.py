@@ -1,0 +1,107 @@
+"""The CUDA backend without a GPU: golden files, determinism, and every emitted file
+compiled for sm_90 (NVRTC with no warnings; nvcc for the whole file, linked with cuBLAS;
+no kernel spills registers)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from cgc.compile import compiler_diagnostics
+from cgc.diagnostics import render_all
+from cgc.emit import emit_program, template_name
+from cgc.frontend import analyse, check, evaluate
+from cgc.memory import plan_memory
+from cgc.resources import data_dir
+from cgc.toolchain import nvcc_build, nvrtc_compile, ptxas_report
+
+from conftest import ROOT, SCHEDULES
+
+GOLDEN = ROOT / "tests" / "golden" / "cuda"
+CASES = [(stem, config) for stem in ("backward", "train") for config in ("tiny", "tiny32", "gpt2")]
+IDS = [f"{s}-{c}" for s, c in CASES]
+
+
+def emitted(stem: str, config: str):
+    path = str(SCHEDULES / f"{stem}.cg")
+    frontend = analyse([path])
+    program = evaluate(frontend, path, config=config)
+    check(frontend, program)
+    return emit_program(program, frontend.declarations, plan_memory(program, frontend.declarations))
+
+
+@pytest.mark.parametrize("stem,config", CASES, ids=IDS)
+def test_cuda_matches_golden(stem, config, golden):
+    golden(GOLDEN / f"{stem}.{config}.cu", emitted(stem, config).text)
+
+
+def test_same_input_same_bytes_in_another_process(tmp_path):
+    out = tmp_path / "train.cu"
+    subprocess.run([sys.executable, "-m", "cgc", "compile", str(SCHEDULES / "train.cg"),
+                    "--config", "gpt2", "-o", str(out)], check=True, capture_output=True)
+    assert out.read_text() == emitted("train", "gpt2").text
+
+
+@pytest.mark.parametrize("stem,config", CASES, ids=IDS)
+def test_nvrtc_compiles_every_file_for_sm90_without_warnings(stem, config):
+    ok, log = nvrtc_compile(emitted(stem, config).text, f"{stem}.{config}.cu")
+    assert ok, log
+    assert log.strip() == ""
+
+
+@pytest.mark.parametrize("config", ["tiny32", "gpt2"])
+def test_nvcc_builds_the_whole_file_with_its_host_program(config, tmp_path):
+    source = tmp_path / f"train.{config}.cu"
+    source.write_text(emitted("train", config).text)
+    ok, log = nvcc_build(str(source), str(tmp_path / "train"))
+    assert ok, log
+    assert "warning" not in log
+    assert (tmp_path / "train").exists()
+
+
+@pytest.mark.parametrize("config", ["tiny32", "gpt2"])
+def test_no_kernel_spills_registers(config):
+    result = emitted("train", config)
+    ok, log, reports = ptxas_report(result.text)
+    assert ok, log
+    assert {r.name for r in reports} == {k.image for k in result.kernels}
+    for report in reports:
+        assert report.spill_stores == 0 and report.spill_loads == 0, report
+        assert report.registers <= 255
+
+
+def test_every_launch_is_checked_and_names_its_source_line():
+    text = emitted("train", "tiny").text
+    launches = re.findall(r"^\s*(cgImage\w+)<<<", text, re.MULTILINE)
+    checks = re.findall(r'^\s*CG_LAUNCHED\("(\S+\.cg:\d+:\d+)', text, re.MULTILINE)
+    assert launches and len(launches) == len(checks)
+    assert 'CG_LAUNCHED("backward.cg:13:2 cgImageCrossEntropyBackward");' in text
+    assert "for (int fromTop = 0; fromTop < 2; ++fromTop) {" in text
+
+
+def test_every_kernel_image_has_its_template():
+    frontend = analyse([str(SCHEDULES / "images.cg")])
+    for image in frontend.declarations.images.values():
+        if image.library is None:
+            assert (data_dir("templates") / "kernels" / f"{template_name(image.name)}.cu.j2").exists()
+
+
+def test_a_template_error_is_reported_at_the_template_line(tmp_path, monkeypatch):
+    templates = tmp_path / "templates"
+    shutil.copytree(data_dir("templates"), templates)
+    broken = templates / "kernels" / "gelu.cu.j2"
+    lines = broken.read_text().splitlines()
+    lines[5] = lines[5] + " undefined_identifier += 1;"
+    broken.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("CGC_TEMPLATES", str(templates))
+    result = emitted("train", "tiny")
+    ok, log = nvrtc_compile(result.text, "train.tiny.cu")
+    assert not ok
+    text = render_all(compiler_diagnostics(result, log, "train.tiny.cu"))
+    assert f"{broken}:6:1: error: identifier \"undefined_identifier\" is undefined " \
+           "(in the kernel of image 'cgImageGelu')" in text
+    assert "note: emitted as line" in text
