@@ -165,7 +165,8 @@ def _check(args) -> int:
     return EXIT_OK
 
 
-def _ir(args) -> int:
+def _checked_program(args):
+    """FILE's entry in the chosen configuration, evaluated and checked; warnings printed."""
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
@@ -173,6 +174,11 @@ def _ir(args) -> int:
     warnings = frontend.warnings + program.warnings + check(frontend, program)
     if warnings:
         print(render_all(warnings), file=sys.stderr)
+    return frontend, program
+
+
+def _ir(args) -> int:
+    _, program = _checked_program(args)
     text = format_program(program)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
@@ -184,18 +190,12 @@ def _ir(args) -> int:
 
 def _compile(args) -> int:
     from .compile import compiler_diagnostics, default_output
-    from .emit import emit_program, shared_memory_bytes
+    from .emit import emit_program
     from .toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
-    frontend = analyse([args.file])
-    overrides = _overrides(frontend, args.set)
-    config = _configs(frontend, [args.config] if args.config else None)[0]
-    program = evaluate(frontend, args.file, args.entry, config, overrides)
-    warnings = frontend.warnings + program.warnings + check(frontend, program)
-    if warnings:
-        print(render_all(warnings), file=sys.stderr)
+    frontend, program = _checked_program(args)
     emitted = emit_program(program, frontend.declarations,
                            plan_memory(program, frontend.declarations))
-    output = default_output(args.file, config, args.output)
+    output = default_output(args.file, program.config, args.output)
     if output == "-":
         sys.stdout.write(emitted.text)
     else:
@@ -219,12 +219,12 @@ def _compile(args) -> int:
             if not ok:
                 print(render_all(compiler_diagnostics(emitted, log, name)) or log, file=sys.stderr)
                 return EXIT_DIAGNOSTICS
-            constants = {k.image: k.shared_bytes for k in emitted.kernels}
+            dynamic = {k.image: k.shared_bytes for k in emitted.kernels}
             print(f"{'kernel':<30} {'registers':>9} {'static smem':>12} {'dynamic smem':>13} "
                   f"{'spill stores':>13} {'spill loads':>12}")
             for report in sorted(reports, key=lambda r: r.name):
                 print(f"{report.name:<30} {report.registers:>9} {report.shared_bytes:>12} "
-                      f"{constants.get(report.name, 0):>13} {report.spill_stores:>13} "
+                      f"{dynamic.get(report.name, 0):>13} {report.spill_stores:>13} "
                       f"{report.spill_loads:>12}")
     except ToolchainMissing as error:
         print(f"cgc: error: {error}", file=sys.stderr)
