@@ -93,6 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
                           help="print each kernel's registers, shared memory and spills as "
                                "ptxas reports them (needs nvcc: pip install 'cgc[cuda-tools]')")
 
+    formatter = commands.add_parser(
+        "fmt", help="lay schedules out in the one canonical way",
+        description="Rewrite each FILE (or every .cg file under a folder) in the canonical "
+                    "layout: declarations in column 1, terms broken to fit 100 columns, "
+                    "comments kept. Only layout changes: the launch program and the emitted "
+                    "CUDA stay the same. Formatting twice changes nothing.")
+    formatter.add_argument("files", nargs="+", metavar="FILE", help="a .cg file or a folder")
+    formatter.add_argument("--check", action="store_true",
+                           help="change nothing; list the files that would change and exit 1 "
+                                "if there are any")
+
+    doc = commands.add_parser(
+        "doc", help="write HTML pages of schedules, every name linked to its declaration",
+        description="Write static HTML (no network, no scripts): one page per .cg file with "
+                    "its declarations, their types and rendered documentation, and its "
+                    "highlighted source with line numbers, every use of a name linked to its "
+                    "declaration in whatever file; and index.html, every declaration.")
+    doc.add_argument("files", nargs="+", metavar="DIR_OR_FILE", help="a .cg file or a folder")
+    doc.add_argument("-o", "--output", metavar="OUT_DIR", required=True,
+                     help="the folder to write the pages into")
+
     run = commands.add_parser(
         "run", help="run training steps of a schedule",
         description="Check FILE, then run its entry schedule as training steps. The numpy "
@@ -232,6 +253,55 @@ def _compile(args) -> int:
     return EXIT_OK
 
 
+def _cg_files(paths: list[str]) -> list[str]:
+    found = []
+    for path in paths:
+        if os.path.isdir(path):
+            found += sorted(os.path.join(folder, name) for folder, _, names in os.walk(path)
+                            for name in names if name.endswith(".cg"))
+        else:
+            found.append(path)
+    if not found:
+        raise _UsageError("no .cg files found in " + ", ".join(paths))
+    return found
+
+
+def _fmt(args) -> int:
+    from .diagnostics import CompileError as Broken
+    from .format import format_text
+    changed, problems = [], []
+    for path in _cg_files(args.files):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+            formatted = format_text(text, path)
+        except OSError as error:
+            raise _UsageError(f"cannot read {path}: {error.strerror}") from None
+        except Broken as error:
+            problems.extend(error.diagnostics)
+            continue
+        if formatted != text:
+            changed.append(path)
+            if not args.check:
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(formatted)
+    if problems:
+        print(render_all(problems), file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    for path in changed:
+        print(f"{'would reformat' if args.check else 'reformatted'} {path}")
+    return EXIT_DIAGNOSTICS if args.check and changed else EXIT_OK
+
+
+def _doc(args) -> int:
+    from .doc import write_documentation
+    frontend = analyse(_cg_files(args.files))
+    written = write_documentation(frontend, args.output)
+    print(f"wrote {len(written)} pages to {args.output} (start at "
+          f"{os.path.join(args.output, 'index.html')})")
+    return EXIT_OK
+
+
 def _run(args) -> int:
     if args.backend == "cupy":
         print("cgc: error: the CuPy backend is not built yet (it needs the CUDA backend); "
@@ -291,7 +361,9 @@ def _main(argv: list[str] | None) -> int:
     except SystemExit as exit:  # --help, --version and usage errors
         return int(exit.code or 0)
     try:
-        return {"check": _check, "ir": _ir, "compile": _compile, "run": _run}[args.command](args)
+        commands = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,
+                    "doc": _doc}
+        return commands[args.command](args)
     except CompileError as error:
         print(render_all(error.diagnostics), file=sys.stderr)
         return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \

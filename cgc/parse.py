@@ -81,6 +81,7 @@ class _Parser:
         self.end_state = table.end_states["start"]
         self.source: Source | None = None
         self.docs: list[tuple[int, str]] = []
+        self.comments: list[tuple[int, int]] = []
 
     # ---- lexing ------------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class _Parser:
                 continue
             begin = found.start(kind)
             if kind in ignored:
+                self.comments.append((begin, position))
                 if kind == "DOC_COMMENT":
                     docs.append((begin, text[begin:position]))
                 continue
@@ -382,3 +384,15 @@ def parse_source(source: Source) -> Module:
 
 def parse_text(text: str, path: str) -> Module:
     return parse_source(Source(path, text))
+
+
+def comment_ranges(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every comment and documentation comment, in order."""
+    parser = _parser()
+    parser.comments, parser.docs = [], []
+    try:
+        for _ in parser.tokens(text, 0, len(text)):
+            pass
+    except _SyntaxError:
+        pass
+    return list(parser.comments)

@@ -39,6 +39,16 @@ class Scope:
 
     def _unknown(self, name: Name, local_names, what: str, candidates) -> None:
         note = did_you_mean(name.text, list(candidates) + list(local_names))
+        if note is not None:
+            suggestion = note.message.split("'")[1]
+            kind = ("the binder" if suggestion in local_names else
+                    f"the {self.declarations[suggestion].kind}"
+                    if suggestion in self.declarations else
+                    "the built-in" if suggestion in PRIMITIVES else None)
+            if kind:
+                note = Note(f"did you mean {kind} '{suggestion}'?",
+                            self.declarations[suggestion].name.span
+                            if suggestion in self.declarations else None)
         self.report.error(f"unknown {what} '{name.text}'", name.span, *([note] if note else []))
 
     def resolve_term(self, term: Term, owner: str, bound=(), grid: bool = False) -> None:

@@ -4,6 +4,7 @@ diagnostics are in tests/checker/."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -37,9 +38,11 @@ def schedules(tmp_path):
 
 
 def edit(path, old, new):
-    text = path.read_text()
-    assert old in text
-    path.write_text(text.replace(old, new, 1))
+    """Replaces the first run of `old`'s tokens, whatever the whitespace between them."""
+    pattern = r"\s+".join(re.escape(word) for word in old.split())
+    text, count = re.subn(pattern, new, path.read_text(), count=1)
+    assert count == 1, old
+    path.write_text(text)
 
 
 def errors_of(path, config="tiny"):

@@ -1,0 +1,170 @@
+"""`cgc doc`: static, offline HTML pages of schedules, every name linked to its declaration.
+
+One page per .cg file: its declarations (kind, type, rendered documentation) and its
+source, highlighted (the Pygments lexer of cgc/highlight.py), with line numbers and every
+use of a declared name linked to where it is declared, in whatever file. An index lists
+every declaration. No scripts and no network: types show on hover (title attributes).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+import markdown
+from pygments import lex
+from pygments.token import Token
+
+from .frontend import Frontend
+from .highlight import CgLexer
+from .resources import data_dir
+from .syntax import Apply, Declaration, Lambda, Name, walk
+
+_CLASSES = [  # the longest matching token type decides the CSS class
+    (Token.Literal.String.Doc, "doc"), (Token.Comment, "comment"),
+    (Token.Keyword.Declaration, "declaration"), (Token.Keyword.Pseudo, "usage"),
+    (Token.Keyword.Type, "type"), (Token.Keyword, "keyword"),
+    (Token.Name.Builtin, "builtin"), (Token.Literal.Number, "number"),
+    (Token.Literal.String, "string"), (Token.Operator, "punctuation"),
+    (Token.Punctuation, "punctuation"),
+]
+
+
+def _css_class(kind) -> str:
+    for token, name in _CLASSES:
+        if kind in token:
+            return name
+    return ""
+
+
+@dataclass
+class Page:
+    path: str  # the source, as loaded
+    name: str  # the page's file name
+    declarations: list[dict] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+class Documenter:
+    def __init__(self, frontend: Frontend):
+        self.frontend = frontend
+        self.scope = frontend.scope
+        paths = [module.path for module in frontend.modules]
+        common = os.path.commonpath([os.path.abspath(p) for p in paths]) if paths else ""
+        if len(paths) == 1:
+            common = os.path.dirname(os.path.abspath(paths[0]))
+        self.pages = {module.path: self._page_name(module.path, common)
+                      for module in frontend.modules}
+
+    @staticmethod
+    def _page_name(path: str, common: str) -> str:
+        relative = os.path.relpath(os.path.abspath(path), common)
+        return relative.replace(os.sep, "__").removesuffix(".cg") + ".html"
+
+    def describe(self, name: str) -> str:
+        """What hovering over a name shows: its kind and type."""
+        declaration = self.scope.declarations[name]
+        found = self.frontend.checker.global_types.get(name)
+        if declaration.kind in ("def", "constant"):
+            return f"{declaration.kind} {name} : {found}"
+        if found is not None:
+            return f"{declaration.kind} {name} : {found}"
+        return f"{declaration.kind} {name}"
+
+    def link(self, name: str) -> str:
+        declaration = self.scope.declarations[name]
+        return f"{self.pages[declaration.span.path]}#{name}"
+
+    def references(self, declaration: Declaration) -> dict[int, str]:
+        """Offsets of the names in a declaration that refer to global declarations."""
+        found: dict[int, str] = {}
+        terms = list(declaration.terms) + [a for c in declaration.clauses for a in c.arguments]
+        if declaration.kind == "config":
+            terms += [c.keyword for c in declaration.clauses]  # a config sets constants
+            if declaration.parent is not None:
+                terms.append(declaration.parent)
+        for term in terms:
+            self._collect(term, (), found)
+        return found
+
+    def _collect(self, term, bound: tuple[str, ...], found: dict[int, str]) -> None:
+        if isinstance(term, Name):
+            if term.text not in bound and term.text in self.scope.declarations:
+                found[term.span.start] = term.text
+        elif isinstance(term, Apply):
+            self._collect(term.function, bound, found)
+            for argument in term.arguments:
+                self._collect(argument, bound, found)
+        elif isinstance(term, Lambda):
+            self._collect(term.binder_type, bound, found)
+            self._collect(term.body, bound + (term.binder.text,), found)
+        elif hasattr(term, "parts"):
+            for part in term.parts:
+                self._collect(part, bound, found)
+
+    def page(self, module) -> Page:
+        source = Path(module.path).read_text(encoding="utf-8")
+        page = Page(module.path, self.pages[module.path])
+        targets: dict[int, str] = {}
+        anchors: dict[int, str] = {}
+        for declaration in module.declarations:
+            name = declaration.name.text
+            targets.update(self.references(declaration))
+            anchors[declaration.name.span.start] = name
+            page.declarations.append({
+                "name": name, "kind": declaration.kind, "line": declaration.span.line,
+                "type": self.describe(name) if name in self.scope.declarations else "",
+                "doc": markdown.markdown(declaration.doc or "", output_format="html")})
+        parts, offset = [], 0
+        for kind, text in lex(source, CgLexer()):
+            css = _css_class(kind)
+            escaped = html.escape(text)
+            if offset in anchors and kind in Token.Name:
+                name = anchors[offset]
+                escaped = (f'<span class="declared" id="{name}" '
+                           f'title="{html.escape(self.describe(name))}">{escaped}</span>')
+            elif offset in targets and kind in Token.Name:
+                name = targets[offset]
+                escaped = (f'<a href="{self.link(name)}" '
+                           f'title="{html.escape(self.describe(name))}">{escaped}</a>')
+            elif css:
+                escaped = f'<span class="{css}">{escaped}</span>'
+            parts.append(escaped)
+            offset += len(text)
+        page.lines = "".join(parts).split("\n")
+        if page.lines and page.lines[-1] == "":
+            page.lines.pop()
+        return page
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+                              undefined=jinja2.StrictUndefined, autoescape=False,
+                              trim_blocks=True, lstrip_blocks=True)
+
+
+def write_documentation(frontend: Frontend, folder: str) -> list[str]:
+    """Writes one page per loaded file and index.html; returns the files written."""
+    documenter = Documenter(frontend)
+    environment = _environment()
+    os.makedirs(folder, exist_ok=True)
+    written, entries = [], []
+    for module in frontend.modules:
+        page = documenter.page(module)
+        title = os.path.basename(module.path)
+        text = environment.get_template("doc/page.html.j2").render(
+            title=title, page=page, pages=sorted(documenter.pages.values()))
+        target = os.path.join(folder, page.name)
+        Path(target).write_text(text, encoding="utf-8")
+        written.append(target)
+        entries += [{**d, "page": page.name, "file": title} for d in page.declarations]
+    entries.sort(key=lambda d: (d["kind"], d["name"].lower()))
+    index = os.path.join(folder, "index.html")
+    Path(index).write_text(environment.get_template("doc/index.html.j2").render(
+        entries=entries, pages=sorted(documenter.pages.items(), key=lambda p: p[1]),
+        basename=os.path.basename), encoding="utf-8")
+    written.append(index)
+    return written
