@@ -126,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file", metavar="FILE", help="a .cg schedule file (schedules/train.cg: "
                                                   "the whole step)")
     _add_program_options(run, several_configs=False)
-    run.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
-                     help="where to run: numpy (the CPU reference machine; the default) or "
-                          "cupy (an NVIDIA GPU)")
+    run.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                     help="where to run: cupy (an NVIDIA GPU, through CuPy), numpy (the CPU "
+                          "reference machine), or auto (the default: cupy when a GPU is "
+                          "present, else numpy)")
     run.add_argument("--steps", type=int, default=10, metavar="N",
                      help="training steps to run (default 10)")
     run.add_argument("--seed", type=int, default=0, metavar="S",
@@ -140,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the run for replay: configuration, tokens, every entry before "
                           "and after the first step, its gradients, the losses "
                           "(docs/dump-format.md)")
+    run.add_argument("--trace", metavar="FILE.json",
+                     help="time the first step launch by launch (CUDA events on the GPU) and "
+                          "write per-phase and per-launch times in Chrome's trace format "
+                          "(open it in Perfetto or chrome://tracing)")
+    run.add_argument("--plot", metavar="FILE.png", help="draw the loss curve")
     return parser
 
 
@@ -303,23 +309,31 @@ def _doc(args) -> int:
 
 
 def _run(args) -> int:
-    if args.backend == "cupy":
-        print("cgc: error: the CuPy backend is not built yet (it needs the CUDA backend); "
-              "use --backend numpy to run on the CPU reference machine", file=sys.stderr)
+    from .runtime_cupy import gpu_available
+    backend = args.backend
+    if backend == "auto":
+        backend = "cupy" if gpu_available() else "numpy"
+    elif backend == "cupy" and not gpu_available():
+        print("cgc: error: no NVIDIA GPU is available here (or CuPy cannot reach one); run on "
+              "the CPU reference machine with --backend numpy", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
     from .data import Batches, describe, load_corpus
-    from .runtime_numpy import NumpyRun, train
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
-    runner = NumpyRun(frontend, args.file, config, overrides, args.seed)
+    if backend == "cupy":
+        from .runtime_cupy import CupyRun
+        runner = CupyRun(frontend, args.file, config, overrides, args.seed)
+    else:
+        from .runtime_numpy import NumpyRun
+        runner = NumpyRun(frontend, args.file, config, overrides, args.seed)
     if runner.warnings:
         print(render_all(runner.warnings), file=sys.stderr)
+    constants = runner.program.constants
     try:
         corpus = load_corpus(args.data)
-        constants = runner.constants
         if corpus.max() >= constants["cgVocab"]:
             raise ValueError("a byte value is past the vocabulary")
         batches = Batches(corpus, constants["cgBatch"], constants["cgContext"], args.seed)
@@ -327,10 +341,28 @@ def _run(args) -> int:
         print(f"cgc: error: cannot read the training data: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     print(f"{args.file}: {runner.program.entry}, config {config} (low = {runner.program.low}), "
-          f"numpy backend; {corpus.size:,} bytes of {describe(args.data)}", file=sys.stderr)
-    losses = train(runner, batches, args.steps, dump=args.dump, out=sys.stdout, seed=args.seed)
-    if args.dump:
-        print(f"dumped the run to {args.dump}", file=sys.stderr)
+          f"{backend} backend; {corpus.size:,} bytes of {describe(args.data)}", file=sys.stderr)
+    timings: list | None = [] if args.trace else None
+    if backend == "cupy":
+        from .runtime_cupy import run_training
+        losses = [loss for loss, _ in run_training(runner, batches, args.steps, sys.stdout,
+                                                   trace=timings)]
+    else:
+        from .runtime_numpy import train
+        losses = train(runner, batches, args.steps, dump=args.dump, out=sys.stdout,
+                       seed=args.seed, trace=timings)
+        if args.dump:
+            print(f"dumped the run to {args.dump}", file=sys.stderr)
+    if args.trace:
+        import json
+        from .runtime_numpy import chrome_trace
+        with open(args.trace, "w", encoding="utf-8") as handle:
+            json.dump({"traceEvents": chrome_trace(timings), "displayTimeUnit": "ms"}, handle)
+        print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
+    if args.plot:
+        from .plot import write_loss_plot
+        write_loss_plot(args.plot, losses)
+        print(f"drew the loss curve in {args.plot}", file=sys.stderr)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {len(losses)} steps")
     return EXIT_OK
 

@@ -102,6 +102,21 @@ class Program:
     bank_layouts: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)
     evaluator: object = None  # evaluates image formulas (extents) in this configuration
 
+    def unrolled(self):
+        """Every launch the program makes, in order, with its phase and repeat indices."""
+
+        def go(nodes, phase, point):
+            for node in nodes:
+                if isinstance(node, Launch):
+                    yield node, phase, point
+                elif isinstance(node, Repeat):
+                    for value in range(node.variable.count):
+                        yield from go(node.body, phase, {**point, node.variable: value})
+                else:
+                    yield from go(node.body, node.phase, point)
+
+        yield from go(self.body, None, {})
+
     def address(self, view: View) -> tuple[str, Nat]:
         """The allocation a view lies in, and its first element's offset there."""
         storage = view.storage

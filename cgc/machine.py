@@ -12,6 +12,7 @@ is tested against ground truth.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +21,8 @@ from .affine import Affine
 from .builtins import GRID_NAMES
 from .declarations import Declarations
 from .evaluate import Int
-from .ir import Launch, PhaseRegion, Program, Repeat, View
-from .memory import MemoryPlan, element_bytes
+from .ir import Launch, Program, View
+from .memory import MemoryPlan, element_bytes, storage_home
 from .numerics import decode, encode, storage_dtype
 
 WRITES = ("write", "readwrite", "accumulate")
@@ -113,23 +114,12 @@ class Machine:
             self.memory[bank] = np.zeros(size, dtype=np.uint8)
         self.memory["buffers"] = np.zeros(max(plan.buffers_bytes, 1), dtype=np.uint8)
         self.memory["arena"] = np.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
-        self.buffer_offsets = {b.name: b.offset for b in plan.buffers}
-        self.arena_offsets = {s.name: s.offset for s in plan.arena}
         self.launch_count = 0
 
     # ---- memory --------------------------------------------------------------------
 
     def home(self, view: View) -> tuple[str, int]:
-        """The allocation holding a storage, and the byte where the storage starts."""
-        storage = view.storage
-        if storage.kind == "bank":
-            size = element_bytes(storage.element, self.low)
-            offset = self.program.bank_layouts[storage.name][0][storage.entry] \
-                if storage.entry else 0
-            return storage.name, offset * size
-        if storage.kind == "buffer":
-            return "buffers", self.buffer_offsets[storage.name]
-        return "arena", self.arena_offsets[storage.name]
+        return storage_home(self.program, self.plan, view.storage)
 
     def storage_array(self, view: View) -> np.ndarray:
         storage = view.storage
@@ -151,21 +141,13 @@ class Machine:
 
     # ---- running -------------------------------------------------------------------
 
-    def run(self) -> None:
-        self._run(self.program.body, None, {})
-
-    def _run(self, nodes, phase, point) -> None:
-        for node in nodes:
-            if isinstance(node, Launch):
-                self.launch(node, phase, point)
-            elif isinstance(node, Repeat):
-                for value in range(node.variable.count):
-                    point[node.variable] = value
-                    self._run(node.body, phase, point)
-                point.pop(node.variable, None)
-            else:
-                assert isinstance(node, PhaseRegion)
-                self._run(node.body, node.phase, point)
+    def run(self, trace: list | None = None) -> None:
+        """The whole program; with `trace`, each launch's (image, phase, start, end) times."""
+        for launch, phase, point in self.program.unrolled():
+            start = time.perf_counter()
+            self.launch(launch, phase, point)
+            if trace is not None:
+                trace.append((launch.image.name, phase, start, time.perf_counter()))
 
     def launch(self, launch: Launch, phase: str | None, point: dict) -> None:
         image = launch.image

@@ -178,6 +178,17 @@ def plan_memory(program: Program, declarations: Declarations) -> MemoryPlan:
     return plan
 
 
+def storage_home(program: Program, plan: MemoryPlan, storage) -> tuple[str, int]:
+    """The allocation ("buffers", "arena" or a bank's name) holding a storage, and the byte
+    where the storage starts in it."""
+    if storage.kind == "bank":
+        offset = program.bank_layouts[storage.name][0][storage.entry] if storage.entry else 0
+        return storage.name, offset * element_bytes(storage.element, program.low)
+    if storage.kind == "buffer":
+        return "buffers", next(b.offset for b in plan.buffers if b.name == storage.name)
+    return "arena", plan.arena_offset(storage.name)
+
+
 def _bytes(size: int) -> str:
     for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if size >= scale:

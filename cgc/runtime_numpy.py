@@ -74,10 +74,10 @@ class NumpyRun:
         bank = self.banks[role][0]
         return {name: self.machine.array(f"{bank}.{name}") for name in self.entries()}
 
-    def step(self, ids: np.ndarray, targets: np.ndarray) -> float:
+    def step(self, ids: np.ndarray, targets: np.ndarray, trace: list | None = None) -> float:
         self.machine.store("cgIds", ids)
         self.machine.store("cgTargets", targets)
-        self.machine.run()
+        self.machine.run(trace)
         losses = self.machine.array("cgLoss").astype(np.float64)
         return float(losses.sum() / losses.size)
 
@@ -89,8 +89,27 @@ def _progress(step: int, steps: int, loss: float, seconds: float) -> str:
             f"loss {loss:.4f}  {seconds:.2f} s/step")
 
 
+def chrome_trace(timings: list) -> list[dict]:
+    """(image, phase, start, end) times as Chrome trace events: launches, and phases above."""
+    if not timings:
+        return []
+    origin = timings[0][2]
+    launches = [{"name": image, "cat": phase or "", "ph": "X", "pid": 0, "tid": 1,
+                 "ts": (start - origin) * 1e6, "dur": (end - start) * 1e6,
+                 "args": {"phase": phase}}
+                for image, phase, start, end in timings]
+    phases: list[dict] = []
+    for event in launches:
+        if phases and phases[-1]["name"] == event["cat"]:
+            phases[-1]["dur"] = event["ts"] + event["dur"] - phases[-1]["ts"]
+        else:
+            phases.append({"name": event["cat"], "cat": "phase", "ph": "X", "pid": 0, "tid": 0,
+                           "ts": event["ts"], "dur": event["dur"]})
+    return phases + launches
+
+
 def train(run: NumpyRun, batches, steps: int, dump: str | None = None, out=sys.stdout,
-          seed: int = 0) -> list[float]:
+          seed: int = 0, trace: list | None = None) -> list[float]:
     losses, all_ids, all_targets = [], [], []
     before = run.bank_values("parameters") if dump else None
     first = None
@@ -98,7 +117,7 @@ def train(run: NumpyRun, batches, steps: int, dump: str | None = None, out=sys.s
     for step in range(1, steps + 1):
         ids, targets = batches.next()
         started = time.perf_counter()
-        loss = run.step(ids, targets)
+        loss = run.step(ids, targets, trace if step == 1 else None)
         seconds = time.perf_counter() - started
         losses.append(loss)
         all_ids.append(ids)

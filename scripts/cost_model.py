@@ -56,23 +56,6 @@ def traffic(launch, low) -> int:
     return total
 
 
-def walk(program):
-    """(launch, point) for every launch the step makes, repeats unrolled."""
-    from cgc.ir import Launch, Repeat
-
-    def go(nodes, point):
-        for node in nodes:
-            if isinstance(node, Launch):
-                yield node, point
-            elif isinstance(node, Repeat):
-                for i in range(node.variable.count):
-                    yield from go(node.body, {**point, node.variable: i})
-            else:
-                yield from go(node.body, point)
-
-    yield from go(program.body, {})
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="gpt2")
@@ -81,7 +64,7 @@ def main() -> int:
     frontend = analyse([path])
     program = evaluate(frontend, path, config=args.config)
     rows = defaultdict(lambda: [0, 0, 0.0, 0.0])
-    for launch, point in walk(program):
+    for launch, _, point in program.unrolled():
         row = rows[launch.image.name]
         moved, work = traffic(launch, program.low), flops(launch, point, program.constants)
         row[0] += 1
