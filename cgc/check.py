@@ -21,7 +21,7 @@ from .builtins import GRID_NAMES
 from .declarations import Declarations, ImageDeclaration, PointerParameter
 from .diagnostics import Note, Reporter
 from .evaluate import POISON, Evaluator, EvaluationError, Int
-from .ir import Launch, PointerBinding, Program, View
+from .ir import Launch, PointerBinding, Program
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)

@@ -21,7 +21,7 @@ from pygments.token import Token
 from .frontend import Frontend
 from .highlight import CgLexer
 from .resources import data_dir
-from .syntax import Apply, Declaration, Lambda, Name, walk
+from .syntax import Apply, Declaration, Lambda, Name
 
 _CLASSES = [  # the longest matching token type decides the CSS class
     (Token.Literal.String.Doc, "doc"), (Token.Comment, "comment"),

@@ -16,7 +16,7 @@ import jinja2
 
 from . import __version__
 from .affine import format_nat
-from .declarations import Declarations, ImageDeclaration
+from .declarations import Declarations
 from .ir import Launch, PhaseRegion, Program, Repeat, View
 from .memory import MemoryPlan, element_bytes
 from .resources import data_dir

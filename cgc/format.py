@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .parse import comment_ranges, parse_text
 from .syntax import (
-    Apply, Arrow, Clause, Declaration, Floating, Import, Integer, Lambda, Name, Natural, Term,
+    Apply, Arrow, Clause, Floating, Import, Integer, Lambda, Name, Natural,
 )
 
 WIDTH = 100

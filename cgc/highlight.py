@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pygments.lexer import RegexLexer, bygroups, words
+from pygments.lexer import RegexLexer, words
 from pygments.token import (
     Comment, Keyword, Name, Number, Operator, Punctuation, String, Text, Whitespace,
 )

@@ -21,7 +21,7 @@ class Source:
     def line_starts(self) -> list[int]:
         if self._line_starts is None:
             starts = [0]
-            find, text, position = self.text.find, self.text, 0
+            find, position = self.text.find, 0
             while (position := find("\n", position) + 1) > 0:
                 starts.append(position)
             self._line_starts = starts

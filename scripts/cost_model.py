@@ -73,8 +73,8 @@ def main() -> int:
         row[3] += max(moved / BANDWIDTH, work / PRODUCT_RATE)
     print(f"train.cg, config {args.config}: one step, floors at {BANDWIDTH / 1e12:.1f} TB/s "
           f"and {PRODUCT_RATE / 1e12:.0f} TFLOP/s")
-    print(f"| image | launches | MB moved | GFLOP | floor (us) | bound by |")
-    print(f"| --- | ---: | ---: | ---: | ---: | --- |")
+    print("| image | launches | MB moved | GFLOP | floor (us) | bound by |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
     total = [0, 0, 0.0, 0.0]
     for name, (count, moved, work, floor) in sorted(rows.items(), key=lambda r: -r[1][3]):
         bound = "products" if work / PRODUCT_RATE > moved / BANDWIDTH else "memory"

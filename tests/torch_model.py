@@ -28,7 +28,7 @@ class Dump:
 
 
 class Gpt:
-    def __init__(self, constants: dict, flat: dict[str, np.ndarray]):
+    def __init__(self, constants: dict, flat: dict[str, np.ndarray], device: str = "cpu"):
         c = constants
         self.batch, self.context = int(c["cgBatch"]), int(c["cgContext"])
         self.vocab, self.width = int(c["cgVocab"]), int(c["cgWidth"])
@@ -42,16 +42,17 @@ class Gpt:
             "cgFcWeight": (layers, w, 4 * w), "cgProjWeight": (layers, 4 * w, w),
             "cgFinalGamma": (w,), "cgFinalBeta": (w,),
         }
+        self.device = device
         self.parameters = {name: torch.tensor(flat[name].reshape(shape), dtype=torch.float32,
-                                              requires_grad=True)
+                                              device=device, requires_grad=True)
                            for name, shape in shapes.items()}
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """Rotary positions: x is [batch, heads, T, D]; pair (i, i + D/2) turns by p * 10000^(-2i/D)."""
         d = x.shape[-1]
-        i = torch.arange(d // 2, dtype=torch.float32)
-        angle = torch.arange(self.context, dtype=torch.float32)[:, None] * \
-            torch.pow(torch.tensor(10000.0), -2.0 * i / d)[None, :]
+        i = torch.arange(d // 2, dtype=torch.float32, device=self.device)
+        angle = torch.arange(self.context, dtype=torch.float32, device=self.device)[:, None] * \
+            torch.pow(torch.tensor(10000.0, device=self.device), -2.0 * i / d)[None, :]
         cos, sin = torch.cos(angle), torch.sin(angle)
         a, b = x[..., : d // 2], x[..., d // 2:]
         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
@@ -60,8 +61,8 @@ class Gpt:
         p = self.parameters
         b, t, w, h = self.batch, self.context, self.width, self.heads
         d = w // h
-        x = p["cgEmbeddingEntry"][torch.tensor(ids, dtype=torch.long)]
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        x = p["cgEmbeddingEntry"][torch.tensor(ids, dtype=torch.long, device=self.device)]
+        mask = torch.ones(t, t, dtype=torch.bool, device=self.device).triu(1)
         for layer in range(self.layers):
             normed = F.layer_norm(x, (w,), p["cgLn1Gamma"][layer], p["cgLn1Beta"][layer], 1e-5)
             qkv = normed @ p["cgQkvWeight"][layer]
@@ -76,7 +77,7 @@ class Gpt:
             x = x + hidden @ p["cgProjWeight"][layer]
         final = F.layer_norm(x, (w,), p["cgFinalGamma"], p["cgFinalBeta"], 1e-5)
         logits = final @ p["cgEmbeddingEntry"].T
-        target = torch.tensor(targets, dtype=torch.long)
+        target = torch.tensor(targets, dtype=torch.long, device=self.device)
         return F.cross_entropy(logits, target, ignore_index=-1, reduction="sum") / (b * t)
 
     def optimizer(self, constants: dict) -> torch.optim.Optimizer:
@@ -98,5 +99,5 @@ class Gpt:
         return float(loss.detach())
 
     def flat(self, gradients: bool = False) -> dict[str, np.ndarray]:
-        return {name: (p.grad if gradients else p).detach().numpy().reshape(-1).copy()
+        return {name: (p.grad if gradients else p).detach().cpu().numpy().reshape(-1).copy()
                 for name, p in self.parameters.items()}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one go, with no network: the GPU tests, the standalone
+# program under compute-sanitizer (memcheck and racecheck, one tiny step), the benchmark;
+# a summary table last. Meant for the lent H200 machine (8 minutes at most).
+#
+# That machine has CuPy, PyTorch, nvcc and compute-sanitizer but not lark: carry it as a
+# wheel, fetched here beforehand with
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl lark
+# and name .whl in the device call's carry list.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+if ! python3 -c "import lark" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/cgc-site .whl/lark-*.whl || exit 1
+  export PYTHONPATH="/tmp/cgc-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+out="${OUT:-/tmp/cgc-gpu-check}"
+mkdir -p "$out"
+declare -A status
+
+echo "== GPU tests"
+timeout 240 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
+status[gpu_tests]=${PIPESTATUS[0]}
+
+echo "== standalone program under compute-sanitizer"
+python3 -m cgc run schedules/train.cg --backend numpy --config tiny --steps 1 --dump "$out/dump" >/dev/null
+python3 -m cgc compile schedules/train.cg --config tiny -o "$out/train.tiny.cu" 2>/dev/null
+if nvcc -arch=sm_90 -std=c++17 -o "$out/train" "$out/train.tiny.cu" -lcublas 2>"$out/nvcc.log"; then
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$out/train" "$out/dump" 1 \
+      >"$out/$tool.log" 2>&1
+    status[$tool]=$?
+    tail -3 "$out/$tool.log"
+  done
+else
+  cat "$out/nvcc.log"; status[memcheck]=nvcc; status[racecheck]=nvcc
+fi
+
+echo "== benchmark"
+timeout 240 python3 scripts/bench_gpu.py 2>&1 | tee "$out/bench.log"
+status[bench]=${PIPESTATUS[0]}
+
+echo
+echo "== summary (0 = passed)"
+printf '%-12s %s\n' "check" "status"
+for check in gpu_tests memcheck racecheck bench; do
+  printf '%-12s %s\n' "$check" "${status[$check]}"
+done
+tail -4 "$out/bench.log"
