@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -34,7 +35,12 @@ def cuda_root() -> Path:
 
 
 def include_flags() -> list[str]:
-    root = cuda_root()
+    """The wheels' headers; none where CUDA is installed the ordinary way (its compilers
+    then find their own)."""
+    try:
+        root = cuda_root()
+    except ToolchainMissing:
+        return []
     return [f"-I{root / 'include'}", f"-I{root / 'include' / 'cccl'}"]
 
 
@@ -72,18 +78,31 @@ def nvrtc_compile(source: str, name: str = "program.cu") -> tuple[bool, str]:
 
 
 def nvcc() -> Path:
-    path = cuda_root() / "bin" / "nvcc"
-    if not path.exists():
+    """The wheel's nvcc, or else the one on PATH."""
+    try:
+        path = cuda_root() / "bin" / "nvcc"
+        if path.exists():
+            return path
+    except ToolchainMissing:
+        pass
+    found = shutil.which("nvcc")
+    if found is None:
         raise ToolchainMissing("nvcc is not installed: pip install 'cgc[cuda-tools]'")
-    return path
+    return Path(found)
+
+
+def _cublas_flags() -> list[str]:
+    try:
+        library = cuda_root() / "lib"
+        return [f"-L{library}", "-l:libcublas.so.13", f"-Xlinker=-rpath={library}"]
+    except ToolchainMissing:  # an ordinary CUDA installation
+        return ["-lcublas"]
 
 
 def nvcc_build(source_path: str, output: str) -> tuple[bool, str]:
     """The whole file, host program included, compiled and linked with cuBLAS."""
-    library = cuda_root() / "lib"
     command = [str(nvcc()), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
-               f"-L{library}", "-l:libcublas.so.13", f"-Xlinker=-rpath={library}",
-               "-o", output, source_path]
+               *_cublas_flags(), "-o", output, source_path]
     result = subprocess.run(command, capture_output=True, text=True)
     return result.returncode == 0, result.stdout + result.stderr
 
