@@ -247,10 +247,10 @@ def _compile(args) -> int:
                 print(render_all(compiler_diagnostics(emitted, log, name)) or log, file=sys.stderr)
                 return EXIT_DIAGNOSTICS
             dynamic = {k.image: k.shared_bytes for k in emitted.kernels}
-            print(f"{'kernel':<30} {'registers':>9} {'static smem':>12} {'dynamic smem':>13} "
+            print(f"{'kernel':<36} {'registers':>9} {'static smem':>12} {'dynamic smem':>13} "
                   f"{'spill stores':>13} {'spill loads':>12}")
             for report in sorted(reports, key=lambda r: r.name):
-                print(f"{report.name:<30} {report.registers:>9} {report.shared_bytes:>12} "
+                print(f"{report.name:<36} {report.registers:>9} {report.shared_bytes:>12} "
                       f"{dynamic.get(report.name, 0):>13} {report.spill_stores:>13} "
                       f"{report.spill_loads:>12}")
     except ToolchainMissing as error:

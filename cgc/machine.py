@@ -115,6 +115,12 @@ class Machine:
         self.memory["buffers"] = np.zeros(max(plan.buffers_bytes, 1), dtype=np.uint8)
         self.memory["arena"] = np.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
         self.launch_count = 0
+        # What the kernels see of the model: its constants, and the definitions they use.
+        self.constants = dict(program.constants)
+        for name in ("cgSeq", "cgHeadWidth"):
+            declaration = program.evaluator.scope.declarations.get(name)
+            if declaration is not None:
+                self.constants[name] = program.evaluator.global_value(name, declaration.name.span)
 
     # ---- memory --------------------------------------------------------------------
 
@@ -215,7 +221,7 @@ class Machine:
                                                home, base + offset * item, item)
 
         kernel = self.kernels[image.name]
-        kernel(Kernel(pointers, scalars, grid, block, self.program.constants))
+        kernel(Kernel(pointers, scalars, grid, block, self.constants))
         self.check_aliasing(where, image, pointers)
 
     def check_aliasing(self, where: str, image, pointers: dict[str, Pointer]) -> None:

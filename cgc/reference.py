@@ -45,8 +45,13 @@ def layer_norm(k: Kernel) -> None:
     k.pointers["statistics"].write(0, np.stack([mean, rstd], axis=1))
 
 
+ROWS_PER_BLOCK = 32  # of the layer-norm backward kernels
+
+
 def _layer_norm_gradient(k: Kernel):
-    rows, width = k.grid[0], _width(k)
+    """dx of the launch's rows, and each block's sums for dgamma and dbeta as partials."""
+    blocks, width = k.grid[0], _width(k)
+    rows = blocks * ROWS_PER_BLOCK
     x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
     dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, width)
     statistics = k.pointers["statistics"].read(0, rows * 2).reshape(rows, 2)
@@ -56,19 +61,29 @@ def _layer_norm_gradient(k: Kernel):
     dnormed = dout * gamma
     dx = rstd * (dnormed - dnormed.mean(axis=1, keepdims=True, dtype=F32)
                  - normed * (dnormed * normed).mean(axis=1, keepdims=True, dtype=F32))
-    k.pointers["gradientGamma"].accumulate(0, (dout * normed).sum(axis=0, dtype=F32))
-    k.pointers["gradientBeta"].accumulate(0, dout.sum(axis=0, dtype=F32))
-    return dx
+    shape = (blocks, ROWS_PER_BLOCK, width)
+    partials = np.concatenate([(dout * normed).reshape(shape).sum(axis=1, dtype=F32),
+                               dout.reshape(shape).sum(axis=1, dtype=F32)], axis=1)
+    k.pointers["partials"].write(0, partials)
+    return dx, rows, width
 
 
 def layer_norm_backward(k: Kernel) -> None:
-    k.pointers["gradientInput"].write(0, _layer_norm_gradient(k))
+    dx, _, _ = _layer_norm_gradient(k)
+    k.pointers["gradientInput"].write(0, dx)
 
 
 def layer_norm_backward_add(k: Kernel) -> None:
-    rows, width = k.grid[0], _width(k)
+    dx, rows, width = _layer_norm_gradient(k)
     residual = k.pointers["residual"].read(0, rows * width).reshape(rows, width)
-    k.pointers["gradientInput"].write(0, residual + _layer_norm_gradient(k))
+    k.pointers["gradientInput"].write(0, residual + dx)
+
+
+def layer_norm_parameter_gradients(k: Kernel) -> None:
+    blocks, width = int(k.scalars["blocks"]), _width(k)
+    partials = k.pointers["partials"].read(0, blocks * 2 * width).reshape(blocks, 2 * width)
+    k.pointers["gradientGamma"].accumulate(0, partials[:, :width].sum(axis=0, dtype=F32))
+    k.pointers["gradientBeta"].accumulate(0, partials[:, width:].sum(axis=0, dtype=F32))
 
 
 def _operands(k: Kernel, transposed: bool, weight: bool):
@@ -264,7 +279,8 @@ def cross_entropy_backward(k: Kernel) -> None:
 
 
 def scatter(k: Kernel) -> None:
-    rows, width, vocab = k.grid[0], _width(k), int(k.constants["cgVocab"])
+    """Every row of the step, whatever the grid: the blocks share out the vocabulary."""
+    rows, width, vocab = int(k.constants["cgSeq"]), _width(k), int(k.constants["cgVocab"])
     ids = k.pointers["ids"].read(0, rows).astype(np.int64)
     if ((ids < 0) | (ids >= vocab)).any():
         raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")
@@ -330,6 +346,7 @@ KERNELS = {
     "cgImageLayerNorm": layer_norm,
     "cgImageLayerNormBackward": layer_norm_backward,
     "cgImageLayerNormBackwardAdd": layer_norm_backward_add,
+    "cgImageLayerNormParameterGradients": layer_norm_parameter_gradients,
     "cgImageProductData": product_data,
     "cgImageProductDataLow": product_data,
     "cgImageProductTransposed": product_transposed,

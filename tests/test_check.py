@@ -64,9 +64,7 @@ def test_the_residual_gradient_may_be_updated_in_place_through_the_allowed_pair(
     edit(schedules / "library.cg", "(cgArena cgStatistics1) other current)",
          "(cgArena cgStatistics1) current current)")
     checked(schedules / "train.cg")
-    edit(schedules / "images.cg", "  (pointer 7 residual float32 read (naturalMultiply gridX cgWidth))\n"
-                                  "  (alias 0 7)\n",
-         "  (pointer 7 residual float32 read (naturalMultiply gridX cgWidth))\n")
+    edit(schedules / "images.cg", "(alias 0 6)", "")
     assert any("cgDy0" in m and "alias" in m for m in errors_of(schedules / "train.cg"))
 
 
@@ -94,10 +92,12 @@ def test_extents_are_checked_at_both_ends_of_a_repeat(schedules):
 
 
 def test_checking_does_not_depend_on_the_layer_count():
+    launches = set()
     for layers in (1, 12, 96):
         _, program, warnings = checked(SCHEDULES / "train.cg", "gpt2", cgLayers=layers)
         assert warnings == []
-        assert sum(1 for _ in program.launches()) == 54
+        launches.add(sum(1 for _ in program.launches()))
+    assert len(launches) == 1  # the program is the same size: repeats stay loops
 
 
 def test_memory_plan_shares_only_slots_never_live_together():

@@ -129,59 +129,87 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 
 // ---- shared kernel bodies -------------------------------------------------------------
 
-// Layer-norm backward of one row: dx = rstd * (dn - mean(dn) - n * mean(dn * n)), with n
-// the normalised row and dn = dout * gamma; with kAdd, dx also adds the residual gradient.
-// dgamma and dbeta accumulate over the rows with atomic adds.
+// Layer-norm backward of 32 rows, a warp a row at a time: dx = rstd * (dn - mean(dn) -
+// n * mean(dn * n)), with n the normalised row and dn = dout * gamma; with kAdd, dx also
+// adds the residual gradient. The block's sums of dout * n (for dgamma) and of dout (for
+// dbeta) go to its row of partials, [dgamma | dbeta], the warps added in a fixed order.
+constexpr int kNormRowsPerBlock = 32;
+
 template <int kThreads, bool kAdd>
-__device__ __forceinline__ void layer_norm_backward_row(
+__device__ __forceinline__ void layer_norm_backward_rows(
     float* gradientInput, const float* gradientOutput, const float* input,
-    const float* statistics, const float* gamma, float* gradientGamma, float* gradientBeta,
-    const float* residual) {
-  constexpr int kVectors = (kWidth / 4 + kThreads - 1) / kThreads;
-  __shared__ float scratch[32];
-  const int row = blockIdx.x;
-  const size_t base = static_cast<size_t>(row) * kWidth;
-  const float mean = statistics[2 * row], rstd = statistics[2 * row + 1];
-  float4 normed[kVectors], dnormed[kVectors];
-  float sum_d = 0.0f, sum_dn = 0.0f;
+    const float* statistics, const float* gamma, float* partials, const float* residual) {
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kVectors = (kWidth / 4 + 31) / 32;  // float4s a lane holds of one row
+  __shared__ float warp_sums[kWarps][2 * kWidth];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float4 gamma_sum[kVectors], beta_sum[kVectors];
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    const int c = (threadIdx.x + i * kThreads) * 4;
-    if (c < kWidth) {
-      const float4 x = load4(input + base + c), dy = load4(gradientOutput + base + c);
-      const float4 g = load4(gamma + c);
-      normed[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd,
-                              (x.w - mean) * rstd);
-      dnormed[i] = make_float4(dy.x * g.x, dy.y * g.y, dy.z * g.z, dy.w * g.w);
-      sum_d += dnormed[i].x + dnormed[i].y + dnormed[i].z + dnormed[i].w;
-      sum_dn += dnormed[i].x * normed[i].x + dnormed[i].y * normed[i].y +
-                dnormed[i].z * normed[i].z + dnormed[i].w * normed[i].w;
-      atomicAdd(gradientGamma + c + 0, dy.x * normed[i].x);
-      atomicAdd(gradientGamma + c + 1, dy.y * normed[i].y);
-      atomicAdd(gradientGamma + c + 2, dy.z * normed[i].z);
-      atomicAdd(gradientGamma + c + 3, dy.w * normed[i].w);
-      atomicAdd(gradientBeta + c + 0, dy.x);
-      atomicAdd(gradientBeta + c + 1, dy.y);
-      atomicAdd(gradientBeta + c + 2, dy.z);
-      atomicAdd(gradientBeta + c + 3, dy.w);
+    gamma_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    beta_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int r = warp; r < kNormRowsPerBlock; r += kWarps) {
+    const int row = blockIdx.x * kNormRowsPerBlock + r;
+    const size_t base = static_cast<size_t>(row) * kWidth;
+    const float mean = statistics[2 * row], rstd = statistics[2 * row + 1];
+    float4 normed[kVectors], dnormed[kVectors];
+    float sum_d = 0.0f, sum_dn = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int c = (lane + i * 32) * 4;
+      if (c < kWidth) {
+        const float4 x = load4(input + base + c), dy = load4(gradientOutput + base + c);
+        const float4 g = load4(gamma + c);
+        normed[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd,
+                                (x.w - mean) * rstd);
+        dnormed[i] = make_float4(dy.x * g.x, dy.y * g.y, dy.z * g.z, dy.w * g.w);
+        sum_d += dnormed[i].x + dnormed[i].y + dnormed[i].z + dnormed[i].w;
+        sum_dn += dnormed[i].x * normed[i].x + dnormed[i].y * normed[i].y +
+                  dnormed[i].z * normed[i].z + dnormed[i].w * normed[i].w;
+        gamma_sum[i].x += dy.x * normed[i].x;
+        gamma_sum[i].y += dy.y * normed[i].y;
+        gamma_sum[i].z += dy.z * normed[i].z;
+        gamma_sum[i].w += dy.w * normed[i].w;
+        beta_sum[i].x += dy.x;
+        beta_sum[i].y += dy.y;
+        beta_sum[i].z += dy.z;
+        beta_sum[i].w += dy.w;
+      }
+    }
+    const float mean_d = warp_sum(sum_d) / kWidth;
+    const float mean_dn = warp_sum(sum_dn) / kWidth;
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int c = (lane + i * 32) * 4;
+      if (c < kWidth) {
+        float4 dx = make_float4(rstd * (dnormed[i].x - mean_d - normed[i].x * mean_dn),
+                                rstd * (dnormed[i].y - mean_d - normed[i].y * mean_dn),
+                                rstd * (dnormed[i].z - mean_d - normed[i].z * mean_dn),
+                                rstd * (dnormed[i].w - mean_d - normed[i].w * mean_dn));
+        if (kAdd) {  // read before the write: the residual may be this very buffer
+          const float4 rest = load4(residual + base + c);
+          dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
+        }
+        *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+      }
     }
   }
-  const float mean_d = block_sum<kThreads>(sum_d, scratch) / kWidth;
-  const float mean_dn = block_sum<kThreads>(sum_dn, scratch) / kWidth;
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    const int c = (threadIdx.x + i * kThreads) * 4;
+    const int c = (lane + i * 32) * 4;
     if (c < kWidth) {
-      float4 dx = make_float4(rstd * (dnormed[i].x - mean_d - normed[i].x * mean_dn),
-                              rstd * (dnormed[i].y - mean_d - normed[i].y * mean_dn),
-                              rstd * (dnormed[i].z - mean_d - normed[i].z * mean_dn),
-                              rstd * (dnormed[i].w - mean_d - normed[i].w * mean_dn));
-      if (kAdd) {  // read before the write: the residual may be this very buffer
-        const float4 r = load4(residual + base + c);
-        dx = make_float4(dx.x + r.x, dx.y + r.y, dx.z + r.z, dx.w + r.w);
-      }
-      *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+      *reinterpret_cast<float4*>(&warp_sums[warp][c]) = gamma_sum[i];
+      *reinterpret_cast<float4*>(&warp_sums[warp][kWidth + c]) = beta_sum[i];
     }
+  }
+  __syncthreads();
+  float* out = partials + static_cast<size_t>(blockIdx.x) * 2 * kWidth;
+  for (int c = threadIdx.x; c < 2 * kWidth; c += kThreads) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += warp_sums[w][c];
+    out[c] = sum;
   }
 }
 
@@ -643,18 +671,33 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(float* __rest
   }
 }
 
-// cgImageLayerNormBackward: dinput = layer-norm backward of dout; dgamma and dbeta accumulate over the rows.
-// dinput = LN'(dout), one row per block.
-extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta) {
-  layer_norm_backward_row<128, false>(gradientInput, gradientOutput, input, statistics,
-                                               gamma, gradientGamma, gradientBeta, nullptr);
+// cgImageLayerNormBackward: dinput = layer-norm backward of dout, 32 rows a block (a warp a row at a time); each block writes its rows' sums for dgamma and dbeta to partials, summed in a fixed order by cgImageLayerNormParameterGradients: no atomics, the same bits every run.
+// dinput = LN'(dout): 32 rows a block, a warp a row at a time; partials gets the block's
+// sums for dgamma and dbeta.
+extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials) {
+  layer_norm_backward_rows<128, false>(gradientInput, gradientOutput, input, statistics,
+                                                gamma, partials, nullptr);
 }
 
 // cgImageLayerNormBackwardAdd: As cgImageLayerNormBackward, adding the residual gradient: dinput = residual + LN'(dout). The residual may be dinput itself (an in-place update of the residual gradient).
-// dinput = residual + LN'(dout), one row per block; residual may be dinput itself.
-extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* residual) {
-  layer_norm_backward_row<128, true>(gradientInput, gradientOutput, input, statistics,
-                                              gamma, gradientGamma, gradientBeta, residual);
+// dinput = residual + LN'(dout), 32 rows a block; residual may be dinput itself.
+extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual) {
+  layer_norm_backward_rows<128, true>(gradientInput, gradientOutput, input, statistics,
+                                               gamma, partials, residual);
+}
+
+// cgImageLayerNormParameterGradients: dgamma += the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order.
+// dgamma and dbeta += the blocks' partial sums, a thread a column, the blocks in order.
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
+  const int column = blockIdx.x * 256 + threadIdx.x;
+  if (column >= 2 * kWidth) return;
+  float sum = 0.0f;
+  for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
+  if (column < kWidth) {
+    gradientGamma[column] += sum;
+  } else {
+    gradientBeta[column - kWidth] += sum;
+  }
 }
 
 // cgImageLoss: Per-row cross-entropy: loss = lse - logit[target]; correct = argmax == target.
@@ -713,15 +756,25 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict_
   }
 }
 
-// cgImageScatter: table[ids[row]] += gradient[row]: the embedding's share of the input gradient.
-// table[ids[row]] += gradient[row], one row per block, atomically (ids repeat).
+// cgImageScatter: table[ids[row]] += gradient[row] for every row: the embedding's share of the input gradient. Block b owns vocabulary rows b * ceil(V / gridX) onwards and adds the rows whose id it owns in row order: no atomics, the same bits every run.
+// table[ids[row]] += gradient[row] for every row, without atomics: block b owns vocabulary
+// rows b * ceil(V / gridDim.x) onwards, and adds the rows whose id it owns, in row order.
 extern "C" __global__ void __launch_bounds__(128) cgImageScatter(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids) {
-  const int row = blockIdx.x;
-  const int id = ids[row];
-  if (id < 0 || id >= kVocab) return;
-  const float* from = gradient + static_cast<size_t>(row) * kWidth;
-  float* to = table + static_cast<size_t>(id) * kWidth;
-  for (int c = threadIdx.x; c < kWidth; c += 128) atomicAdd(to + c, from[c]);
+  static_assert(kRows * sizeof(int) <= 48 * 1024, "the ids of a step fit in shared memory");
+  __shared__ int shared_ids[kRows];
+  const int share = (kVocab + gridDim.x - 1) / gridDim.x;
+  const int first = blockIdx.x * share;
+  if (first >= kVocab) return;
+  const int last = min(first + share, static_cast<int>(kVocab));
+  for (int row = threadIdx.x; row < kRows; row += 128) shared_ids[row] = ids[row];
+  __syncthreads();
+  for (int row = 0; row < kRows; ++row) {
+    const int id = shared_ids[row];
+    if (id < first || id >= last) continue;
+    const float* from = gradient + static_cast<size_t>(row) * kWidth;
+    float* to = table + static_cast<size_t>(id) * kWidth;
+    for (int c = threadIdx.x; c < kWidth; c += 128) to[c] += from[c];
+  }
 }
 
 // cgImageSquareSum: partials[block] = sum of squares of its share of input: grid-stride over count.
@@ -792,7 +845,7 @@ static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, f
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_buffers = nullptr;  // 1121024 bytes: 13 step buffers
-static char* cg_arena = nullptr;  // 1122304 bytes: 18 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankG.cgEmbeddingEntry
 static float* cgBankG_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Gamma
@@ -860,6 +913,7 @@ static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static float* cgFcAct = nullptr;  // low[65536]: arena slot
 static float* cgGradientFc = nullptr;  // low[65536]: arena slot
 static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
+static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static float* cgFcPre = nullptr;  // low[65536]: arena slot
 static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
@@ -957,6 +1011,7 @@ static void cg_allocate() {
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 196608UL);
   cgFcPre = reinterpret_cast<float*>(cg_arena + 262144UL);
   cgGradientAttention = reinterpret_cast<float*>(cg_arena + 262144UL);
@@ -1063,9 +1118,9 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
     // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:233:11 (from forward.cg:12:7) cgImageAttention
+    // library.cg:249:11 (from forward.cg:12:7) cgImageAttention
     cgImageAttention<<<dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream>>>(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:233:11 (from forward.cg:12:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:249:11 (from forward.cg:12:7) cgImageAttention");
     // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
@@ -1083,21 +1138,21 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:157:5 (from library.cg:363:33) cgImageZero
+  // library.cg:157:5 (from library.cg:379:33) cgImageZero
   cgImageZero<<<dim3(113, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_all, 115328);
-  CG_LAUNCHED("library.cg:157:5 (from library.cg:363:33) cgImageZero");
+  CG_LAUNCHED("library.cg:157:5 (from library.cg:379:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:170:13 (from library.cg:350:7) cgImageLayerNorm
+  // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
   cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from library.cg:350:7) cgImageLayerNorm");
-  // library.cg:34:13 (from library.cg:354:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:354:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:355:9 cgImageLoss
+  CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
+  // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:371:9 cgImageLoss
   cgImageLoss<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:355:9 cgImageLoss");
+  CG_LAUNCHED("library.cg:371:9 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -1116,9 +1171,12 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 256, 64, 256);
   // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
   cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:188:17 (from backward.cg:29:17) cgImageLayerNormBackward
-  cgImageLayerNormBackward<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta);
-  CG_LAUNCHED("library.cg:188:17 (from backward.cg:29:17) cgImageLayerNormBackward");
+  // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
+  cgImageLayerNormBackward<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
+  CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
+  // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
+  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
+  CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
@@ -1128,9 +1186,9 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:233:11 (from backward.cg:37:11) cgImageAttention
+  // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
   cgImageAttention<<<dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream>>>(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:233:11 (from backward.cg:37:11) cgImageAttention");
+  CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
   // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
@@ -1155,9 +1213,12 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:209:19 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  cgImageLayerNormBackwardAdd<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgDy0);
-  CG_LAUNCHED("library.cg:209:19 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
+  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  cgImageLayerNormBackwardAdd<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
+  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
+  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
+  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
   // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
   cgImageCastDown<<<dim3(8, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientLow, cgDy1, 16384);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
@@ -1165,19 +1226,22 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:309:35 (from backward.cg:37:11) cgImageAttentionDelta
+  // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
   cgImageAttentionDelta<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:309:35 (from backward.cg:37:11) cgImageAttentionDelta");
-  // library.cg:315:37 (from backward.cg:37:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
+  // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
   cgImageAttentionBackward<<<dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream>>>(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:315:37 (from backward.cg:37:11) cgImageAttentionBackward");
+  CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:209:19 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  cgImageLayerNormBackwardAdd<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgDy1);
-  CG_LAUNCHED("library.cg:209:19 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
+  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  cgImageLayerNormBackwardAdd<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
+  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
+  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
+  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
