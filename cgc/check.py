@@ -126,72 +126,65 @@ class Checker:
                 self.check_permission(launch, parameter, binding, phase)
         self.check_aliasing(launch, pointers, loops)
 
-    def check_pointer_slots(self, launch: Launch) -> dict[int, PointerBinding]:
-        image, bound = launch.image, {}
-        for binding in launch.pointers:
-            parameter = image.pointers.get(binding.index)
+    def bindings(self, launch: Launch, bindings, declared: dict, what: str):
+        """Each declared argument's binding by index; unknown and repeated indices reported.
+        Returns (bound, fine): fine is False when a binding was refused."""
+        image, bound, fine = launch.image, {}, True
+        for binding in bindings:
+            parameter = declared.get(binding.index)
             if parameter is None:
-                known = ", ".join(str(i) for i in sorted(image.pointers)) or "none"
-                self.error(launch, f"'{image.name}' has no pointer argument {binding.index} "
-                                   f"(its pointers: {known})", binding.span,
+                known = ", ".join(str(i) for i in sorted(declared)) or "none"
+                self.error(launch, f"'{image.name}' has no {what} argument {binding.index} "
+                                   f"(its {what}s: {known})", binding.span,
                            self._image_note(image))
-                continue
-            if binding.index in bound:
-                self.error(launch, f"pointer argument {binding.index} '{parameter.name}' of "
+                fine = False
+            elif binding.index in bound:
+                self.error(launch, f"{what} argument {binding.index} '{parameter.name}' of "
                                    f"'{image.name}' is bound twice", binding.span,
                            Note("first bound here", bound[binding.index].span),
                            Note(f"'{parameter.name}' is declared here", parameter.span))
-                continue
-            bound[binding.index] = binding
-            element = binding.view.storage.element
+                fine = False
+            else:
+                bound[binding.index] = binding
+        return bound, fine
+
+    def unbound(self, launch: Launch, index: int, parameter, what: str, why: str = "") -> None:
+        self.error(launch, f"{what} argument {index} '{parameter.name}' of '{launch.image.name}' "
+                           f"is not bound{why}", launch.span,
+                   Note(f"'{parameter.name}' is declared here", parameter.span))
+
+    def check_pointer_slots(self, launch: Launch) -> dict[int, PointerBinding]:
+        """The pointers bound once with the right element type, by index."""
+        image = launch.image
+        bound, _ = self.bindings(launch, launch.pointers, image.pointers, "pointer")
+        for index, binding in bound.items():
+            parameter, element = image.pointers[index], binding.view.storage.element
             if element != parameter.element:
-                self.error(launch, f"pointer argument {binding.index} '{parameter.name}' of "
+                self.error(launch, f"pointer argument {index} '{parameter.name}' of "
                                    f"'{image.name}' takes {parameter.element}, but "
                                    f"'{binding.view.label}' holds {element}", binding.span,
                            Note(f"'{parameter.name}' is declared here", parameter.span))
         for index, parameter in sorted(image.pointers.items()):
-            if index not in bound and not any(b.index == index for b in launch.pointers):
-                self.error(launch, f"pointer argument {index} '{parameter.name}' of "
-                                   f"'{image.name}' is not bound", launch.span,
-                           Note(f"'{parameter.name}' is declared here", parameter.span))
+            if index not in bound:
+                self.unbound(launch, index, parameter, "pointer")
         return {i: b for i, b in bound.items()
                 if b.view.storage.element == image.pointers[i].element}
 
     def check_scalar_slots(self, launch: Launch, loops) -> dict[str, object] | None:
         """The value of every scalar by name (bound or default), or None if one is wrong."""
-        image, values, bound, fine = launch.image, {}, {}, True
-        for binding in launch.scalars:
-            parameter = image.scalars.get(binding.index)
-            if parameter is None:
-                known = ", ".join(str(i) for i in sorted(image.scalars)) or "none"
-                self.error(launch, f"'{image.name}' has no scalar argument {binding.index} "
-                                   f"(its scalars: {known})", binding.span,
-                           self._image_note(image))
-                fine = False
-                continue
-            if binding.index in bound:
-                self.error(launch, f"scalar argument {binding.index} '{parameter.name}' of "
-                                   f"'{image.name}' is bound twice", binding.span,
-                           Note("first bound here", bound[binding.index].span),
-                           Note(f"'{parameter.name}' is declared here", parameter.span))
-                fine = False
-                continue
-            bound[binding.index] = binding
-            if not self.scalar_fits(launch, parameter, binding.value, binding.kind, binding.span):
-                fine = False
-            values[parameter.name] = binding.value
+        image, values = launch.image, {}
+        bound, fine = self.bindings(launch, launch.scalars, image.scalars, "scalar")
         for index, parameter in sorted(image.scalars.items()):
             if index in bound:
-                continue
-            if parameter.default is None:
-                if not any(b.index == index for b in launch.scalars):
-                    self.error(launch, f"scalar argument {index} '{parameter.name}' of "
-                                       f"'{image.name}' is not bound, and it has no default",
-                               launch.span,
-                               Note(f"'{parameter.name}' is declared here", parameter.span))
+                binding = bound[index]
+                fine &= self.scalar_fits(launch, parameter, binding.value, binding.kind,
+                                         binding.span)
+                values[parameter.name] = binding.value
+            elif parameter.default is not None:
+                values[parameter.name] = self.evaluator.eval(parameter.default, {}, ())
+            else:
+                self.unbound(launch, index, parameter, "scalar", ", and it has no default")
                 fine = False
-                continue
-            values[parameter.name] = self.evaluator.eval(parameter.default, {}, ())
         return values if fine else None
 
     def scalar_fits(self, launch, parameter, value, kind: str, span) -> bool:
