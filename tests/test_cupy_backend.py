@@ -1,0 +1,67 @@
+"""The CuPy backend's plumbing on the CPU, through tests/fake_cupy.py: every address, offset,
+argument, scalar type, cuBLAS operand and the graph capture, checked by running a step
+with the reference kernels behind a fake CuPy and comparing with the NumPy backend. (What
+the CUDA kernels compute is for tests/test_gpu.py, on a GPU.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fake_cupy
+from cgc.data import Batches, load_corpus
+from cgc.frontend import analyse
+from cgc.runtime_cupy import CupyRun
+from cgc.runtime_numpy import NumpyRun
+
+from conftest import SCHEDULES
+
+PATH = str(SCHEDULES / "train.cg")
+
+
+# The two backends multiply in different orders (cuBLAS's column-major definition against
+# NumPy's row-major product), so float32 results differ in their last bits; in the bfloat16
+# configuration a value that lands near a rounding boundary can take the neighbouring
+# bfloat16 (2^-8 relative), and that grows over the steps.
+TOLERANCES = {"tiny32": (1e-5, 1e-4), "tiny": (2e-4, 2e-2)}
+
+
+@pytest.mark.parametrize("config", ["tiny32", "tiny"])
+def test_a_graph_replayed_step_matches_the_numpy_backend(config, monkeypatch):
+    loss_tolerance, bank_tolerance = TOLERANCES[config]
+    frontend = analyse([PATH])
+    reference = NumpyRun(frontend, PATH, config, {}, seed=5)
+    fake_cupy.install(monkeypatch, frontend.declarations.images, reference.program.low,
+                      reference.machine.constants)
+    run = CupyRun(frontend, PATH, config, {}, seed=5)
+    constants = reference.program.constants
+    batches = Batches(load_corpus(None), constants["cgBatch"], constants["cgContext"], 5)
+    for step in range(3):
+        ids, targets = batches.next()
+        expected = reference.step(ids, targets)
+        loss, _ = run.step(ids, targets, use_graph=step > 0)
+        if step == 0:
+            run.capture()  # records the step; the next ones replay it
+        assert abs(loss - expected) <= loss_tolerance * expected, step
+    for role in ("parameters", "gradients", "state"):
+        ours, theirs = run.bank_values(role), reference.bank_values(role)
+        for name, values in theirs.items():
+            scale = max(float(np.linalg.norm(values)), 1e-30)
+            error = float(np.linalg.norm(ours[name] - values)) / scale
+            assert error <= bank_tolerance, (role, name, error)
+    copy, expected = run.fetch("cgBankHalf.cgQkvWeight"), reference.machine.array(
+        "cgBankHalf.cgQkvWeight")
+    assert float(np.linalg.norm(copy - expected)) <= bank_tolerance * float(np.linalg.norm(expected))
+
+
+def test_the_products_use_cublas_as_the_reference_multiplies(monkeypatch):
+    """Each product image through the fake's column-major gemmEx equals its reference."""
+    frontend = analyse([PATH])
+    reference = NumpyRun(frontend, PATH, "tiny32", {}, seed=1)
+    fake_cupy.install(monkeypatch, frontend.declarations.images, "float32",
+                      reference.machine.constants)
+    run = CupyRun(frontend, PATH, "tiny32", {}, seed=1)
+    names = {call.image for call in run.calls}
+    assert {"cgImageProductData", "cgImageProductTransposed", "cgImageProductResidual",
+            "cgImageProductWeight", "cgImageProductDataLow",
+            "cgImageProductTransposedLow"} <= names
