@@ -31,6 +31,31 @@ KERNEL_CONSTANTS = {"kRows": "cgSeq", "kBatch": "cgBatch", "kContext": "cgContex
                     "kAttentionTile": "cgAttentionTile"}
 
 
+@dataclass(frozen=True)
+class CublasProduct:
+    """How a product image maps onto cublasGemmEx. Row-major C[m, n] = A B is column-major
+    C^T = B^T A^T, so B comes first: its operation and leading dimension, then A's."""
+
+    op_b: str  # N or T
+    op_a: str
+    ld_b: str  # m, n or k
+    ld_a: str
+    low_output: bool
+    beta: float
+    copies_residual: bool = False
+
+
+# The one table both the emitted host program and the CuPy backend call cuBLAS from.
+CUBLAS_PRODUCTS = {
+    "cgImageProductData": CublasProduct("N", "N", "n", "k", False, 0.0),
+    "cgImageProductDataLow": CublasProduct("N", "N", "n", "k", True, 0.0),
+    "cgImageProductTransposed": CublasProduct("T", "N", "k", "k", False, 0.0),
+    "cgImageProductTransposedLow": CublasProduct("T", "N", "k", "k", True, 0.0),
+    "cgImageProductResidual": CublasProduct("N", "N", "n", "k", False, 1.0, True),
+    "cgImageProductWeight": CublasProduct("N", "T", "n", "m", False, 1.0),
+}
+
+
 def template_name(image: str) -> str:
     """cgImageLayerNormBackwardAdd -> layer_norm_backward_add."""
     stem = image.removeprefix("cgImage")
@@ -245,6 +270,26 @@ class Emitter:
         rows = self.program.storages["cgIds"].count
         return template.render(entries=entries, rows=rows, low=self.low)
 
+    def products(self) -> list[dict]:
+        """The host functions of the cuBLAS images the program uses, from CUBLAS_PRODUCTS."""
+        used = sorted({launch.image.name for launch, _, _ in self.program.launches()
+                       if launch.image.library is not None})
+        found = []
+        for name in used:
+            image, product = self.declarations.images[name], CUBLAS_PRODUCTS[name]
+            prelude = []
+            if product.copies_residual:  # D = residual + A B, with C = D: start from a copy
+                prelude = ["if (output != residual)",
+                           "  cg_check(cudaMemcpyAsync(output, residual, sizeof(float) * "
+                           "static_cast<size_t>(m) * n, cudaMemcpyDeviceToDevice, stream), where);"]
+            found.append({
+                "image": name, "summary": (image.doc or name).replace("\n", " "),
+                "parameters": ", ".join(c_parameters(image, self.low)),
+                "op_b": product.op_b, "op_a": product.op_a, "ld_b": product.ld_b,
+                "ld_a": product.ld_a, "beta": _float(product.beta), "prelude": prelude,
+                "output_type": "cg_low_type" if product.low_output else "CUDA_R_32F"})
+        return found
+
     def kernel_constants(self) -> list[tuple[str, int]]:
         """The model's constants and definitions the kernels use, by their C names."""
         evaluator, found = self.program.evaluator, []
@@ -268,6 +313,7 @@ class Emitter:
             large_shared_memory=[k for k in kernels if k.shared_bytes > 48 * 1024],
             allocations=self.allocations(), buffers=self.buffers(),
             low_cuda_type=LOW_CUDA_TYPES[self.low], phases=self.phases,
+            products=self.products(),
             step_lines=step_lines, main=self.main())
 
 

@@ -16,22 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from .affine import Affine
-from .emit import emit_program
+from .emit import CUBLAS_PRODUCTS, emit_program
 from .evaluate import Int
 from .frontend import Frontend, check, evaluate
 from .memory import element_bytes, plan_memory, storage_home
 from .numerics import to_bfloat16_bits
 from .runtime_numpy import initial_parameters
 from .toolchain import include_flags
-
-PRODUCTS = {  # image -> (op on B, op on A, B's leading dimension, A's, output low?, beta)
-    "cgImageProductData": ("N", "N", "n", "k", False, 0.0),
-    "cgImageProductDataLow": ("N", "N", "n", "k", True, 0.0),
-    "cgImageProductTransposed": ("T", "N", "k", "k", False, 0.0),
-    "cgImageProductTransposedLow": ("T", "N", "k", "k", True, 0.0),
-    "cgImageProductResidual": ("N", "N", "n", "k", False, 1.0),
-    "cgImageProductWeight": ("N", "T", "n", "m", False, 1.0),
-}
 
 
 def gpu_available() -> bool:
@@ -160,14 +151,16 @@ class CupyRun:
 
     def _product(self, name: str, arguments, values):
         cublas, stream = self.cublas, self.stream
-        op_b, op_a, ld_b, ld_a, low_output, beta = PRODUCTS[name]
+        product = CUBLAS_PRODUCTS[name]
+        op_b, op_a, ld_b, ld_a = product.op_b, product.op_a, product.ld_b, product.ld_a
+        low_output, beta = product.low_output, product.beta
         m, n, k = (int(values[x]) for x in ("m", "n", "k"))
         sizes = {"m": m, "n": n, "k": k}
         low_type = 14 if self.low == "bfloat16" else 0  # CUDA_R_16BF, CUDA_R_32F
         output_type = low_type if low_output else 0
         operations = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
         output, a, b = (int(x) for x in arguments[:3])
-        residual = int(arguments[3]) if name == "cgImageProductResidual" else None
+        residual = int(arguments[3]) if product.copies_residual else None
         alpha, beta_value = np.array(1.0, np.float32), np.array(beta, np.float32)
         handle, copy_bytes = self.handle, 4 * m * n
         runtime = self.cupy.cuda.runtime

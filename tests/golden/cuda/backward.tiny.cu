@@ -414,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(__nv_bfloat16
   }
 }
 
-// cgImageAttentionBackward: cgImageAttentionBackward
+// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), head and sequence.
 // Attention backward, flash style, deterministic (no atomics): the block of key tile j
 // first accumulates dK_j and dV_j over the query tiles i >= j, then, as query tile j,
 // accumulates dQ_j over the key tiles <= j. Scores and probabilities are recomputed from
@@ -992,41 +992,35 @@ static void cg_gemm(cudaStream_t stream, const char* where, cublasOperation_t op
                         CUBLAS_GEMM_DEFAULT), where);
 }
 
-// output[M, N] = A[M, K] B[K, N]
-static void cgImageProductData(cudaStream_t stream, const char* where, float* output,
-                               const low_t* a, const low_t* b, int m, int n, int k) {
+// cgImageProductData: Row-major products through cuBLAS: output[M, N] = A[M, K] B[K, N].
+static void cgImageProductData(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, CUDA_R_32F, 0.0f);
 }
 
-static void cgImageProductDataLow(cudaStream_t stream, const char* where, low_t* output,
-                                  const low_t* a, const low_t* b, int m, int n, int k) {
+// cgImageProductDataLow: As cgImageProductData, the output written in the low type.
+static void cgImageProductDataLow(cudaStream_t stream, const char* where, __nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, cg_low_type, 0.0f);
 }
 
-// output[M, N] = A[M, K] B[N, K]^T
-static void cgImageProductTransposed(cudaStream_t stream, const char* where, float* output,
-                                     const low_t* a, const low_t* b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, CUDA_R_32F, 0.0f);
-}
-
-static void cgImageProductTransposedLow(cudaStream_t stream, const char* where, low_t* output,
-                                        const low_t* a, const low_t* b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, cg_low_type, 0.0f);
-}
-
-// output[M, N] = residual[M, N] + A[M, K] B[K, N]; output may be the residual itself.
-static void cgImageProductResidual(cudaStream_t stream, const char* where, float* output,
-                                   const low_t* a, const low_t* b, const float* residual, int m,
-                                   int n, int k) {
+// cgImageProductResidual: output[M, N] = residual[M, N] + A[M, K] B[K, N]: a residual connection.
+static void cgImageProductResidual(cudaStream_t stream, const char* where, float* output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, const float* residual, int m, int n, int k) {
   if (output != residual)
-    cg_check(cudaMemcpyAsync(output, residual, sizeof(float) * static_cast<size_t>(m) * n,
-                             cudaMemcpyDeviceToDevice, stream), where);
+    cg_check(cudaMemcpyAsync(output, residual, sizeof(float) * static_cast<size_t>(m) * n, cudaMemcpyDeviceToDevice, stream), where);
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, CUDA_R_32F, 1.0f);
 }
 
-// output[M, N] += A[K, M]^T B[K, N]
-static void cgImageProductWeight(cudaStream_t stream, const char* where, float* output,
-                                 const low_t* a, const low_t* b, int m, int n, int k) {
+// cgImageProductTransposed: output[M, N] = A[M, K] B[N, K]^T: B is stored as [N, K].
+static void cgImageProductTransposed(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, CUDA_R_32F, 0.0f);
+}
+
+// cgImageProductTransposedLow: As cgImageProductTransposed, the output written in the low type.
+static void cgImageProductTransposedLow(cudaStream_t stream, const char* where, __nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, cg_low_type, 0.0f);
+}
+
+// cgImageProductWeight: output[M, N] += A[K, M]^T B[K, N]: a weight gradient, accumulated.
+static void cgImageProductWeight(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
 }
 
