@@ -120,9 +120,9 @@ def _keyword(term: Term, allowed, report: Reporter, what: str) -> str | None:
     if isinstance(term, Name) and term.text in allowed:
         return term.text
     if isinstance(term, Name):
-        note = did_you_mean(term.text, allowed)
+        notes = did_you_mean(term.text, allowed)
         report.error(f"unknown {what} '{term.text}': expected {', '.join(allowed)}", term.span,
-                     *([note] if note else []))
+                     *notes)
     else:
         report.error(f"expected {what} ({', '.join(allowed)})", term.span)
     return None
@@ -153,11 +153,11 @@ class _Elaborator:
         for clause in declaration.clauses:
             keyword = clause.keyword.text
             if keyword not in allowed:
-                note = did_you_mean(keyword, allowed)
+                notes = did_you_mean(keyword, allowed)
                 self.report.error(
                     f"unknown clause '({keyword} ...)' in a {declaration.kind} declaration; "
                     f"expected one of: {', '.join(allowed) or 'none'}",
-                    clause.keyword.span, *([note] if note else []))
+                    clause.keyword.span, *notes)
                 continue
             low, high, form = allowed[keyword]
             if _arity(clause, low, high, form, self.report):
@@ -215,9 +215,9 @@ class _Elaborator:
                         writes.append(argument)
                     elif isinstance(argument, Name):
                         banks = [d.name.text for d in self.scope.of_kind("bank")]
-                        note = did_you_mean(argument.text, banks)
+                        notes = did_you_mean(argument.text, banks)
                         self.report.error(f"'{argument.text}' is not a bank", argument.span,
-                                          *([note] if note else []))
+                                          *notes)
                     else:
                         self.report.error("(writes ...) lists bank names", argument.span)
         self.result.phases[declaration.name.text] = PhaseDeclaration(
@@ -297,10 +297,10 @@ class _Elaborator:
         for clause in declaration.clauses:
             key = clause.keyword.text
             if key != "low" and key not in constants:
-                note = did_you_mean(key, constants + ["low"])
+                notes = did_you_mean(key, constants + ["low"])
                 self.report.error(f"config '{declaration.name.text}' sets '{key}', which is not a "
                                   "declared constant", clause.keyword.span,
-                                  *([note] if note else []))
+                                  *notes)
                 continue
             if key in values:
                 self.report.error(f"config '{declaration.name.text}' sets '{key}' twice",
@@ -320,9 +320,9 @@ class _Elaborator:
             parent = self.scope.declarations.get(declaration.parent.text)
             if parent is None or parent.kind != "config":
                 configs = [d.name.text for d in self.scope.of_kind("config")]
-                note = did_you_mean(declaration.parent.text, configs)
+                notes = did_you_mean(declaration.parent.text, configs)
                 self.report.error(f"unknown config '{declaration.parent.text}'",
-                                  declaration.parent.span, *([note] if note else []))
+                                  declaration.parent.span, *notes)
         self.result.configs[declaration.name.text] = ConfigDeclaration(
             declaration.name.text, declaration.parent, values, declaration.span)
 

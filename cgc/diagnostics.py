@@ -55,9 +55,15 @@ class Reporter:
             raise CompileError(self.diagnostics)
 
 
-def did_you_mean(word: str, candidates: Iterable[str]) -> Note | None:
+def closest(word: str, candidates: Iterable[str]) -> str | None:
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return Note(f"did you mean '{close[0]}'?") if close else None
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> tuple[Note, ...]:
+    """A note suggesting the closest candidate, or none: spread it into a diagnostic."""
+    suggestion = closest(word, candidates)
+    return (Note(f"did you mean '{suggestion}'?"),) if suggestion else ()
 
 
 _WIDTH = 100

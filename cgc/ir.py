@@ -102,21 +102,6 @@ class Program:
     bank_layouts: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)
     evaluator: object = None  # evaluates image formulas (extents) in this configuration
 
-    def unrolled(self):
-        """Every launch the program makes, in order, with its phase and repeat indices."""
-
-        def go(nodes, phase, point):
-            for node in nodes:
-                if isinstance(node, Launch):
-                    yield node, phase, point
-                elif isinstance(node, Repeat):
-                    for value in range(node.variable.count):
-                        yield from go(node.body, phase, {**point, node.variable: value})
-                else:
-                    yield from go(node.body, node.phase, point)
-
-        yield from go(self.body, None, {})
-
     def address(self, view: View) -> tuple[str, Nat]:
         """The allocation a view lies in, and its first element's offset there."""
         storage = view.storage
@@ -125,19 +110,28 @@ class Program:
             return storage.name, affine.add(base, view.offset)
         return storage.name, view.offset
 
-    def launches(self):
-        """Every launch with its innermost phase and enclosing loops, in program order."""
-
-        def go(nodes, phase, loops):
+    def _walk(self, unroll: bool):
+        def go(nodes, phase, loops, point):
             for node in nodes:
                 if isinstance(node, Launch):
-                    yield node, phase, loops
+                    yield node, phase, (point if unroll else loops)
+                elif isinstance(node, Repeat) and unroll:
+                    for value in range(node.variable.count):
+                        yield from go(node.body, phase, loops, {**point, node.variable: value})
                 elif isinstance(node, Repeat):
-                    yield from go(node.body, phase, loops + (node.variable,))
+                    yield from go(node.body, phase, loops + (node.variable,), point)
                 else:
-                    yield from go(node.body, node.phase, loops)
+                    yield from go(node.body, node.phase, loops, point)
 
-        yield from go(self.body, None, ())
+        yield from go(self.body, None, (), {})
+
+    def launches(self):
+        """Every launch with its innermost phase and enclosing loops, in program order."""
+        return self._walk(unroll=False)
+
+    def unrolled(self):
+        """Every launch the program makes, in order, with its phase and repeat indices."""
+        return self._walk(unroll=True)
 
 
 def _where(span: Span, root: str) -> str:

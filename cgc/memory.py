@@ -48,14 +48,12 @@ class MemoryPlan:
     unused_slots: list[str] = field(default_factory=list)
     peak_bytes: int = 0
     launches: int = 0
+    offsets: dict[str, int] = field(default_factory=dict)  # buffer or arena slot -> byte
 
     @property
     def total_bytes(self) -> int:
         return sum(size for _, _, size, _ in self.banks.values()) + self.buffers_bytes + \
             self.arena_bytes
-
-    def arena_offset(self, name: str) -> int:
-        return next(slot.offset for slot in self.arena if slot.name == name)
 
 
 def _live_ranges(program: Program) -> tuple[dict[str, list[list[int]]], int]:
@@ -168,6 +166,7 @@ def plan_memory(program: Program, declarations: Declarations) -> MemoryPlan:
         slot.offset = candidate
         placed.append(slot)
     plan.arena = sorted(placed, key=lambda s: (s.offset, s.name))
+    plan.offsets = {p.name: p.offset for p in (*plan.buffers, *plan.arena)}
     plan.arena_bytes = max((s.offset + _align(s.bytes) for s in placed), default=0)
     plan.arena_unshared_bytes = sum(_align(s.bytes) for s in placed)
     fixed = plan.total_bytes - plan.arena_bytes
@@ -184,9 +183,7 @@ def storage_home(program: Program, plan: MemoryPlan, storage) -> tuple[str, int]
     if storage.kind == "bank":
         offset = program.bank_layouts[storage.name][0][storage.entry] if storage.entry else 0
         return storage.name, offset * element_bytes(storage.element, program.low)
-    if storage.kind == "buffer":
-        return "buffers", next(b.offset for b in plan.buffers if b.name == storage.name)
-    return "arena", plan.arena_offset(storage.name)
+    return ("buffers" if storage.kind == "buffer" else "arena"), plan.offsets[storage.name]
 
 
 def _bytes(size: int) -> str:

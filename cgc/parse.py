@@ -352,7 +352,7 @@ def _parse_range(source: Source, start: int, end: int, report: Reporter):
         return _parser().parse(source, start, end)
     except _UsageError as error:
         token = error.token
-        notes = [note for note in [did_you_mean(token[_TEXT], USAGES)] if note]
+        notes = did_you_mean(token[_TEXT], USAGES)
         report.error(f"unknown usage annotation '{token[_TEXT]}': expected linear, affine or "
                      "unrestricted", Span(source, token[_START], token[_END]), *notes)
     except _SyntaxError as error:

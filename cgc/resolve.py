@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .builtins import ELEMENT_NAMES, GRID_NAMES, PRIMITIVES, RESERVED, TYPE_NAMES
-from .diagnostics import Note, Reporter, did_you_mean
+from .diagnostics import Note, Reporter, closest
 from .syntax import Apply, Arrow, Declaration, Lambda, Module, Name, Term
 
 
@@ -38,18 +38,19 @@ class Scope:
         return [d for d in self.order if d.kind == kind]
 
     def _unknown(self, name: Name, local_names, what: str, candidates) -> None:
-        note = did_you_mean(name.text, list(candidates) + list(local_names))
-        if note is not None:
-            suggestion = note.message.split("'")[1]
-            kind = ("the binder" if suggestion in local_names else
-                    f"the {self.declarations[suggestion].kind}"
-                    if suggestion in self.declarations else
-                    "the built-in" if suggestion in PRIMITIVES else None)
-            if kind:
-                note = Note(f"did you mean {kind} '{suggestion}'?",
-                            self.declarations[suggestion].name.span
-                            if suggestion in self.declarations else None)
-        self.report.error(f"unknown {what} '{name.text}'", name.span, *([note] if note else []))
+        notes = ()
+        suggestion = closest(name.text, list(candidates) + list(local_names))
+        if suggestion in local_names:
+            notes = (Note(f"did you mean the binder '{suggestion}'?"),)
+        elif suggestion in self.declarations:
+            declaration = self.declarations[suggestion]
+            notes = (Note(f"did you mean the {declaration.kind} '{suggestion}'?",
+                          declaration.name.span),)
+        elif suggestion in PRIMITIVES:
+            notes = (Note(f"did you mean the built-in '{suggestion}'?"),)
+        elif suggestion:
+            notes = (Note(f"did you mean '{suggestion}'?"),)
+        self.report.error(f"unknown {what} '{name.text}'", name.span, *notes)
 
     def resolve_term(self, term: Term, owner: str, bound=(), grid: bool = False) -> None:
         """Reports every unknown name in a value term; records `owner`'s references."""

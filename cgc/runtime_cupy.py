@@ -18,10 +18,10 @@ import numpy as np
 from .affine import Affine
 from .emit import CUBLAS_PRODUCTS, emit_program
 from .evaluate import Int
-from .frontend import Frontend, check, evaluate
-from .memory import element_bytes, plan_memory, storage_home
-from .numerics import to_bfloat16_bits
-from .runtime_numpy import initial_parameters
+from .frontend import Frontend
+from .memory import element_bytes, storage_home
+from .numerics import decode, encode, storage_dtype
+from .runtime import Run, initial_parameters
 from .toolchain import include_flags
 
 
@@ -39,16 +39,13 @@ def _value(value, point):
     return int(value) if isinstance(value, Int) else value
 
 
-class CupyRun:
+class CupyRun(Run):
     def __init__(self, frontend: Frontend, path: str, config: str | None, overrides: dict | None,
                  seed: int):
         import cupy
         from cupy_backends.cuda.libs import cublas
         self.cupy, self.cublas = cupy, cublas
-        self.program = evaluate(frontend, path, config=config, overrides=overrides)
-        self.warnings = self.program.warnings + check(frontend, self.program)
-        self.declarations = frontend.declarations
-        self.plan = plan_memory(self.program, self.declarations)
+        super().__init__(frontend, path, config, overrides)
         self.low = self.program.low
         self.emitted = emit_program(self.program, self.declarations, self.plan)
         self.module = cupy.RawModule(code=self.emitted.text, backend="nvrtc",
@@ -65,9 +62,8 @@ class CupyRun:
         self.memory["arena"] = cupy.zeros(max(self.plan.arena_bytes, 256), dtype=cupy.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.handle = cupy.cuda.device.get_cublas_handle()
-        self.banks = {role: [b.name for b in self.declarations.banks.values() if b.role == role]
-                      for role in ("parameters", "gradients", "state", "copies")}
         self.load_parameters(initial_parameters(self.program, self.declarations, seed))
+        self.stream.synchronize()
         self.calls = [self._prepare(launch, point) for launch, _, point in self.program.unrolled()]
         self.graph = None
 
@@ -80,42 +76,20 @@ class CupyRun:
     def array(self, label: str):
         """A whole storage by label, as a CuPy array (bfloat16 as its uint16 patterns)."""
         storage = self.program.storages[label]
-        concrete = self.low if storage.element == "low" else storage.element
-        dtype = {"float32": np.float32, "int32": np.int32, "bfloat16": np.uint16}[concrete]
+        dtype = np.dtype(storage_dtype(storage.element, self.low))
         home, start = storage_home(self.program, self.plan, storage)
-        raw = self.memory[home][start:start + storage.count * np.dtype(dtype).itemsize]
-        return raw.view(dtype)
+        return self.memory[home][start:start + storage.count * dtype.itemsize].view(dtype)
 
     def store(self, label: str, values) -> None:
         storage = self.program.storages[label]
-        concrete = self.low if storage.element == "low" else storage.element
-        values = np.asarray(values).reshape(-1)
-        host = to_bfloat16_bits(values.astype(np.float32)) if concrete == "bfloat16" \
-            else values.astype({"float32": np.float32, "int32": np.int32}[concrete])
+        host = encode(np.asarray(values).reshape(-1), storage.element, self.low)
         self.array(label).set(host, stream=self.stream)
 
     def fetch(self, label: str) -> np.ndarray:
         storage = self.program.storages[label]
-        concrete = self.low if storage.element == "low" else storage.element
         host = self.array(label).get(stream=self.stream)
         self.stream.synchronize()
-        if concrete == "bfloat16":
-            return (host.astype(np.uint32) << 16).view(np.float32)
-        return host
-
-    def load_parameters(self, values: dict) -> None:
-        for name, value in values.items():
-            for bank in self.banks["parameters"]:
-                self.store(f"{bank}.{name}", value)
-            for bank in self.banks["copies"]:
-                if f"{bank}.{name}" in self.program.storages:
-                    self.store(f"{bank}.{name}", value)
-        self.stream.synchronize()
-
-    def bank_values(self, role: str) -> dict[str, np.ndarray]:
-        bank = self.banks[role][0]
-        return {e.name: self.fetch(f"{bank}.{e.name}")
-                for e in self.declarations.storages.values() if e.kind == "entry"}
+        return decode(host, storage.element, self.low)
 
     # ---- launches ----------------------------------------------------------------
 
@@ -207,8 +181,7 @@ class CupyRun:
         end.record(self.stream)
         end.synchronize()
         seconds = self.cupy.cuda.get_elapsed_time(start, end) / 1000.0
-        losses = self.fetch("cgLoss").astype(np.float64)
-        return float(losses.sum() / losses.size), seconds
+        return self.mean_loss(), seconds
 
     def trace(self, ids, targets) -> tuple[float, list]:
         """One eager step timed launch by launch: (loss, (image, phase, start, end) seconds)."""
@@ -228,8 +201,7 @@ class CupyRun:
         timings = [(name, phase, self.cupy.cuda.get_elapsed_time(origin, before) / 1000.0,
                     self.cupy.cuda.get_elapsed_time(origin, after) / 1000.0)
                    for name, phase, before, after in events]
-        losses = self.fetch("cgLoss").astype(np.float64)
-        return float(losses.sum() / losses.size), timings
+        return self.mean_loss(), timings
 
 
 def model_flops_per_token(constants: dict) -> float:

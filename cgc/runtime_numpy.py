@@ -14,72 +14,30 @@ import time
 
 import numpy as np
 
-from .declarations import Declarations
-from .frontend import Frontend, check, evaluate
-from .ir import Program
+from .frontend import Frontend
 from .machine import Machine
-from .memory import plan_memory
 from .reference import KERNELS
+from .runtime import Run, initial_parameters
 
 
-def initial_parameters(program: Program, declarations: Declarations,
-                       seed: int) -> dict[str, np.ndarray]:
-    """Every entry's starting value, in declaration order from one seeded generator."""
-    generator = np.random.default_rng(seed)
-    values = {}
-    parameter_bank = next(b.name for b in declarations.banks.values() if b.role == "parameters")
-    for entry in declarations.storages.values():
-        if entry.kind != "entry":
-            continue
-        count = program.storages[f"{parameter_bank}.{entry.name}"].count
-        kind = entry.init.arguments[0].text if entry.init is not None else "zeros"
-        if kind == "normal":
-            std = float(program.evaluator.eval(entry.init.arguments[1], {}, ()))
-            values[entry.name] = generator.standard_normal(count, dtype=np.float32) * np.float32(std)
-        elif kind == "ones":
-            values[entry.name] = np.ones(count, dtype=np.float32)
-        else:
-            values[entry.name] = np.zeros(count, dtype=np.float32)
-    return values
-
-
-class NumpyRun:
+class NumpyRun(Run):
     def __init__(self, frontend: Frontend, path: str, config: str | None,
                  overrides: dict | None, seed: int):
-        self.program = evaluate(frontend, path, config=config, overrides=overrides)
-        self.warnings = self.program.warnings + check(frontend, self.program)
-        self.declarations = frontend.declarations
-        self.plan = plan_memory(self.program, self.declarations)
+        super().__init__(frontend, path, config, overrides)
         self.machine = Machine(self.program, self.declarations, self.plan, KERNELS)
-        self.banks = {role: [b.name for b in self.declarations.banks.values() if b.role == role]
-                      for role in ("parameters", "gradients", "state", "copies")}
         self.load_parameters(initial_parameters(self.program, self.declarations, seed))
 
-    @property
-    def constants(self) -> dict:
-        return self.program.constants
+    def store(self, label: str, values) -> None:
+        self.machine.store(label, values)
 
-    def entries(self) -> list[str]:
-        return [e.name for e in self.declarations.storages.values() if e.kind == "entry"]
-
-    def load_parameters(self, values: dict[str, np.ndarray]) -> None:
-        for name, value in values.items():
-            for bank in self.banks["parameters"]:
-                self.machine.store(f"{bank}.{name}", value)
-            for bank in self.banks["copies"]:
-                if f"{bank}.{name}" in self.program.storages:
-                    self.machine.store(f"{bank}.{name}", value)
-
-    def bank_values(self, role: str) -> dict[str, np.ndarray]:
-        bank = self.banks[role][0]
-        return {name: self.machine.array(f"{bank}.{name}") for name in self.entries()}
+    def fetch(self, label: str) -> np.ndarray:
+        return self.machine.array(label)
 
     def step(self, ids: np.ndarray, targets: np.ndarray, trace: list | None = None) -> float:
-        self.machine.store("cgIds", ids)
-        self.machine.store("cgTargets", targets)
+        self.store("cgIds", ids)
+        self.store("cgTargets", targets)
         self.machine.run(trace)
-        losses = self.machine.array("cgLoss").astype(np.float64)
-        return float(losses.sum() / losses.size)
+        return self.mean_loss()
 
 
 def _progress(step: int, steps: int, loss: float, seconds: float) -> str:

@@ -66,15 +66,6 @@ def generate(lines_wanted: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def best(function, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def front_end(path: str) -> dict[str, float]:
     stages: dict[str, float] = {}
     report = Reporter()
