@@ -9,10 +9,10 @@ import threading
 import traceback
 
 from . import __version__
-from .diagnostics import CompileError, render_all
-from .frontend import Frontend, analyse, check, evaluate, parse_override
-from .ir import format_program
-from .memory import format_memory_plan, plan_memory
+from .core.diagnostics import CompileError, render_all
+from .frontend.api import Frontend, analyse, check, evaluate, parse_override
+from .core.ir import format_program
+from .checking.memory import format_memory_plan, plan_memory
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -216,9 +216,9 @@ def _ir(args) -> int:
 
 
 def _compile(args) -> int:
-    from .compile import compiler_diagnostics, default_output
-    from .emit import emit_program
-    from .toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
+    from .backends.cuda.compile import compiler_diagnostics, default_output
+    from .backends.cuda.emit import emit_program
+    from .backends.cuda.toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
     frontend, program = _checked_program(args)
     emitted = emit_program(program, frontend.declarations,
                            plan_memory(program, frontend.declarations))
@@ -273,8 +273,8 @@ def _cg_files(paths: list[str]) -> list[str]:
 
 
 def _fmt(args) -> int:
-    from .diagnostics import CompileError as Broken
-    from .format import format_text
+    from .core.diagnostics import CompileError as Broken
+    from .tools.format import format_text
     changed, problems = [], []
     for path in _cg_files(args.files):
         try:
@@ -300,7 +300,7 @@ def _fmt(args) -> int:
 
 
 def _doc(args) -> int:
-    from .doc import write_documentation
+    from .tools.doc import write_documentation
     frontend = analyse(_cg_files(args.files))
     written = write_documentation(frontend, args.output)
     print(f"wrote {len(written)} pages to {args.output} (start at "
@@ -309,7 +309,7 @@ def _doc(args) -> int:
 
 
 def _run(args) -> int:
-    from .runtime_cupy import gpu_available
+    from .backends.cuda.backend import gpu_available
     backend = args.backend
     if backend == "auto":
         backend = "cupy" if gpu_available() else "numpy"
@@ -319,15 +319,15 @@ def _run(args) -> int:
         return EXIT_DIAGNOSTICS
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
-    from .data import Batches, describe, load_corpus
+    from .backends.data import Batches, describe, load_corpus
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     if backend == "cupy":
-        from .runtime_cupy import CupyRun
+        from .backends.cuda.backend import CupyRun
         runner = CupyRun(frontend, args.file, config, overrides, args.seed)
     else:
-        from .runtime_numpy import NumpyRun
+        from .backends.numpy.backend import NumpyRun
         runner = NumpyRun(frontend, args.file, config, overrides, args.seed)
     if runner.warnings:
         print(render_all(runner.warnings), file=sys.stderr)
@@ -344,23 +344,23 @@ def _run(args) -> int:
           f"{backend} backend; {corpus.size:,} bytes of {describe(args.data)}", file=sys.stderr)
     timings: list | None = [] if args.trace else None
     if backend == "cupy":
-        from .runtime_cupy import run_training
+        from .backends.cuda.backend import run_training
         losses = [loss for loss, _ in run_training(runner, batches, args.steps, sys.stdout,
                                                    trace=timings)]
     else:
-        from .runtime_numpy import train
+        from .backends.numpy.backend import train
         losses = train(runner, batches, args.steps, dump=args.dump, out=sys.stdout,
                        seed=args.seed, trace=timings)
         if args.dump:
             print(f"dumped the run to {args.dump}", file=sys.stderr)
     if args.trace:
         import json
-        from .runtime_numpy import chrome_trace
+        from .backends.numpy.backend import chrome_trace
         with open(args.trace, "w", encoding="utf-8") as handle:
             json.dump({"traceEvents": chrome_trace(timings), "displayTimeUnit": "ms"}, handle)
         print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
     if args.plot:
-        from .plot import write_loss_plot
+        from .tools.plot import write_loss_plot
         write_loss_plot(args.plot, losses)
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {len(losses)} steps")

@@ -16,8 +16,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from cgc.frontend import analyse, check, evaluate  # noqa: E402
-from cgc.memory import plan_memory  # noqa: E402
+from cgc.frontend.api import analyse, check, evaluate  # noqa: E402
+from cgc.checking.memory import plan_memory  # noqa: E402
 
 
 def best(function, runs: int) -> tuple[float, object]:

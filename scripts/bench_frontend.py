@@ -18,13 +18,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from cgc.declarations import elaborate  # noqa: E402
-from cgc.diagnostics import Reporter  # noqa: E402
-from cgc.evaluate import evaluate_program  # noqa: E402
-from cgc.frontend import paused_gc  # noqa: E402
-from cgc.load import load  # noqa: E402
-from cgc.resolve import Scope  # noqa: E402
-from cgc.typecheck import TypeChecker  # noqa: E402
+from cgc.frontend.declarations import elaborate  # noqa: E402
+from cgc.core.diagnostics import Reporter  # noqa: E402
+from cgc.frontend.evaluate import evaluate_program  # noqa: E402
+from cgc.frontend.api import paused_gc  # noqa: E402
+from cgc.frontend.load import load  # noqa: E402
+from cgc.frontend.resolve import Scope  # noqa: E402
+from cgc.frontend.typecheck import TypeChecker  # noqa: E402
 
 
 def generate(lines_wanted: int) -> str:

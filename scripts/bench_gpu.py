@@ -24,9 +24,9 @@ PEAK = 790e12
 
 
 def bench_cgc(steps: int, warmup: int):
-    from cgc.data import Batches, load_corpus
-    from cgc.frontend import analyse
-    from cgc.runtime_cupy import CupyRun, model_flops_per_token
+    from cgc.backends.data import Batches, load_corpus
+    from cgc.frontend.api import analyse
+    from cgc.backends.cuda.backend import CupyRun, model_flops_per_token
     path = os.path.join(ROOT, "schedules", "train.cg")
     run = CupyRun(analyse([path]), path, "gpt2", {}, 0)
     constants = run.program.constants
@@ -133,7 +133,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
     tokens, cgc_seconds, flops_per_token, losses = bench_cgc(args.steps, args.warmup)
-    from cgc.frontend import analyse, evaluate
+    from cgc.frontend.api import analyse, evaluate
     path = os.path.join(ROOT, "schedules", "train.cg")
     constants = evaluate(analyse([path]), path, config="gpt2").constants
     torch_seconds = bench_torch(args.steps, args.warmup, constants)

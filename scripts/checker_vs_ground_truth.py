@@ -23,17 +23,17 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from cgc.check import check_program  # noqa: E402
-from cgc.declarations import elaborate  # noqa: E402
-from cgc.diagnostics import CompileError, Reporter  # noqa: E402
-from cgc.evaluate import evaluate_program  # noqa: E402
-from cgc.load import load  # noqa: E402
-from cgc.machine import Fault, Machine  # noqa: E402
-from cgc.memory import plan_memory  # noqa: E402
-from cgc.reference import KERNELS  # noqa: E402
-from cgc.resolve import Scope  # noqa: E402
-from cgc.syntax import Apply, Declaration, Lambda, Module, Name, Natural, Span  # noqa: E402
-from cgc.typecheck import TypeChecker  # noqa: E402
+from cgc.checking.check import check_program  # noqa: E402
+from cgc.frontend.declarations import elaborate  # noqa: E402
+from cgc.core.diagnostics import CompileError, Reporter  # noqa: E402
+from cgc.frontend.evaluate import evaluate_program  # noqa: E402
+from cgc.frontend.load import load  # noqa: E402
+from cgc.backends.numpy.machine import Fault, Machine  # noqa: E402
+from cgc.checking.memory import plan_memory  # noqa: E402
+from cgc.backends.numpy.reference import KERNELS  # noqa: E402
+from cgc.frontend.resolve import Scope  # noqa: E402
+from cgc.frontend.syntax import Apply, Declaration, Lambda, Module, Name, Natural, Span  # noqa: E402
+from cgc.frontend.typecheck import TypeChecker  # noqa: E402
 
 SOURCE = os.path.join(ROOT, "schedules", "backward.cg")
 ENTRY, CONFIG = "cgBackward", "tiny"

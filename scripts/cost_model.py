@@ -18,9 +18,9 @@ from collections import defaultdict
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from cgc.affine import Affine  # noqa: E402
-from cgc.frontend import analyse, evaluate  # noqa: E402
-from cgc.memory import element_bytes  # noqa: E402
+from cgc.core.affine import Affine  # noqa: E402
+from cgc.frontend.api import analyse, evaluate  # noqa: E402
+from cgc.checking.memory import element_bytes  # noqa: E402
 
 BANDWIDTH = 4.3e12  # bytes/s, H200 copy bandwidth as measured
 PRODUCT_RATE = 790e12  # flop/s, H200 dense bf16 products as measured

@@ -17,9 +17,9 @@ import types
 
 import numpy as np
 
-from cgc.machine import Kernel, Pointer
-from cgc.numerics import from_bfloat16_bits, to_bfloat16_bits
-from cgc.reference import KERNELS
+from cgc.backends.numpy.machine import Kernel, Pointer
+from cgc.backends.numerics import from_bfloat16_bits, to_bfloat16_bits
+from cgc.backends.numpy.reference import KERNELS
 
 uint8 = np.uint8
 _allocations: list[np.ndarray] = []

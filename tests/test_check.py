@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from cgc.diagnostics import CompileError
-from cgc.frontend import analyse, check, evaluate
-from cgc.memory import plan_memory
-from cgc.signature import c_parameters
+from cgc.core.diagnostics import CompileError
+from cgc.frontend.api import analyse, check, evaluate
+from cgc.checking.memory import plan_memory
+from cgc.checking.signature import c_parameters
 
 from conftest import SCHEDULES
 

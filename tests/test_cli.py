@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cgc.cli import main
-from cgc.frontend import analyse, evaluate
+from cgc.frontend.api import analyse, evaluate
 
 from conftest import ROOT, SCHEDULES
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import fake_cupy
-from cgc.data import Batches, load_corpus
-from cgc.frontend import analyse
-from cgc.runtime_cupy import CupyRun
-from cgc.runtime_numpy import NumpyRun
+from cgc.backends.data import Batches, load_corpus
+from cgc.frontend.api import analyse
+from cgc.backends.cuda.backend import CupyRun
+from cgc.backends.numpy.backend import NumpyRun
 
 from conftest import SCHEDULES
 

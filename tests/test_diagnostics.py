@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from cgc.diagnostics import CompileError, render_all
-from cgc.frontend import analyse, check, evaluate
+from cgc.core.diagnostics import CompileError, render_all
+from cgc.frontend.api import analyse, check, evaluate
 
 from conftest import ROOT
 

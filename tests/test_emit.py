@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from cgc.compile import compiler_diagnostics
-from cgc.diagnostics import render_all
-from cgc.emit import emit_program, template_name
-from cgc.frontend import analyse, check, evaluate
-from cgc.memory import plan_memory
+from cgc.backends.cuda.compile import compiler_diagnostics
+from cgc.core.diagnostics import render_all
+from cgc.backends.cuda.emit import emit_program, template_name
+from cgc.frontend.api import analyse, check, evaluate
+from cgc.checking.memory import plan_memory
 from cgc.resources import data_dir
-from cgc.toolchain import nvcc_build, nvrtc_compile, ptxas_report
+from cgc.backends.cuda.toolchain import nvcc_build, nvrtc_compile, ptxas_report
 
 from conftest import ROOT, SCHEDULES
 

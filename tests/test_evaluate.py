@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cgc import affine
-from cgc.affine import Affine, LoopVariable
-from cgc.diagnostics import CompileError
-from cgc.frontend import analyse, evaluate
-from cgc.ir import Repeat
+from cgc.core import affine
+from cgc.core.affine import Affine, LoopVariable
+from cgc.core.diagnostics import CompileError
+from cgc.frontend.api import analyse, evaluate
+from cgc.core.ir import Repeat
 
 PRELUDE = """\
 constant cgRows : Nat = 8

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgc.diagnostics import CompileError, render_all
-from cgc.frontend import analyse, evaluate
-from cgc.parse import _parser
+from cgc.core.diagnostics import CompileError, render_all
+from cgc.frontend.api import analyse, evaluate
+from cgc.frontend.parse import _parser
 
 from conftest import SCHEDULES
 

@@ -12,13 +12,13 @@ import subprocess
 import numpy as np
 import pytest
 
-from cgc.data import Batches, load_corpus
-from cgc.frontend import analyse
-from cgc.ir import View
-from cgc.memory import element_bytes, storage_home
-from cgc.numerics import decode, storage_dtype
-from cgc.runtime_numpy import NumpyRun, train
-from cgc.toolchain import nvcc_build
+from cgc.backends.data import Batches, load_corpus
+from cgc.frontend.api import analyse
+from cgc.core.ir import View
+from cgc.checking.memory import element_bytes, storage_home
+from cgc.backends.numerics import decode, storage_dtype
+from cgc.backends.numpy.backend import NumpyRun, train
+from cgc.backends.cuda.toolchain import nvcc_build
 
 from conftest import SCHEDULES
 from test_reference import BFLOAT16_TOLERANCES, relative
@@ -30,7 +30,7 @@ WRITES = ("write", "readwrite", "accumulate")
 
 
 def runs(config: str, seed: int = 0):
-    from cgc.runtime_cupy import CupyRun
+    from cgc.backends.cuda.backend import CupyRun
     frontend = analyse([PATH])
     return CupyRun(frontend, PATH, config, {}, seed), NumpyRun(frontend, PATH, config, {}, seed)
 
@@ -117,7 +117,7 @@ def test_the_bfloat16_step_matches_the_pytorch_model_on_the_gpu():
 
 
 def test_graph_replay_equals_eager_launches_bit_for_bit():
-    from cgc.runtime_cupy import CupyRun
+    from cgc.backends.cuda.backend import CupyRun
     frontend = analyse([PATH])
     eager, graphed = (CupyRun(frontend, PATH, "tiny", {}, 0) for _ in range(2))
     ids, targets = tokens(eager)
@@ -133,7 +133,7 @@ def test_graph_replay_equals_eager_launches_bit_for_bit():
 
 
 def test_the_standalone_program_prints_the_losses_of_the_cupy_run(tmp_path):
-    from cgc.runtime_cupy import CupyRun
+    from cgc.backends.cuda.backend import CupyRun
     frontend = analyse([PATH])
     reference = NumpyRun(frontend, PATH, "tiny", {}, 0)
     batches = Batches(load_corpus(None), 4, 64, 0)

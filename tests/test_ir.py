@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from cgc.frontend import analyse, evaluate
-from cgc.ir import Launch, PhaseRegion, Repeat, format_program
+from cgc.frontend.api import analyse, evaluate
+from cgc.core.ir import Launch, PhaseRegion, Repeat, format_program
 
 from conftest import ROOT, SCHEDULES
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cgc.diagnostics import CompileError
-from cgc.frontend import analyse, evaluate
-from cgc.parse import parse_text
-from cgc.syntax import Apply, Arrow, Floating, Integer, Lambda, Name, Natural, walk
+from cgc.core.diagnostics import CompileError
+from cgc.frontend.api import analyse, evaluate
+from cgc.frontend.parse import parse_text
+from cgc.frontend.syntax import Apply, Arrow, Floating, Integer, Lambda, Name, Natural, walk
 
 SAMPLE = """\
 -- an ordinary comment
@@ -133,7 +133,7 @@ def test_affine_binder_used_once_and_linear_used_once_are_accepted(tmp_path):
 
 
 def test_the_language_reference_lists_every_built_in_with_its_type():
-    from cgc.builtins import PRIMITIVES
+    from cgc.frontend.builtins import PRIMITIVES
     from conftest import ROOT
     reference = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
     for name, signature in PRIMITIVES.items():

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from cgc.data import Batches, load_corpus
-from cgc.frontend import analyse
-from cgc.machine import Fault, Pointer
-from cgc.numerics import round_to_bfloat16, to_bfloat16_bits
-from cgc.runtime_numpy import NumpyRun, train
+from cgc.backends.data import Batches, load_corpus
+from cgc.frontend.api import analyse
+from cgc.backends.numpy.machine import Fault, Pointer
+from cgc.backends.numerics import round_to_bfloat16, to_bfloat16_bits
+from cgc.backends.numpy.backend import NumpyRun, train
 
 from conftest import ROOT, SCHEDULES
 

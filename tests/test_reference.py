@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from cgc.data import Batches, load_corpus
-from cgc.frontend import analyse
-from cgc.numerics import round_to_bfloat16
-from cgc.runtime_numpy import NumpyRun, train
+from cgc.backends.data import Batches, load_corpus
+from cgc.frontend.api import analyse
+from cgc.backends.numerics import round_to_bfloat16
+from cgc.backends.numpy.backend import NumpyRun, train
 
 from conftest import SCHEDULES
 from torch_model import MATRICES, Dump, Gpt

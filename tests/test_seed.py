@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from cgc.diagnostics import CompileError, render_all
-from cgc.frontend import analyse, evaluate
-from cgc.ir import format_program
-from cgc.parse import _parser, parse_text
-from cgc.syntax import Source
+from cgc.core.diagnostics import CompileError, render_all
+from cgc.frontend.api import analyse, evaluate
+from cgc.core.ir import format_program
+from cgc.frontend.parse import _parser, parse_text
+from cgc.frontend.syntax import Source
 
 from conftest import SCHEDULES, SEED_DIR
 

@@ -14,12 +14,12 @@ import pytest
 from pygments.lexers import get_lexer_by_name
 
 from cgc.cli import main
-from cgc.emit import emit_program
-from cgc.format import format_text
-from cgc.frontend import analyse, evaluate
-from cgc.ir import format_program
-from cgc.memory import plan_memory
-from cgc.parse import _parser, comment_ranges
+from cgc.backends.cuda.emit import emit_program
+from cgc.tools.format import format_text
+from cgc.frontend.api import analyse, evaluate
+from cgc.core.ir import format_program
+from cgc.checking.memory import plan_memory
+from cgc.frontend.parse import _parser, comment_ranges
 
 from conftest import SCHEDULES
 from pngcheck import png_colours

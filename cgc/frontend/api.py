@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .declarations import Declarations, elaborate
-from .diagnostics import CompileError, Diagnostic, Reporter
-from .check import check_program
+from ..core.diagnostics import CompileError, Diagnostic, Reporter
+from ..checking.check import check_program
 from .evaluate import evaluate_program
-from .ir import Program
+from ..core.ir import Program
 from .load import load
 from .resolve import Scope
 from .syntax import Module

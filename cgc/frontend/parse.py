@@ -15,8 +15,8 @@ from functools import lru_cache
 from lark import Lark
 from lark.parsers.lalr_analysis import Shift
 
-from .diagnostics import Note, Reporter, did_you_mean
-from .resources import grammar_path
+from ..core.diagnostics import Note, Reporter, did_you_mean
+from ..resources import grammar_path
 from .syntax import (
     Apply, Arrow, Clause, Declaration, Floating, Import, Integer, Lambda, Module, Name,
     Natural, Source, Span,

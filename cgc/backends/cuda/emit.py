@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import jinja2
 
-from . import __version__
-from .affine import format_nat
-from .declarations import Declarations
-from .ir import Launch, PhaseRegion, Program, Repeat, View
-from .memory import MemoryPlan, element_bytes
-from .resources import data_dir
-from .signature import c_parameters, c_type
+from ... import __version__
+from ...core.affine import format_nat
+from ...frontend.declarations import Declarations
+from ...core.ir import Launch, PhaseRegion, Program, Repeat, View
+from ...checking.memory import MemoryPlan, element_bytes
+from ...resources import data_dir
+from ...checking.signature import c_parameters, c_type
 
 LOW_C_TYPES = {"bfloat16": "__nv_bfloat16", "float32": "float"}
 LOW_CUDA_TYPES = {"bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from .frontend import Frontend
+from ...frontend.api import Frontend
 from .machine import Machine
 from .reference import KERNELS
-from .runtime import Run, initial_parameters
+from ..base import Run, initial_parameters
 
 
 class NumpyRun(Run):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .builtins import ELEMENT_NAMES
-from .diagnostics import Note, Reporter, did_you_mean
+from ..core.diagnostics import Note, Reporter, did_you_mean
 from .resolve import Scope
 from .syntax import Clause, Declaration, Floating, Integer, Name, Natural, Span, Term
 

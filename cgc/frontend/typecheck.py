@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .builtins import ELEMENT_NAMES, GRID_NAMES, PRIMITIVES, TYPE_NAMES
 from .declarations import Declarations
-from .diagnostics import Note, Reporter
+from ..core.diagnostics import Note, Reporter
 from .resolve import Scope
 from .syntax import Apply, Arrow, Floating, Integer, Lambda, Name, Natural, Span, Term
 from .types import (

@@ -6,7 +6,7 @@ from the signature the checker proved its launches against.
 
 from __future__ import annotations
 
-from .declarations import ImageDeclaration
+from ..frontend.declarations import ImageDeclaration
 
 C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "int32": "int"}
 

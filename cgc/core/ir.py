@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from . import affine
 from .affine import LoopVariable, Nat, format_nat
-from .declarations import ImageDeclaration
-from .syntax import Span
+from ..frontend.declarations import ImageDeclaration
+from .source import Span
 
 
 @dataclass(frozen=True)

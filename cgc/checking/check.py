@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import itertools
 
-from . import affine
-from .affine import Affine, LoopVariable, Nat, bounds, format_nat
-from .builtins import GRID_NAMES
-from .declarations import Declarations, ImageDeclaration, PointerParameter
-from .diagnostics import Note, Reporter
-from .evaluate import POISON, Evaluator, EvaluationError, Int
-from .ir import Launch, PointerBinding, Program
+from ..core import affine
+from ..core.affine import Affine, LoopVariable, Nat, bounds, format_nat
+from ..frontend.builtins import GRID_NAMES
+from ..frontend.declarations import Declarations, ImageDeclaration, PointerParameter
+from ..core.diagnostics import Note, Reporter
+from ..frontend.evaluate import POISON, Evaluator, EvaluationError, Int
+from ..core.ir import Launch, PointerBinding, Program
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .affine import Affine
-from .builtins import GRID_NAMES
-from .declarations import Declarations
-from .evaluate import Int
-from .ir import Launch, Program, View
-from .memory import MemoryPlan, element_bytes, storage_home
-from .numerics import decode, encode, storage_dtype
+from ...core.affine import Affine
+from ...frontend.builtins import GRID_NAMES
+from ...frontend.declarations import Declarations
+from ...frontend.evaluate import Int
+from ...core.ir import Launch, Program, View
+from ...checking.memory import MemoryPlan, element_bytes, storage_home
+from ..numerics import decode, encode, storage_dtype
 
 WRITES = ("write", "readwrite", "accumulate")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .diagnostics import CompileError, Reporter
+from ..core.diagnostics import CompileError, Reporter
 from .parse import parse_source
 from .syntax import Module, Source
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .declarations import Declarations
-from .frontend import Frontend, check, evaluate
-from .ir import Program
-from .memory import plan_memory
+from ..frontend.declarations import Declarations
+from ..frontend.api import Frontend, check, evaluate
+from ..core.ir import Program
+from ..checking.memory import plan_memory
 
 ROLES = ("parameters", "gradients", "state", "copies")
 

@@ -9,8 +9,8 @@ written. Only layout changes: the tokens, and so the program, stay the same.
 
 from __future__ import annotations
 
-from .parse import comment_ranges, parse_text
-from .syntax import (
+from ..frontend.parse import comment_ranges, parse_text
+from ..frontend.syntax import (
     Apply, Arrow, Clause, Floating, Import, Integer, Lambda, Name, Natural,
 )
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .declarations import Declarations
-from .ir import Launch, PhaseRegion, Program, Repeat
+from ..frontend.declarations import Declarations
+from ..core.ir import Launch, PhaseRegion, Program, Repeat
 
 ALIGNMENT = 256  # bytes: every allocation and arena slot starts on a 256-byte boundary
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "int32": 4}

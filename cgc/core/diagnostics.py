@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .syntax import Span
+from .source import Span
 
 
 @dataclass(frozen=True, slots=True)

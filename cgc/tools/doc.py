@@ -18,10 +18,10 @@ import markdown
 from pygments import lex
 from pygments.token import Token
 
-from .frontend import Frontend
+from ..frontend.api import Frontend
 from .highlight import CgLexer
-from .resources import data_dir
-from .syntax import Apply, Declaration, Lambda, Name
+from ..resources import data_dir
+from ..frontend.syntax import Apply, Declaration, Lambda, Name
 
 _CLASSES = [  # the longest matching token type decides the CSS class
     (Token.Literal.String.Doc, "doc"), (Token.Comment, "comment"),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .diagnostics import Diagnostic, Note
+from ...core.diagnostics import Diagnostic, Note
 from .emit import Emitted
-from .resources import data_dir
-from .syntax import Source, Span
+from ...resources import data_dir
+from ...core.source import Source, Span
 from .toolchain import messages
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .affine import Affine
+from ...core.affine import Affine
 from .emit import CUBLAS_PRODUCTS, emit_program
-from .evaluate import Int
-from .frontend import Frontend
-from .memory import element_bytes, storage_home
-from .numerics import decode, encode, storage_dtype
-from .runtime import Run, initial_parameters
+from ...frontend.evaluate import Int
+from ...frontend.api import Frontend
+from ...checking.memory import element_bytes, storage_home
+from ..numerics import decode, encode, storage_dtype
+from ..base import Run, initial_parameters
 from .toolchain import include_flags
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import affine
-from .affine import Affine, LoopVariable, Nat, bounds, format_nat
+from ..core import affine
+from ..core.affine import Affine, LoopVariable, Nat, bounds, format_nat
 from .builtins import PRIMITIVES
 from .declarations import Declarations, StorageDeclaration
-from .diagnostics import Note, Reporter
-from .ir import Launch, PhaseRegion, PointerBinding, Program, Repeat, ScalarBinding, StorageRef, View
+from ..core.diagnostics import Note, Reporter
+from ..core.ir import Launch, PhaseRegion, PointerBinding, Program, Repeat, ScalarBinding, StorageRef, View
 from .resolve import Scope
 from .syntax import Apply, Floating, Integer, Lambda, Name, Natural, Span, Term
 from .types import Function

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .builtins import ELEMENT_NAMES, GRID_NAMES, PRIMITIVES, RESERVED, TYPE_NAMES
-from .diagnostics import Note, Reporter, closest
+from ..core.diagnostics import Note, Reporter, closest
 from .syntax import Apply, Arrow, Declaration, Lambda, Module, Name, Term
 
 

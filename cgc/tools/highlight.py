@@ -7,8 +7,8 @@ from pygments.token import (
     Comment, Keyword, Name, Number, Operator, Punctuation, String, Text, Whitespace,
 )
 
-from .builtins import ELEMENT_NAMES, PRIMITIVES, TYPE_NAMES
-from .parse import DECLARATION_KEYWORDS, USAGES
+from ..frontend.builtins import ELEMENT_NAMES, PRIMITIVES, TYPE_NAMES
+from ..frontend.parse import DECLARATION_KEYWORDS, USAGES
 
 
 class CgLexer(RegexLexer):

@@ -1,0 +1,1 @@
+"""cgc.checking"""
