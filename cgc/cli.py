@@ -9,12 +9,12 @@ import threading
 import traceback
 
 from . import __version__
+from .backends import REGISTRY
 from .core.diagnostics import CompileError, render_all
-from .frontend.api import Frontend, analyse, check, evaluate, parse_override
-from .core.ir import format_program
-from .checking.memory import format_memory_plan, plan_memory
+from .pipeline import Frontend, analyse, backend_problems, check, evaluate, parse_override
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 _DESCRIPTION = """\
 cgc compiles schedules of GPU kernel launches (.cg files) that describe a training step
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file", metavar="FILE", help="a .cg schedule file (schedules/train.cg: "
                                                   "the whole step)")
     _add_program_options(run, several_configs=False)
-    run.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+    run.add_argument("--backend", choices=("auto", *REGISTRY), default="auto",
                      help="where to run: cupy (an NVIDIA GPU, through CuPy), numpy (the CPU "
                           "reference machine), or auto (the default: cupy when a GPU is "
                           "present, else numpy)")
@@ -179,11 +179,15 @@ def _check(args) -> int:
         launches = {}
         for config in configs:
             program = evaluate(frontend, path, args.entry, config, overrides)
-            found = program.warnings + check(frontend, program)
+            found = program.warnings + check(program)
+            problems = backend_problems(program)
+            if problems:
+                raise CompileError(problems + found)
             launches[config] = sum(1 for _ in program.launches())
             warnings.extend(w for w in found if w not in warnings)
             if args.memory:
-                print(format_memory_plan(plan_memory(program, frontend.declarations)))
+                from .checking.memory import format_memory_plan, plan_memory
+                print(format_memory_plan(plan_memory(program)))
         summary = ", ".join(f"{config} ({count} launch{'es' if count != 1 else ''})"
                             for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
@@ -198,13 +202,14 @@ def _checked_program(args):
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     program = evaluate(frontend, args.file, args.entry, config, overrides)
-    warnings = frontend.warnings + program.warnings + check(frontend, program)
+    warnings = frontend.warnings + program.warnings + check(program)
     if warnings:
         print(render_all(warnings), file=sys.stderr)
     return frontend, program
 
 
 def _ir(args) -> int:
+    from .core.ir import format_program
     _, program = _checked_program(args)
     text = format_program(program)
     if args.output:
@@ -217,11 +222,14 @@ def _ir(args) -> int:
 
 def _compile(args) -> int:
     from .backends.cuda.compile import compiler_diagnostics, default_output
-    from .backends.cuda.emit import emit_program
+    from .backends.cuda.emit import emit_program, image_problems
     from .backends.cuda.toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
-    frontend, program = _checked_program(args)
-    emitted = emit_program(program, frontend.declarations,
-                           plan_memory(program, frontend.declarations))
+    from .checking.memory import plan_memory
+    _, program = _checked_program(args)
+    problems = image_problems(program)
+    if problems:
+        raise CompileError(problems)
+    emitted = emit_program(program, plan_memory(program))
     output = default_output(args.file, program.config, args.output)
     if output == "-":
         sys.stdout.write(emitted.text)
@@ -309,62 +317,69 @@ def _doc(args) -> int:
 
 
 def _run(args) -> int:
-    from .backends.cuda.backend import gpu_available
-    backend = args.backend
-    if backend == "auto":
-        backend = "cupy" if gpu_available() else "numpy"
-    elif backend == "cupy" and not gpu_available():
-        print("cgc: error: no NVIDIA GPU is available here (or CuPy cannot reach one); run on "
-              "the CPU reference machine with --backend numpy", file=sys.stderr)
-        return EXIT_DIAGNOSTICS
+    from .backends import choose
+    from .backends.base import Unavailable
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
+    try:
+        backend, why = choose(args.backend)
+    except Unavailable as error:
+        print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
+              "runs anywhere: --backend numpy", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     from .backends.data import Batches, describe, load_corpus
+    from .backends.training import summary, train
+    from .pipeline import open_run
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
-    if backend == "cupy":
-        from .backends.cuda.backend import CupyRun
-        runner = CupyRun(frontend, args.file, config, overrides, args.seed)
-    else:
-        from .backends.numpy.backend import NumpyRun
-        runner = NumpyRun(frontend, args.file, config, overrides, args.seed)
+    runner = open_run(backend, frontend, args.file, config, overrides, args.seed, args.entry)
     if runner.warnings:
         print(render_all(runner.warnings), file=sys.stderr)
-    constants = runner.program.constants
+    program = runner.program
+    try:
+        batch, context, vocab = (int(program.role(r)) for r in ("batch", "context", "vocab"))
+        program.role("ids"), program.role("targets"), program.role("loss")
+    except KeyError as error:
+        print(f"cgc: error: {args.file} cannot be trained: {error.args[0]}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     try:
         corpus = load_corpus(args.data)
-        if corpus.max() >= constants["cgVocab"]:
-            raise ValueError("a byte value is past the vocabulary")
-        batches = Batches(corpus, constants["cgBatch"], constants["cgContext"], args.seed)
+        if corpus.max() >= vocab:
+            raise ValueError(f"a byte value ({int(corpus.max())}) is past the vocabulary "
+                             f"({vocab})")
+        batches = Batches(corpus, batch, context, args.seed)
     except (OSError, ValueError) as error:
         print(f"cgc: error: cannot read the training data: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    print(f"{args.file}: {runner.program.entry}, config {config} (low = {runner.program.low}), "
-          f"{backend} backend; {corpus.size:,} bytes of {describe(args.data)}", file=sys.stderr)
+    print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
+          f"{backend} backend ({why}); {corpus.size:,} bytes of {describe(args.data)}",
+          file=sys.stderr)
     timings: list | None = [] if args.trace else None
-    if backend == "cupy":
-        from .backends.cuda.backend import run_training
-        losses = [loss for loss, _ in run_training(runner, batches, args.steps, sys.stdout,
-                                                   trace=timings)]
-    else:
-        from .backends.numpy.backend import train
-        losses = train(runner, batches, args.steps, dump=args.dump, out=sys.stdout,
-                       seed=args.seed, trace=timings)
-        if args.dump:
-            print(f"dumped the run to {args.dump}", file=sys.stderr)
-    if args.trace:
-        import json
-        from .backends.numpy.backend import chrome_trace
-        with open(args.trace, "w", encoding="utf-8") as handle:
-            json.dump({"traceEvents": chrome_trace(timings), "displayTimeUnit": "ms"}, handle)
+    _STEPPING.set()
+    try:
+        training = train(runner, batches, args.steps, sys.stdout, dump=args.dump,
+                         trace=timings, stop=_STOP)
+    finally:
+        _STEPPING.clear()
+    if args.dump and training.losses:
+        print(f"dumped the run to {args.dump}", file=sys.stderr)
+    if args.trace and timings:
+        from .tools.trace import write_trace
+        write_trace(args.trace, timings, backend)
         print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
-    if args.plot:
+    if args.plot and training.losses:
         from .tools.plot import write_loss_plot
-        write_loss_plot(args.plot, losses)
+        write_loss_plot(args.plot, training.losses)
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
-    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {len(losses)} steps")
-    return EXIT_OK
+    print(summary(training))
+    return EXIT_INTERRUPTED if training.stopped else EXIT_OK
+
+
+# Set by Ctrl-C (SIGINT) while `cgc run` trains (_STEPPING): it stops after the step under
+# way and still reports, plots and traces what was done. Elsewhere Ctrl-C stops at once.
+_STOP = threading.Event()
+_STEPPING = threading.Event()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,13 +388,26 @@ def main(argv: list[str] | None = None) -> int:
     threading.stack_size(_STACK_BYTES)
     previous = sys.getrecursionlimit()
     sys.setrecursionlimit(max(previous, _RECURSION_LIMIT))
-    worker = threading.Thread(target=lambda: result.append(_main(argv)))
+    worker = threading.Thread(target=lambda: result.append(_main(argv)), daemon=True)
+    _STOP.clear()
+    _STEPPING.clear()
     try:
         worker.start()
-        worker.join()
+        while worker.is_alive():
+            try:
+                worker.join(0.1)
+            except KeyboardInterrupt:
+                if _STOP.is_set() or not _STEPPING.is_set():  # stop now
+                    print("\ncgc: stopped", file=sys.stderr)
+                    return EXIT_INTERRUPTED
+                _STOP.set()
+                print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
+                      file=sys.stderr)
     finally:
         sys.setrecursionlimit(previous)
-    return result[0] if result else EXIT_INTERNAL
+    if not result:
+        return EXIT_INTERNAL
+    return EXIT_INTERRUPTED if _STOP.is_set() and result[0] == EXIT_OK else result[0]
 
 
 _STACK_BYTES = 512 * 1024 * 1024

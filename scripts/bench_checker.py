@@ -16,7 +16,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from cgc.frontend.api import analyse, check, evaluate  # noqa: E402
+from cgc.pipeline import analyse, check, evaluate  # noqa: E402
 from cgc.checking.memory import plan_memory  # noqa: E402
 
 
@@ -42,8 +42,8 @@ def main() -> int:
         overrides = {"cgLayers": layers}
         evaluating, program = best(lambda: evaluate(frontend, path, config="gpt2",
                                                     overrides=overrides), args.runs)
-        checking, warnings = best(lambda: check(frontend, program), args.runs)
-        planning, _ = best(lambda: plan_memory(program, frontend.declarations), args.runs)
+        checking, warnings = best(lambda: check(program), args.runs)
+        planning, _ = best(lambda: plan_memory(program), args.runs)
         assert warnings == []
         launches = sum(1 for _ in program.launches())
         print(f"  {layers:<8} {launches:>8} {evaluating * 1000:7.1f} ms {checking * 1000:7.1f} ms "

@@ -157,11 +157,11 @@ def judge(modules: list[Module]) -> tuple[str, str]:
     except CompileError as error:
         return "front end", error.diagnostics[0].message
     check_report = Reporter()
-    check_program(program, declarations, check_report)
+    check_program(program, check_report)
     errors = [d.message for d in check_report.diagnostics if d.severity == "error"]
     verdict = ("rejected", errors[0]) if errors else ("accepted", "")
-    plan = plan_memory(program, declarations)
-    machine = Machine(program, declarations, plan, KERNELS)
+    plan = plan_memory(program)
+    machine = Machine(program, plan, KERNELS)
     generator = np.random.default_rng(1)
     for name in ("cgIds", "cgTargets"):
         count = program.storages[name].count

@@ -1,7 +1,8 @@
 #!/bin/sh
-# Installs what the tests need: cgc with its test extras (pytest, hypothesis, the CPU build
-# of torch as an oracle, CUDA's compiler wheels) and, from Debian's packages, Chromium for
-# the test that looks at `cgc doc`'s pages in a real headless browser.
+# Installs what the tests need: cgc with its test extras (pytest, hypothesis, torch as an
+# oracle, CUDA's compiler wheels) and, from Debian's packages, Chromium for the test that
+# looks at `cgc doc`'s pages in a real headless browser. Install the CPU build of torch
+# 2.13.0 first (README.md says how): otherwise pip takes PyPI's default CUDA build, several GB.
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m pip install '.[test]'

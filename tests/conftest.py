@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ROOT / "schedules"
-SEED_DIR = ROOT.parent / "shared" / "seed"
+SEED_DIR = ROOT / "tests" / "seed"  # the seed excerpt, kept in the repository (tests/seed/README.md)
 
 
 def pytest_addoption(parser):

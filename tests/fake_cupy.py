@@ -17,6 +17,8 @@ import types
 
 import numpy as np
 
+from cgc.backends.numerics import storage_dtype
+
 from cgc.backends.numpy.machine import Kernel, Pointer
 from cgc.backends.numerics import from_bfloat16_bits, to_bfloat16_bits
 from cgc.backends.numpy.reference import KERNELS
@@ -82,9 +84,7 @@ class _Kernel:
         for index in sorted(image.pointers):
             parameter = image.pointers[index]
             assert isinstance(args[position], np.uint64), (self.name, index)
-            element = low if parameter.element == "low" else parameter.element
-            dtype = {"float32": np.float32, "int32": np.int32, "bfloat16": np.uint16}[element]
-            array = _at(int(args[position]), dtype)
+            array = _at(int(args[position]), storage_dtype(parameter.element, low))
             pointers[parameter.name] = Pointer(f"fake launch of {self.name}", index,
                                                parameter.name, parameter.access,
                                                parameter.element, low, array, None, "", 0, 0)

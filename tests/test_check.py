@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from cgc.core.diagnostics import CompileError
-from cgc.frontend.api import analyse, check, evaluate
+from cgc.pipeline import analyse, check, evaluate
 from cgc.checking.memory import plan_memory
 from cgc.checking.signature import c_parameters
 
@@ -20,7 +20,7 @@ from conftest import SCHEDULES
 def checked(path, config="tiny", **overrides):
     frontend = analyse([str(path)])
     program = evaluate(frontend, str(path), config=config, overrides=overrides)
-    return frontend, program, check(frontend, program)
+    return frontend, program, check(program)
 
 
 @pytest.mark.parametrize("config", ["tiny", "tiny32", "gpt2"])
@@ -102,7 +102,7 @@ def test_checking_does_not_depend_on_the_layer_count():
 
 def test_memory_plan_shares_only_slots_never_live_together():
     frontend, program, _ = checked(SCHEDULES / "train.cg", "gpt2")
-    plan = plan_memory(program, frontend.declarations)
+    plan = plan_memory(program)
     assert plan.arena_bytes < plan.arena_unshared_bytes
     for i, a in enumerate(plan.arena):
         for b in plan.arena[i + 1:]:

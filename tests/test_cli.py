@@ -118,7 +118,10 @@ def test_run_writes_a_trace_and_a_loss_plot(tmp_path, capsys):
     trace, plot = tmp_path / "trace.json", tmp_path / "loss.png"
     assert main(["run", str(SCHEDULES / "train.cg"), "--backend", "numpy", "--steps", "3",
                  "--trace", str(trace), "--plot", str(plot)]) == 0
-    events = json.loads(trace.read_text())["traceEvents"]
+    everything = json.loads(trace.read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in everything if e["name"] == "thread_name"}
+    assert names == {0: "phases", 1: "launches"}
+    events = [e for e in everything if e["ph"] != "M"]
     launches = [e for e in events if e["tid"] == 1]
     phases = [e["name"] for e in events if e["tid"] == 0]
     path = str(SCHEDULES / "train.cg")

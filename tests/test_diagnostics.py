@@ -12,7 +12,7 @@ import os
 import pytest
 
 from cgc.core.diagnostics import CompileError, render_all
-from cgc.frontend.api import analyse, check, evaluate
+from cgc.pipeline import analyse, check, evaluate
 
 from conftest import ROOT
 
@@ -27,7 +27,7 @@ def diagnose(path: str) -> str:
     """Everything the front end says about a file: its errors, or its warnings."""
     try:
         frontend = analyse([path])
-        warnings = check(frontend, evaluate(frontend, path))
+        warnings = check(evaluate(frontend, path))
     except CompileError as error:
         return render_all(error.diagnostics) + "\n"
     return render_all(warnings) + "\n" if warnings else "no diagnostics\n"

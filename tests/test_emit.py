@@ -14,7 +14,7 @@ import pytest
 from cgc.backends.cuda.compile import compiler_diagnostics
 from cgc.core.diagnostics import render_all
 from cgc.backends.cuda.emit import emit_program, template_name
-from cgc.frontend.api import analyse, check, evaluate
+from cgc.pipeline import analyse, check, evaluate
 from cgc.checking.memory import plan_memory
 from cgc.resources import data_dir
 from cgc.backends.cuda.toolchain import nvcc_build, nvrtc_compile, ptxas_report
@@ -30,8 +30,8 @@ def emitted(stem: str, config: str):
     path = str(SCHEDULES / f"{stem}.cg")
     frontend = analyse([path])
     program = evaluate(frontend, path, config=config)
-    check(frontend, program)
-    return emit_program(program, frontend.declarations, plan_memory(program, frontend.declarations))
+    check(program)
+    return emit_program(program, plan_memory(program))
 
 
 @pytest.mark.parametrize("stem,config", CASES, ids=IDS)

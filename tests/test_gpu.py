@@ -17,7 +17,8 @@ from cgc.frontend.api import analyse
 from cgc.core.ir import View
 from cgc.checking.memory import element_bytes, storage_home
 from cgc.backends.numerics import decode, storage_dtype
-from cgc.backends.numpy.backend import NumpyRun, train
+from cgc.backends.training import train
+from cgc.pipeline import open_run
 from cgc.backends.cuda.toolchain import nvcc_build
 
 from conftest import SCHEDULES
@@ -30,9 +31,9 @@ WRITES = ("write", "readwrite", "accumulate")
 
 
 def runs(config: str, seed: int = 0):
-    from cgc.backends.cuda.backend import CupyRun
+    pass
     frontend = analyse([PATH])
-    return CupyRun(frontend, PATH, config, {}, seed), NumpyRun(frontend, PATH, config, {}, seed)
+    return open_run("cupy", frontend, PATH, config, {}, seed), open_run("numpy", frontend, PATH, config, {}, seed)
 
 
 def tokens(run, seed: int = 0):
@@ -117,9 +118,9 @@ def test_the_bfloat16_step_matches_the_pytorch_model_on_the_gpu():
 
 
 def test_graph_replay_equals_eager_launches_bit_for_bit():
-    from cgc.backends.cuda.backend import CupyRun
+    pass
     frontend = analyse([PATH])
-    eager, graphed = (CupyRun(frontend, PATH, "tiny", {}, 0) for _ in range(2))
+    eager, graphed = (open_run("cupy", frontend, PATH, "tiny", {}, 0) for _ in range(2))
     ids, targets = tokens(eager)
     warm = tokens(eager, seed=1)
     for run in (eager, graphed):  # the same first step on both, eagerly
@@ -133,12 +134,12 @@ def test_graph_replay_equals_eager_launches_bit_for_bit():
 
 
 def test_the_standalone_program_prints_the_losses_of_the_cupy_run(tmp_path):
-    from cgc.backends.cuda.backend import CupyRun
+    pass
     frontend = analyse([PATH])
-    reference = NumpyRun(frontend, PATH, "tiny", {}, 0)
+    reference = open_run("numpy", frontend, PATH, "tiny", {}, 0)
     batches = Batches(load_corpus(None), 4, 64, 0)
     train(reference, batches, 2, dump=str(tmp_path / "dump"), out=io.StringIO())
-    gpu = CupyRun(frontend, PATH, "tiny", {}, 0)
+    gpu = open_run("cupy", frontend, PATH, "tiny", {}, 0)
     batches = Batches(load_corpus(None), 4, 64, 0)
     losses = [gpu.step(*batches.next(), use_graph=False)[0] for _ in range(2)]
     source = tmp_path / "train.cu"

@@ -12,7 +12,8 @@ from cgc.backends.data import Batches, load_corpus
 from cgc.frontend.api import analyse
 from cgc.backends.numpy.machine import Fault, Pointer
 from cgc.backends.numerics import round_to_bfloat16, to_bfloat16_bits
-from cgc.backends.numpy.backend import NumpyRun, train
+from cgc.backends.training import train
+from cgc.pipeline import open_run
 
 from conftest import ROOT, SCHEDULES
 
@@ -56,18 +57,18 @@ def test_the_same_seed_gives_the_same_run():
     corpus = load_corpus(None)
     losses = []
     for _ in range(2):
-        run = NumpyRun(frontend, path, "tiny", {}, seed=3)
+        run = open_run("numpy", frontend, path, "tiny", {}, seed=3)
         batches = Batches(corpus, run.constants["cgBatch"], run.constants["cgContext"], 3)
-        losses.append(train(run, batches, 3, out=io.StringIO()))
+        losses.append(train(run, batches, 3, out=io.StringIO()).losses)
     assert losses[0] == losses[1]
 
 
 def test_200_steps_of_the_tiny_model_learn():
     """From about ln 256 = 5.55 to below 3.0 on the default data (figures in docs/benchmarks.md)."""
     path = str(SCHEDULES / "train.cg")
-    run = NumpyRun(analyse([path]), path, "tiny", {}, seed=0)
+    run = open_run("numpy", analyse([path]), path, "tiny", {}, seed=0)
     batches = Batches(load_corpus(None), run.constants["cgBatch"], run.constants["cgContext"], 0)
-    losses = train(run, batches, 200, out=io.StringIO())
+    losses = train(run, batches, 200, out=io.StringIO()).losses
     assert 5.0 < losses[0] < 5.7
     assert np.mean(losses[-20:]) < 3.0
 

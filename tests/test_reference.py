@@ -27,7 +27,8 @@ import torch
 from cgc.backends.data import Batches, load_corpus
 from cgc.frontend.api import analyse
 from cgc.backends.numerics import round_to_bfloat16
-from cgc.backends.numpy.backend import NumpyRun, train
+from cgc.backends.training import train
+from cgc.pipeline import open_run
 
 from conftest import SCHEDULES
 from torch_model import MATRICES, Dump, Gpt
@@ -50,7 +51,7 @@ def runs(tmp_path_factory):
     corpus = load_corpus(None)
     found = {}
     for config in ("tiny32", "tiny"):
-        run = NumpyRun(frontend, path, config, {}, seed=0)
+        run = open_run("numpy", frontend, path, config, {}, seed=0)
         folder = tmp_path_factory.mktemp(config)
         batches = Batches(corpus, run.constants["cgBatch"], run.constants["cgContext"], 0)
         train(run, batches, STEPS, dump=str(folder), out=io.StringIO())

@@ -87,8 +87,8 @@ def test_formatting_changes_neither_the_program_nor_the_cuda(tmp_path):
             source = str(folder / "train.cg")
             frontend = analyse([source])
             program = evaluate(frontend, source, config=config)
-            cuda = emit_program(program, frontend.declarations,
-                                plan_memory(program, frontend.declarations)).text
+            cuda = emit_program(program,
+                                plan_memory(program)).text
             found.append((LOCATION_IR.sub("", format_program(program)),
                           LOCATION_CUDA.sub("", cuda)))
         assert found[0] == found[1]

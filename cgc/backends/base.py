@@ -1,64 +1,97 @@
-"""What both backends share: the checked program, its memory plan, and the parameter banks.
+"""The one interface every backend implements, and what they all share.
 
-A backend stores and fetches whole storages by label (`cgBankP.cgQkvWeight`, `cgLoss`);
-everything else here is written once on top of those two.
+A backend is a module in cgc/backends/ with a `Run` subclass and a line in the registry
+(cgc/backends/__init__.py). A run holds one checked launch program in one place (host
+memory, a GPU, ...): it stores and fetches whole storages by label (`cgBankP.cgQkvWeight`,
+the buffer a role names), and runs steps. Parameter banks, the loss, the first parameters
+and the dump are written once, here, on top of those.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..frontend.declarations import Declarations
-from ..frontend.api import Frontend, check, evaluate
+from ..checking.memory import MemoryPlan
+from ..core.diagnostics import Diagnostic
 from ..core.ir import Program
-from ..checking.memory import plan_memory
 
-ROLES = ("parameters", "gradients", "state", "copies")
+BANK_ROLES = ("parameters", "gradients", "state", "copies")
 
 
-def initial_parameters(program: Program, declarations: Declarations,
-                       seed: int) -> dict[str, np.ndarray]:
+def initial_parameters(program: Program, seed: int) -> dict[str, np.ndarray]:
     """Every entry's starting value, in declaration order from one seeded generator."""
     generator = np.random.default_rng(seed)
     values = {}
-    parameter_bank = next(b.name for b in declarations.banks.values() if b.role == "parameters")
-    for entry in declarations.storages.values():
-        if entry.kind != "entry":
-            continue
-        count = program.storages[f"{parameter_bank}.{entry.name}"].count
-        kind = entry.init.arguments[0].text if entry.init is not None else "zeros"
-        if kind == "normal":
-            std = float(program.evaluator.eval(entry.init.arguments[1], {}, ()))
-            values[entry.name] = generator.standard_normal(count, dtype=np.float32) * np.float32(std)
-        elif kind == "ones":
-            values[entry.name] = np.ones(count, dtype=np.float32)
+    for entry in program.entries:
+        if entry.init == "normal":
+            values[entry.name] = (generator.standard_normal(entry.count, dtype=np.float32)
+                                  * np.float32(entry.std))
+        elif entry.init == "ones":
+            values[entry.name] = np.ones(entry.count, dtype=np.float32)
         else:
-            values[entry.name] = np.zeros(count, dtype=np.float32)
+            values[entry.name] = np.zeros(entry.count, dtype=np.float32)
     return values
 
 
-class Run:
-    def __init__(self, frontend: Frontend, path: str, config: str | None,
-                 overrides: dict | None):
-        self.program = evaluate(frontend, path, config=config, overrides=overrides)
-        self.warnings = self.program.warnings + check(frontend, self.program)
-        self.declarations = frontend.declarations
-        self.plan = plan_memory(self.program, self.declarations)
-        self.banks = {role: [b.name for b in self.declarations.banks.values() if b.role == role]
-                      for role in ROLES}
+@dataclass
+class StepResult:
+    loss: float
+    seconds: float  # the step's own time: wall clock on the CPU, CUDA events on a GPU
+    note: str = ""  # e.g. "eager, before capture"
 
+
+class Unavailable(Exception):
+    """The backend cannot run here; the message says why and what to do, in one sentence."""
+
+
+class Run(ABC):
+    """One checked program, set up on a backend with its first parameters."""
+
+    name: str = ""  # the registry's name for the backend
+    peak_flops: float | None = None  # for MFU, where the hardware's peak is known
+
+    def __init__(self, program: Program, plan: MemoryPlan, seed: int):
+        self.program, self.plan, self.seed = program, plan, seed
+        self.banks = {role: program.bank_of_role(role) for role in BANK_ROLES}
+
+    # ---- what a backend provides ---------------------------------------------------
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this backend cannot run on this machine (None: it can)."""
+        return None
+
+    @staticmethod
+    def problems(program: Program) -> list[Diagnostic]:
+        """What the backend lacks to run this program (an image it has no kernel for)."""
+        return []
+
+    @abstractmethod
     def store(self, label: str, values) -> None:
-        raise NotImplementedError
+        """A whole storage, from float32 or int32 values (rounded to its element type)."""
 
+    @abstractmethod
     def fetch(self, label: str) -> np.ndarray:
-        raise NotImplementedError
+        """A whole storage's values (bfloat16 widened to float32)."""
 
-    @property
-    def constants(self) -> dict:
-        return self.program.constants
+    @abstractmethod
+    def run_step(self, trace: list | None) -> float:
+        """Runs the program once on the ids and targets stored; returns the step's seconds.
+        With `trace`, appends (image, phase, start seconds, end seconds) per launch."""
+
+    # ---- shared ----------------------------------------------------------------------
+
+    def step(self, ids: np.ndarray, targets: np.ndarray, trace: list | None = None) -> StepResult:
+        self.store(self.program.role("ids"), ids)
+        self.store(self.program.role("targets"), targets)
+        seconds = self.run_step(trace)
+        return StepResult(self.mean_loss(), seconds)
 
     def entries(self) -> list[str]:
-        return [e.name for e in self.declarations.storages.values() if e.kind == "entry"]
+        return [entry.name for entry in self.program.entries]
 
     def load_parameters(self, values: dict[str, np.ndarray]) -> None:
         """Each entry into every parameter bank, and into the copies bank if it has one."""
@@ -70,9 +103,19 @@ class Run:
                     self.store(f"{bank}.{name}", value)
 
     def bank_values(self, role: str) -> dict[str, np.ndarray]:
+        """The entries of the (first) bank with this role."""
         bank = self.banks[role][0]
         return {name: self.fetch(f"{bank}.{name}") for name in self.entries()}
 
+    def write_bank(self, role: str, values: dict[str, np.ndarray]) -> None:
+        for bank in self.banks[role]:
+            for name, value in values.items():
+                self.store(f"{bank}.{name}", value)
+
     def mean_loss(self) -> float:
-        losses = self.fetch("cgLoss").astype(np.float64)
+        losses = self.fetch(self.program.role("loss")).astype(np.float64)
         return float(losses.sum() / losses.size)
+
+    @property
+    def constants(self) -> dict:
+        return self.program.constants

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.elements import concrete
+
 
 def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
@@ -27,21 +29,18 @@ def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
     return from_bfloat16_bits(to_bfloat16_bits(values))
 
 
-STORAGE_DTYPES = {"float32": np.float32, "int32": np.int32, "bfloat16": np.uint16}
-
-
-def storage_dtype(element: str, low: str):
-    return STORAGE_DTYPES[low if element == "low" else element]
+def storage_dtype(element: str, low: str) -> np.dtype:
+    return np.dtype(concrete(element, low).storage)
 
 
 def decode(raw: np.ndarray, element: str, low: str) -> np.ndarray:
     """Stored values as computed values: bfloat16 patterns widen to float32."""
-    concrete = low if element == "low" else element
-    return from_bfloat16_bits(raw) if concrete == "bfloat16" else raw.copy()
+    if concrete(element, low).name == "bfloat16":
+        return from_bfloat16_bits(raw)
+    return raw.copy()
 
 
 def encode(values, element: str, low: str) -> np.ndarray:
-    concrete = low if element == "low" else element
-    if concrete == "bfloat16":
+    if concrete(element, low).name == "bfloat16":
         return to_bfloat16_bits(np.asarray(values, dtype=np.float32))
-    return np.asarray(values, dtype=STORAGE_DTYPES[concrete])
+    return np.asarray(values, dtype=storage_dtype(element, low))

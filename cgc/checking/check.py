@@ -16,19 +16,14 @@ from __future__ import annotations
 import itertools
 
 from ..core import affine
-from ..core.affine import Affine, LoopVariable, Nat, bounds, format_nat
-from ..frontend.builtins import GRID_NAMES
-from ..frontend.declarations import Declarations, ImageDeclaration, PointerParameter
+from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
-from ..frontend.evaluate import POISON, Evaluator, EvaluationError, Int
-from ..core.ir import Launch, PointerBinding, Program
+from ..core.ir import Image, Launch, PointerBinding, PointerParameter, Program, extreme_point
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
 GRID_LIMITS = (2 ** 31 - 1, 65535, 65535)
 BLOCK_LIMITS = (1024, 1024, 64)
-# Beyond this many iterations a non-affine extent is an error rather than enumerated.
-ENUMERATION_LIMIT = 100_000
 # Which banks each stage may name in (writes ...): parameters and optimizer state belong
 # to the optimizer, gradients to the backward pass.
 STAGE_ROLES = {"forward": (), "data": (), "backward": ("gradients",),
@@ -36,27 +31,16 @@ STAGE_ROLES = {"forward": (), "data": (), "backward": ("gradients",),
 
 
 def _where(variables: tuple[LoopVariable, ...], values: dict[LoopVariable, int]) -> str:
+    """` at i = 3, j = 0`: every enclosing repeat's index (0 where the value does not care)."""
     if not variables:
         return ""
-    return " at " + ", ".join(f"{v.name} = {values[v]}" for v in variables)
-
-
-def _extreme_point(value: Nat, loops, largest: bool) -> dict[LoopVariable, int]:
-    """The repeat indices at which an affine value is largest (or smallest)."""
-    point = {v: 0 for v in loops}
-    if isinstance(value, Affine):
-        for variable, k in value.terms:
-            high = (k > 0) == largest
-            point[variable] = variable.count - 1 if high else 0
-    return point
+    return " at " + ", ".join(f"{v.name} = {values.get(v, 0)}" for v in variables)
 
 
 class Checker:
-    def __init__(self, program: Program, declarations: Declarations, report: Reporter):
+    def __init__(self, program: Program, report: Reporter):
         self.program = program
-        self.declarations = declarations
         self.report = report
-        self.evaluator: Evaluator = program.evaluator
 
     def run(self) -> None:
         self.check_images()
@@ -67,8 +51,8 @@ class Checker:
     # ---- declarations ------------------------------------------------------------
 
     def check_images(self) -> None:
-        for image in self.declarations.images.values():
-            block = self.program.blocks.get(image.name)
+        for image in self.program.images.values():
+            block = image.block
             if block is None:
                 continue
             for axis, (size, limit) in enumerate(zip(block, BLOCK_LIMITS)):
@@ -81,22 +65,22 @@ class Checker:
                                   "allows at most 1024", image.span)
 
     def check_phases(self) -> None:
-        banks = self.declarations.banks
-        for phase in self.declarations.phases.values():
+        banks = self.program.banks
+        for phase in self.program.phases.values():
             allowed = STAGE_ROLES.get(phase.stage or "forward", ())
-            for name in phase.writes:
-                role = banks[name.text].role
+            for name, span in zip(phase.writes, phase.write_spans):
+                role = banks[name].role
                 if role not in allowed:
                     owner = {"gradients": "backward", "parameters": "optimizer",
                              "state": "optimizer", "copies": "optimizer"}[role]
                     self.report.error(
                         f"phase '{phase.name}' is a {phase.stage or 'forward'} phase and may not "
-                        f"write bank '{name.text}' ({role}): only {owner} phases write {role}",
-                        name.span)
+                        f"write bank '{name}' ({role}): only {owner} phases write {role}",
+                        span)
 
     # ---- launches ----------------------------------------------------------------
 
-    def _image_note(self, image: ImageDeclaration) -> Note:
+    def _image_note(self, image: Image) -> Note:
         return Note(f"image '{image.name}' is declared here", image.span)
 
     def _trace_notes(self, launch: Launch) -> list[Note]:
@@ -113,15 +97,14 @@ class Checker:
             self.error(launch, f"launch of '{image.name}' is outside any phase, so what it may "
                                "write is unknown; wrap it in (cgPhase PHASE ...)")
         pointers = self.check_pointer_slots(launch)
-        scalars = self.check_scalar_slots(launch, loops)
+        scalars_fine = self.check_scalar_slots(launch, loops)
         self.check_grid(launch, loops)
-        if image.library is None and image.name not in self.program.blocks:
+        if image.library is None and image.block is None:
             return
-        environment = self.extent_environment(launch, scalars)
         for index, binding in sorted(pointers.items()):
             parameter = image.pointers[index]
-            if parameter.extent is not None and environment is not None:
-                self.check_extent(launch, parameter, binding, environment, loops)
+            if parameter.has_extent and scalars_fine:
+                self.check_extent(launch, parameter, binding, loops)
             if phase is not None and parameter.access in WRITES:
                 self.check_permission(launch, parameter, binding, phase)
         self.check_aliasing(launch, pointers, loops)
@@ -170,22 +153,19 @@ class Checker:
         return {i: b for i, b in bound.items()
                 if b.view.storage.element == image.pointers[i].element}
 
-    def check_scalar_slots(self, launch: Launch, loops) -> dict[str, object] | None:
-        """The value of every scalar by name (bound or default), or None if one is wrong."""
-        image, values = launch.image, {}
+    def check_scalar_slots(self, launch: Launch, loops) -> bool:
+        """Whether every scalar is given once (bound or by default) with a fitting value."""
+        image = launch.image
         bound, fine = self.bindings(launch, launch.scalars, image.scalars, "scalar")
         for index, parameter in sorted(image.scalars.items()):
             if index in bound:
                 binding = bound[index]
                 fine &= self.scalar_fits(launch, parameter, binding.value, binding.kind,
                                          binding.span)
-                values[parameter.name] = binding.value
-            elif parameter.default is not None:
-                values[parameter.name] = self.evaluator.eval(parameter.default, {}, ())
-            else:
+            elif parameter.default is None:
                 self.unbound(launch, index, parameter, "scalar", ", and it has no default")
                 fine = False
-        return values if fine else None
+        return fine
 
     def scalar_fits(self, launch, parameter, value, kind: str, span) -> bool:
         if parameter.type == "float32":
@@ -217,72 +197,29 @@ class Checker:
         for axis, (size, limit) in enumerate(zip(launch.grid, GRID_LIMITS)):
             low, high = bounds(size)
             if low < 1:
-                point = _extreme_point(size, loops, largest=False)
+                point = extreme_point(size, largest=False)
                 self.error(launch, f"grid dimension {'xyz'[axis]} of this launch of "
                                    f"'{launch.image.name}' is {low}{_where(loops, point)}: a "
                                    "grid has at least one block in each dimension")
             if high > limit:
-                point = _extreme_point(size, loops, largest=True)
+                point = extreme_point(size, largest=True)
                 self.error(launch, f"grid dimension {'xyz'[axis]} of this launch of "
                                    f"'{launch.image.name}' is {high}{_where(loops, point)}; "
                                    f"CUDA allows at most {limit}")
 
     # ---- extents -----------------------------------------------------------------
 
-    def extent_environment(self, launch: Launch, scalars) -> dict | None:
-        if scalars is None:
-            return None
-        block = self.program.blocks.get(launch.image.name, (1, 1, 1))
-        return dict(zip(GRID_NAMES, (*launch.grid, *block))) | scalars
-
-    def extent_range(self, launch, parameter, environment, loops):
-        """(largest, point, smallest, point) of the extent over every repeat iteration."""
-        try:
-            value = self._evaluate(parameter.extent, environment)
-            low, high = bounds(value)
-            return (high, _extreme_point(value, loops, True),
-                    low, _extreme_point(value, loops, False))
-        except EvaluationError:
-            pass
-        # Not affine (a minimum that changes sides, say): try every iteration, if few.
-        total = 1
-        for variable in loops:
-            total *= variable.count
-        if total > ENUMERATION_LIMIT:
-            self.error(launch, f"the extent of pointer {parameter.index} '{parameter.name}' is "
-                               f"not affine in the repeat indices, and {total} iterations are "
-                               "too many to try one by one", None,
-                       Note("the extent is declared here", parameter.span))
-            return None
-        best = None
-        for values in itertools.product(*(range(v.count) for v in loops)):
-            point = dict(zip(loops, values))
-            concrete = {name: (value.at(point) if isinstance(value, Affine) else value)
-                        for name, value in environment.items()}
-            extent = self._evaluate(parameter.extent, concrete)
-            if best is None:
-                best = [extent, point, extent, point]
-            if extent > best[0]:
-                best[0:2] = extent, point
-            if extent < best[2]:
-                best[2:4] = extent, point
-        return tuple(best)
-
-    def _evaluate(self, term, environment):
-        errors_before = len(self.report.diagnostics)
-        value = self.evaluator.eval(term, environment, ())
-        if len(self.report.diagnostics) > errors_before or value is POISON:
-            # The evaluator reports its own errors; here they only say "not affine".
-            del self.report.diagnostics[errors_before:]
-            raise EvaluationError("extent not affine", None)
-        return int(value) if isinstance(value, Int) else value
-
     def check_extent(self, launch, parameter: PointerParameter, binding: PointerBinding,
-                     environment, loops) -> None:
-        found = self.extent_range(launch, parameter, environment, loops)
-        if found is None:
+                     loops) -> None:
+        extent = launch.extents.get(parameter.index)
+        if extent is None:
             return
-        largest, at_largest, smallest, at_smallest = found
+        if extent.problem is not None:
+            self.error(launch, f"the extent of pointer {parameter.index} '{parameter.name}' is "
+                               f"{extent.problem}", None,
+                       Note("the extent is declared here", parameter.span))
+            return
+        largest, at_largest, smallest, at_smallest = extent.extremes()
         view = binding.view
         verb = {"read": "reads", "write": "writes", "readwrite": "reads and writes",
                 "accumulate": "accumulates into"}[parameter.access]
@@ -307,10 +244,10 @@ class Checker:
         storage = binding.view.storage
         if storage.kind != "bank":
             return
-        declaration = self.declarations.phases[phase]
-        if any(name.text == storage.name for name in declaration.writes):
+        declaration = self.program.phases[phase]
+        if storage.name in declaration.writes:
             return
-        role = self.declarations.banks[storage.name].role
+        role = self.program.banks[storage.name].role
         self.error(launch, f"phase '{phase}' may not write bank '{storage.name}' ({role}), but "
                            f"pointer {parameter.index} '{parameter.name}' of "
                            f"'{launch.image.name}' writes '{binding.view.label}'", binding.span,
@@ -347,5 +284,5 @@ class Checker:
                             f"{second})", image.span))
 
 
-def check_program(program: Program, declarations: Declarations, report: Reporter) -> None:
-    Checker(program, declarations, report).run()
+def check_program(program: Program, report: Reporter) -> None:
+    Checker(program, report).run()

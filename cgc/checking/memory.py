@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..frontend.declarations import Declarations
+from ..core.elements import element_bytes
 from ..core.ir import Launch, PhaseRegion, Program, Repeat
 
 ALIGNMENT = 256  # bytes: every allocation and arena slot starts on a 256-byte boundary
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "int32": 4}
-
-
-def element_bytes(element: str, low: str) -> int:
-    return ELEMENT_BYTES[low if element == "low" else element]
 
 
 def _align(size: int) -> int:
@@ -121,11 +116,11 @@ def _overlap(a: list[list[int]], b: list[list[int]]) -> bool:
     return any(x[0] <= y[1] and y[0] <= x[1] for x in a for y in b)
 
 
-def plan_memory(program: Program, declarations: Declarations) -> MemoryPlan:
+def plan_memory(program: Program) -> MemoryPlan:
     low = program.low
     plan = MemoryPlan(program.config, low)
     for bank, (offsets, total) in program.bank_layouts.items():
-        declaration = declarations.banks[bank]
+        declaration = program.banks[bank]
         size = element_bytes(declaration.element, low)
         entries = []
         for entry, offset in offsets.items():

@@ -6,16 +6,11 @@ from the signature the checker proved its launches against.
 
 from __future__ import annotations
 
-from ..frontend.declarations import ImageDeclaration
-
-C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "int32": "int"}
-
-
-def c_type(element: str, low: str) -> str:
-    return C_TYPES[low if element == "low" else element]
+from ..core.elements import c_type
+from ..core.ir import Image
 
 
-def c_parameters(image: ImageDeclaration, low: str) -> list[str]:
+def c_parameters(image: Image, low: str) -> list[str]:
     """Pointers in index order, then scalars in index order.
 
     A pointer only read is `const`; a pointer the image lets alias another is not

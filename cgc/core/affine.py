@@ -8,6 +8,10 @@ from dataclasses import dataclass
 _numbers = itertools.count()
 
 
+class Int(int):
+    """A signed integer value (type Int), told apart from a natural for scalar slots."""
+
+
 @dataclass(frozen=True, eq=False)
 class LoopVariable:
     """The index of one `nvidiaAffineLaunchRepeat`: takes the values 0 .. count-1."""

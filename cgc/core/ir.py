@@ -1,4 +1,9 @@
-"""The launch program: phases, launches with concrete grids and slot bindings, repeats as loops."""
+"""The launch program: phases, launches with concrete grids and slot bindings, repeats as loops.
+
+It is self-contained: evaluation computes everything later stages need (each image's
+signature with its block and scalar defaults, the extent of every pointer at every launch,
+the model's roles) and stores it here, so nothing after this module reads the front end.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,49 @@ import os
 from dataclasses import dataclass, field
 
 from . import affine
-from .affine import LoopVariable, Nat, format_nat
-from ..frontend.declarations import ImageDeclaration
+from .affine import Affine, Int, LoopVariable, Nat, format_nat
 from .source import Span
+
+
+class BindingError(Exception):
+    """A launch's slots do not give every argument exactly once (the checker reports these
+    as diagnostics; runtimes that run unchecked programs raise them)."""
+
+
+@dataclass(frozen=True)
+class PointerParameter:
+    index: int
+    name: str
+    element: str
+    access: str  # read | write | readwrite | accumulate
+    has_extent: bool
+    span: Span
+
+
+@dataclass(frozen=True)
+class ScalarParameter:
+    index: int
+    name: str
+    type: str  # float32 | int32
+    default: "Nat | float | None"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Image:
+    """A kernel image's signature, evaluated in the program's configuration."""
+
+    name: str
+    block: tuple[int, int, int] | None  # None for a library image (or a bad block)
+    library: str | None
+    pointers: dict[int, PointerParameter]
+    scalars: dict[int, ScalarParameter]
+    aliases: frozenset[frozenset[int]]
+    span: Span
+    doc: str | None
+
+    def __hash__(self) -> int:
+        return hash(self.name)
 
 
 @dataclass(frozen=True)
@@ -47,6 +92,58 @@ class View:
 
 
 @dataclass(frozen=True)
+class Extent:
+    """How many elements a launch's pointer reaches, over every iteration of its repeats.
+
+    `value` when the extent is affine in the repeat indices; else `table`, the extent at
+    every combination of the `variables` it depends on; else `problem` says why neither
+    could be computed.
+    """
+
+    value: Nat | None = None
+    variables: tuple[LoopVariable, ...] = ()
+    table: dict[tuple[int, ...], int] | None = None
+    problem: str | None = None
+
+    def at(self, point: dict[LoopVariable, int]) -> int:
+        if self.value is not None:
+            return concrete(self.value, point)
+        if self.table is not None:
+            return self.table[tuple(point[v] for v in self.variables)]
+        raise BindingError(self.problem or "the extent is unknown")
+
+    def extremes(self):
+        """(largest, its point, smallest, its point); points name only the variables the
+        extent depends on."""
+        if self.value is not None:
+            low, high = affine.bounds(self.value)
+            return (high, extreme_point(self.value, True), low,
+                    extreme_point(self.value, False))
+        assert self.table is not None, self.problem
+        items = list(self.table.items())
+        largest = max(items, key=lambda item: item[1])
+        smallest = min(items, key=lambda item: item[1])
+        return (largest[1], dict(zip(self.variables, largest[0])), smallest[1],
+                dict(zip(self.variables, smallest[0])))
+
+
+def extreme_point(value: Nat, largest: bool) -> dict[LoopVariable, int]:
+    """The repeat indices at which an affine value is largest (or smallest)."""
+    point = {}
+    if isinstance(value, Affine):
+        for variable, k in value.terms:
+            point[variable] = variable.count - 1 if (k > 0) == largest else 0
+    return point
+
+
+def concrete(value, point: dict[LoopVariable, int]):
+    """A bound value at one iteration: affine values evaluated, Int as a plain int."""
+    if isinstance(value, Affine):
+        return value.at(point)
+    return int(value) if isinstance(value, Int) else value
+
+
+@dataclass(frozen=True)
 class PointerBinding:
     index: int
     view: View
@@ -63,12 +160,71 @@ class ScalarBinding:
 
 @dataclass(frozen=True)
 class Launch:
-    image: ImageDeclaration
+    image: Image
     grid: tuple[Nat, Nat, Nat]
     pointers: tuple[PointerBinding, ...]
     scalars: tuple[ScalarBinding, ...]
     span: Span
     trace: tuple[Span, ...] = ()  # the call sites that led here, outermost first
+    extents: dict[int, Extent] = field(default_factory=dict, compare=False)  # by pointer
+
+    def arguments(self, point: dict[LoopVariable, int] | None = None) -> "Arguments":
+        """The launch's grid and arguments, each declared one once, in index order: at one
+        iteration (`point`), or as affine values of the repeat indices (no point)."""
+        image = self.image
+        value = (lambda v: v) if point is None else (lambda v: concrete(v, point))
+        for binding in self.pointers:
+            if binding.index not in image.pointers:
+                raise BindingError(f"the image has no pointer {binding.index}")
+        for binding in self.scalars:
+            if binding.index not in image.scalars:
+                raise BindingError(f"the image has no scalar {binding.index}")
+        pointers = []
+        for index, parameter in sorted(image.pointers.items()):
+            bound = [b for b in self.pointers if b.index == index]
+            if len(bound) != 1:
+                raise BindingError(f"pointer {index} '{parameter.name}' is "
+                                   f"{'not bound' if not bound else 'bound twice'}")
+            view = bound[0].view
+            pointers.append(BoundPointer(parameter, view, value(view.offset), bound[0]))
+        scalars = []
+        for index, parameter in sorted(image.scalars.items()):
+            bound = [b for b in self.scalars if b.index == index]
+            if len(bound) > 1:
+                raise BindingError(f"scalar {index} '{parameter.name}' is bound twice")
+            if bound:
+                scalars.append(BoundScalar(parameter, value(bound[0].value), bound[0].kind))
+            elif parameter.default is not None:
+                kind = "Float" if isinstance(parameter.default, float) else "Nat"
+                scalars.append(BoundScalar(parameter, value(parameter.default), kind))
+            else:
+                raise BindingError(f"scalar {index} '{parameter.name}' is not bound")
+        return Arguments(tuple(value(g) for g in self.grid), tuple(pointers), tuple(scalars))
+
+
+@dataclass(frozen=True)
+class BoundPointer:
+    parameter: PointerParameter
+    view: View
+    offset: Nat  # the view's first element in its storage (an int at a point)
+    binding: PointerBinding
+
+
+@dataclass(frozen=True)
+class BoundScalar:
+    parameter: ScalarParameter
+    value: "Nat | float"
+    kind: str  # Nat | Int | Float: what the schedule gave
+
+
+@dataclass(frozen=True)
+class Arguments:
+    grid: tuple
+    pointers: tuple[BoundPointer, ...]
+    scalars: tuple[BoundScalar, ...]
+
+    def scalar_values(self) -> dict[str, object]:
+        return {s.parameter.name: s.value for s in self.scalars}
 
 
 @dataclass(frozen=True)
@@ -88,6 +244,36 @@ class PhaseRegion:
 Node = Launch | Repeat | PhaseRegion
 
 
+@dataclass(frozen=True)
+class Bank:
+    name: str
+    element: str
+    role: str  # parameters | gradients | state | copies
+    span: Span
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    stage: str | None
+    writes: tuple[str, ...]  # the banks it may write
+    write_spans: tuple[Span, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A bank entry: its size, whether it is a matrix (with a 16-bit copy), how it starts."""
+
+    name: str
+    count: int
+    stack: int | None
+    matrix: bool
+    init: str  # normal | ones | zeros
+    std: float | None  # for normal
+    span: Span
+
+
 @dataclass
 class Program:
     source: str
@@ -97,10 +283,35 @@ class Program:
     body: tuple[Node, ...]
     constants: dict[str, object] = field(default_factory=dict)
     storages: dict[str, StorageRef] = field(default_factory=dict)  # by label
-    blocks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # image -> block
+    images: dict[str, Image] = field(default_factory=dict)  # every declared image
     warnings: list = field(default_factory=list)  # diagnostics that did not stop evaluation
     bank_layouts: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)
-    evaluator: object = None  # evaluates image formulas (extents) in this configuration
+    banks: dict[str, "Bank"] = field(default_factory=dict)
+    phases: dict[str, "Phase"] = field(default_factory=dict)
+    entries: tuple["Entry", ...] = ()  # the bank entries, in declaration order
+    roles: dict[str, object] = field(default_factory=dict)  # role -> storage label or value
+    role_spans: dict[str, Span] = field(default_factory=dict)
+
+    @property
+    def blocks(self) -> dict[str, tuple[int, int, int]]:
+        return {name: image.block for name, image in self.images.items()
+                if image.block is not None}
+
+    def bank_of_role(self, role: str) -> list[str]:
+        return [name for name, bank in self.banks.items() if bank.role == role]
+
+    def role(self, name: str):
+        """The storage label or the value a role names; KeyError names what is missing."""
+        if name not in self.roles:
+            raise KeyError(f"the schedule declares no '{name}' role (a `roles` declaration "
+                           "names the model's buffers and constants: docs/language.md)")
+        return self.roles[name]
+
+    def kernel_constants(self) -> list[tuple[str, int]]:
+        """The shape constants the kernels see, by their C names, in table order."""
+        from .roles import KERNEL_CONSTANTS
+        return [(c_name, int(self.roles[role])) for c_name, role in KERNEL_CONSTANTS.items()
+                if role in self.roles]
 
     def address(self, view: View) -> tuple[str, Nat]:
         """The allocation a view lies in, and its first element's offset there."""

@@ -1,4 +1,6 @@
-"""The front end as one call: load, resolve, elaborate, type-check; then evaluate per config."""
+"""The front end as one call: load, resolve, elaborate, type-check; then evaluate per config.
+
+Its product is the launch program (cgc/core/ir.py); the stages after it read only that."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from dataclasses import dataclass
 
 from .declarations import Declarations, elaborate
 from ..core.diagnostics import CompileError, Diagnostic, Reporter
-from ..checking.check import check_program
 from .evaluate import evaluate_program
+from ..core.affine import Int
 from ..core.ir import Program
 from .load import load
 from .resolve import Scope
@@ -102,7 +104,6 @@ def parse_override(frontend: Frontend, text: str) -> tuple[str, object]:
     if declared == NAT and number < 0:
         raise ValueError(f"--set {name}: a Nat cannot be negative")
     if declared == INT:
-        from .evaluate import Int
         return name, Int(number)
     return name, number
 
@@ -131,13 +132,3 @@ def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: st
                                     overrides or {}, report)
         except RecursionError:
             raise _too_deep() from None
-
-
-
-def check(frontend: Frontend, program: Program) -> list:
-    """Runs the static checker; raises CompileError on errors, returns the warnings."""
-    report = Reporter()
-    with paused_gc():
-        check_program(program, frontend.declarations, report)
-    report.raise_if_errors()
-    return [d for d in report.diagnostics if d.severity == "warning"]

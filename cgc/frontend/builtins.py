@@ -57,7 +57,7 @@ PRIMITIVES = {
 TYPE_NAMES = ("Nat", "Float", "Int", "Schedule", "Image", "Phase", "Slots", "Entry", "Argument",
               "Scalar", "Buffer", "Bank", "Arena", "family", "NvidiaLaunchSchedule")
 
-ELEMENT_NAMES = ELEMENTS
+ELEMENT_NAMES = ELEMENTS  # the element table's names (cgc/core/elements.py)
 
 # Names bound inside an image's extent formulas.
 GRID_NAMES = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")

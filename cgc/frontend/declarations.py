@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .builtins import ELEMENT_NAMES
 from ..core.diagnostics import Note, Reporter, did_you_mean
+from ..core.elements import ELEMENT_NAMES, LOW_CHOICES, SCALAR_TYPES
+from ..core.roles import ROLES
 from .resolve import Scope
 from .syntax import Clause, Declaration, Floating, Integer, Name, Natural, Span, Term
 
 ACCESSES = ("read", "write", "readwrite", "accumulate")
-SCALAR_TYPES = ("float32", "int32")
 BANK_ROLES = ("parameters", "gradients", "state", "copies")
 STAGES = ("data", "forward", "backward", "optimizer")
 INITIALISERS = ("normal", "ones", "zeros")
-LOW_TYPES = ("bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,14 @@ class ConfigDeclaration:
 
 
 @dataclass
+class RoleBinding:
+    role: str
+    value: Term
+    span: Span  # the clause
+    declaration: str  # the roles declaration it is in
+
+
+@dataclass
 class Declarations:
     images: dict[str, ImageDeclaration] = field(default_factory=dict)
     storages: dict[str, StorageDeclaration] = field(default_factory=dict)
@@ -107,6 +114,7 @@ class Declarations:
     phases: dict[str, PhaseDeclaration] = field(default_factory=dict)
     constants: dict[str, ConstantDeclaration] = field(default_factory=dict)
     configs: dict[str, ConfigDeclaration] = field(default_factory=dict)
+    roles: dict[str, RoleBinding] = field(default_factory=dict)
 
 
 def _natural(term: Term, report: Reporter, what: str) -> int | None:
@@ -311,7 +319,7 @@ class _Elaborator:
                 continue
             value = clause.arguments[0]
             if key == "low":
-                _keyword(value, LOW_TYPES, self.report, "low-precision type")
+                _keyword(value, LOW_CHOICES, self.report, "low-precision type")
             elif not isinstance(value, (Natural, Integer, Floating)):
                 self.report.error("a config value must be a literal", value.span)
                 continue
@@ -326,6 +334,37 @@ class _Elaborator:
         self.result.configs[declaration.name.text] = ConfigDeclaration(
             declaration.name.text, declaration.parent, values, declaration.span)
 
+    def roles(self, declaration: Declaration) -> None:
+        """(ROLE NAME) clauses: which buffer or constant plays each role of the model."""
+        for clause in declaration.clauses:
+            role = clause.keyword.text
+            if role not in ROLES:
+                notes = did_you_mean(role, ROLES)
+                self.report.error(f"unknown role '{role}'; the roles are: {', '.join(ROLES)}",
+                                  clause.keyword.span, *notes)
+                continue
+            if len(clause.arguments) != 1:
+                self.report.error(f"({role} NAME) names exactly one "
+                                  f"{'buffer' if ROLES[role].kind == 'buffer' else 'constant'}",
+                                  clause.span)
+                continue
+            if role in self.result.roles:
+                first = self.result.roles[role]
+                self.report.error(f"role '{role}' is given twice", clause.keyword.span,
+                                  Note("first given here", first.span))
+                continue
+            value = clause.arguments[0]
+            self.term(value, declaration.name.text)
+            if ROLES[role].kind == "buffer":
+                target = self.scope.declarations.get(value.text) if isinstance(value, Name) \
+                    else None
+                if target is None or target.kind != "buffer":
+                    self.report.error(f"role '{role}' names a step buffer ({ROLES[role].meaning})",
+                                      value.span)
+                    continue
+            self.result.roles[role] = RoleBinding(role, value, clause.span,
+                                                  declaration.name.text)
+
     def definition(self, declaration: Declaration) -> None:
         type_term, body = declaration.terms
         self.scope.resolve_type(type_term)
@@ -338,7 +377,7 @@ def elaborate(scope: Scope, report: Reporter) -> Declarations:
         "def": elaborator.definition, "constant": elaborator.constant,
         "config": elaborator.config, "buffer": elaborator.storage, "arena": elaborator.storage,
         "entry": elaborator.storage, "bank": elaborator.bank, "phase": elaborator.phase,
-        "image": elaborator.image,
+        "image": elaborator.image, "roles": elaborator.roles,
     }
     for declaration in scope.order:
         handlers[declaration.kind](declaration)

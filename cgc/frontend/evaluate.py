@@ -7,14 +7,20 @@ affine function of it (or the evaluator says why not), which keeps the loop a lo
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from ..core import affine
-from ..core.affine import Affine, LoopVariable, Nat, bounds, format_nat
-from .builtins import PRIMITIVES
+from ..core.affine import Affine, Int, LoopVariable, Nat, bounds, format_nat
+from .builtins import GRID_NAMES, PRIMITIVES
 from .declarations import Declarations, StorageDeclaration
 from ..core.diagnostics import Note, Reporter
-from ..core.ir import Launch, PhaseRegion, PointerBinding, Program, Repeat, ScalarBinding, StorageRef, View
+from ..core.elements import DEFAULT_LOW
+from ..core.ir import (
+    Bank, Entry, Extent, Image, Launch, Phase, PhaseRegion, PointerBinding, PointerParameter,
+    Program, Repeat, ScalarBinding, ScalarParameter, StorageRef, View,
+)
+from ..core.roles import ROLES
 from .resolve import Scope
 from .syntax import Apply, Floating, Integer, Lambda, Name, Natural, Span, Term
 from .types import Function
@@ -23,10 +29,8 @@ LOG2_E = 1.4426950408889634
 # Entries start on multiples of 64 elements in their bank (256 bytes of float32), so that
 # every entry can be read with 16-byte vector loads; the padding stays zero.
 BANK_ALIGNMENT = 64
-
-
-class Int(int):
-    """A signed integer value (type Int), told apart from a natural for scalar slots."""
+# Beyond this many iterations a non-affine extent is not enumerated (the checker says so).
+ENUMERATION_LIMIT = 100_000
 
 
 class _Poison:
@@ -103,7 +107,7 @@ def resolve_config(declarations: Declarations, name: str, overrides: dict[str, o
         for key, (term, _) in config.values.items():
             values[key] = term
     low = values.pop("low", None)
-    low_name = low.text if isinstance(low, Name) else "bfloat16"
+    low_name = low.text if isinstance(low, Name) else DEFAULT_LOW
     constants = {}
     for constant in declarations.constants.values():
         if constant.name in overrides:
@@ -132,6 +136,7 @@ class Evaluator:
         self.storages: dict[str, StorageRef] = {}
         self.loop_spans: dict[LoopVariable, Span] = {}
         self.layouts: dict[str, tuple[dict[str, int], int]] = {}
+        self.images: dict[str, Image] = {}
 
     # ---- globals -----------------------------------------------------------------
 
@@ -195,6 +200,43 @@ class Evaluator:
                                  stack)
         self.storages[key] = storage
         return storage
+
+    def entry(self, declaration: StorageDeclaration) -> Entry:
+        """A bank entry as the runtimes see it: size, matrix, how it is initialised."""
+        bank = next((b.name for b in self.declarations.banks.values() if b.role != "copies"),
+                    None)
+        storage = self.storage_of(declaration, bank) if bank else None
+        count, stack = (storage.item_count, storage.stack) if storage else (0, None)
+        init, std = "zeros", None
+        if declaration.init is not None:
+            init = declaration.init.arguments[0].text
+            if init == "normal" and len(declaration.init.arguments) == 2:
+                value = self.eval(declaration.init.arguments[1], {}, ())
+                std = None if value is POISON else float(value)
+        return Entry(declaration.name, count * (stack or 1), stack, declaration.matrix,
+                     init, std, declaration.span)
+
+    def roles(self) -> tuple[dict[str, object], dict[str, Span]]:
+        """What each declared role names: a buffer's label, or a Nat's value."""
+        values, spans = {}, {}
+        for role, binding in self.declarations.roles.items():
+            spans[role] = binding.span
+            if ROLES[role].kind == "buffer":
+                storage = self.storage_of(self.declarations.storages[binding.value.text], None)
+                if storage is None:
+                    continue
+                element = ROLES[role].element
+                if storage.element != element:
+                    self.report.error(f"role '{role}' is {ROLES[role].meaning}: a buffer of "
+                                      f"{element}, but '{storage.name}' holds {storage.element}",
+                                      binding.value.span)
+                    continue
+                values[role] = storage.label
+            else:
+                value = self.natural_constant(binding.value, f"role '{role}'")
+                if value is not None:
+                    values[role] = value
+        return values, spans
 
     def bank_entries(self, bank: str) -> list[StorageDeclaration]:
         copies = self.declarations.banks[bank].role == "copies"
@@ -293,8 +335,99 @@ class Evaluator:
         image, gx, gy, gz, slots = values
         pointers = tuple(b for b in slots.bindings if isinstance(b, PointerBinding))
         scalars = tuple(b for b in slots.bindings if isinstance(b, ScalarBinding))
-        return (Launch(self.declarations.images[image.name], (gx, gy, gz), pointers, scalars,
-                       span, trace),)
+        record = self.image(image.name)
+        extents = self.extents(record, (gx, gy, gz), scalars)
+        return (Launch(record, (gx, gy, gz), pointers, scalars, span, trace, extents),)
+
+    # ---- images and extents ------------------------------------------------------
+
+    def image(self, name: str) -> Image:
+        """The image's signature in this configuration: block and scalar defaults evaluated."""
+        if name in self.images:
+            return self.images[name]
+        declaration = self.declarations.images[name]
+        block = None
+        if declaration.block is not None:
+            dims = [self.natural_constant(t, "a block dimension") for t in declaration.block]
+            block = tuple(dims) if None not in dims else None
+        pointers = {index: PointerParameter(index, p.name, p.element, p.access,
+                                            p.extent is not None, p.span)
+                    for index, p in declaration.pointers.items()}
+        scalars = {}
+        for index, s in declaration.scalars.items():
+            default = None
+            if s.default is not None:
+                default = self.eval(s.default, {}, ())
+                default = None if default is POISON else default
+            scalars[index] = ScalarParameter(index, s.name, s.type, default, s.span)
+        record = Image(name, block, declaration.library, pointers, scalars,
+                       frozenset(declaration.aliases), declaration.span, declaration.doc)
+        self.images[name] = record
+        return record
+
+    def extents(self, image: Image, grid, scalars) -> dict:
+        """The extent of each pointer that declares one, at this launch. Computed only when
+        every scalar is given once with a value of its type; the checker reports the rest."""
+        environment = dict(zip(GRID_NAMES[:3], grid))
+        environment |= dict(zip(GRID_NAMES[3:], image.block or (1, 1, 1)))
+        for index, parameter in image.scalars.items():
+            bound = [b for b in scalars if b.index == index]
+            if len(bound) > 1:
+                return {}
+            if bound:
+                value, is_float = bound[0].value, bound[0].kind == "Float"
+            elif parameter.default is not None:
+                value, is_float = parameter.default, isinstance(parameter.default, float)
+            else:
+                return {}
+            if is_float != (parameter.type == "float32"):
+                return {}
+            environment[parameter.name] = value
+        declaration = self.declarations.images[image.name]
+        return {index: self.extent(p.extent, environment)
+                for index, p in declaration.pointers.items() if p.extent is not None}
+
+    def quietly(self, term: Term, environment: dict):
+        """A formula's value, or the first error it raises: its errors are not the user's
+        unless the checker says so."""
+        report, self.report = self.report, Reporter()
+        try:
+            value = self.eval(term, environment, ())
+            if self.report.diagnostics or value is POISON:
+                first = next((d for d in self.report.diagnostics), None)
+                raise EvaluationError(first.message if first else "cannot be evaluated",
+                                      first.span if first else term.span)
+            return int(value) if isinstance(value, Int) else value
+        finally:
+            self.report = report
+
+    def extent(self, term: Term, environment: dict) -> Extent:
+        try:
+            return Extent(value=self.quietly(term, environment))
+        except EvaluationError:
+            pass
+        # Not affine (a minimum that changes sides, say): try every iteration, if few.
+        variables = sorted({v for value in environment.values() if isinstance(value, Affine)
+                            for v, _ in value.terms}, key=lambda v: v.number)
+        total = 1
+        for variable in variables:
+            total *= variable.count
+        if total > ENUMERATION_LIMIT:
+            return Extent(variables=tuple(variables), problem=(
+                f"not affine in the repeat indices, and {total} iterations are too many to "
+                "try one by one"))
+        table = {}
+        for point in itertools.product(*(range(v.count) for v in variables)):
+            values = dict(zip(variables, point))
+            concrete = {name: (value.at(values) if isinstance(value, Affine) else value)
+                        for name, value in environment.items()}
+            try:
+                table[point] = self.quietly(term, concrete)
+            except EvaluationError as error:
+                where = ", ".join(f"{v.name} = {i}" for v, i in values.items())
+                return Extent(variables=tuple(variables), problem=(
+                    f"cannot be evaluated{' at ' + where if where else ''}: {error.message}"))
+        return Extent(variables=tuple(variables), table=table)
 
     def _nvidiaAffineLaunchRepeat(self, values, spans, span, trace):
         count, body = values
@@ -517,20 +650,23 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     body = evaluator.global_value(entry, declaration.name.span)
     if report.has_errors or body is POISON:
         report.raise_if_errors()
-    blocks = {}
-    for image in declarations.images.values():
-        if image.block is not None:
-            dims = [evaluator.natural_constant(t, "a block dimension") for t in image.block]
-            if None not in dims:
-                blocks[image.name] = tuple(dims)
+    images = {name: evaluator.image(name) for name in declarations.images}
     for storage in declarations.storages.values():
         if storage.kind != "entry":
             evaluator.storage_of(storage, None)
     for bank in declarations.banks:
         evaluator.bank_layout(bank)
+    entries = tuple(evaluator.entry(s) for s in declarations.storages.values()
+                    if s.kind == "entry")
+    roles, role_spans = evaluator.roles()
     report.raise_if_errors()
     constants = {name: evaluator.constant(name, declarations.constants[name].span)
                  for name in declarations.constants}
     warnings = [d for d in report.diagnostics if d.severity == "warning"]
+    banks = {name: Bank(name, b.element, b.role, b.span) for name, b in declarations.banks.items()}
+    phases = {name: Phase(name, p.stage, tuple(n.text for n in p.writes),
+                          tuple(n.span for n in p.writes), p.span)
+              for name, p in declarations.phases.items()}
     return Program(source, entry, config, evaluator.low, body, constants,
-                   dict(evaluator.storages), blocks, warnings, dict(evaluator.layouts), evaluator)
+                   dict(evaluator.storages), images, warnings, dict(evaluator.layouts), banks,
+                   phases, entries, roles, role_spans)

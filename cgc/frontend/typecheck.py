@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .builtins import ELEMENT_NAMES, GRID_NAMES, PRIMITIVES, TYPE_NAMES
 from .declarations import Declarations
+from ..core.roles import ROLES
 from ..core.diagnostics import Note, Reporter
 from .resolve import Scope
 from .syntax import Apply, Arrow, Floating, Integer, Lambda, Name, Natural, Span, Term
@@ -248,6 +249,9 @@ class TypeChecker:
                 if scalar.default is not None:
                     self.expect(scalar.default, FLOAT if scalar.type == "float32" else NUMBER,
                                 f"the default of scalar '{scalar.name}'")
+        for binding in self.declarations.roles.values():
+            if ROLES[binding.role].kind == "Nat":
+                self.expect(binding.value, NAT, f"role '{binding.role}'")
         for config in self.declarations.configs.values():
             for key, (value, _) in config.values.items():
                 declared = self.global_types.get(key)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-ELEMENTS = ("float32", "bfloat16", "int32", "low")
+from ..core.elements import ELEMENT_NAMES as ELEMENTS
+
 BASE_TYPES = ("Nat", "Float", "Int", "Schedule", "Image", "Phase", "Slots", "Entry",
               "Argument", "Scalar")
 STORAGE_TYPES = ("Buffer", "Bank", "Arena")

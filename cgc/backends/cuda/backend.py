@@ -7,47 +7,54 @@ backends start from the same point. Each launch of the program becomes one prepa
 (a kernel launch, or a cuBLAS product); after a first, eager step the whole step is
 captured as a CUDA graph and replayed.
 
-Not yet run on a GPU in this repository's history: see docs/benchmarks.md for what has
-been verified where.
+docs/benchmarks.md says what has been verified on which machine.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...core.affine import Affine
-from .emit import CUBLAS_PRODUCTS, emit_program
-from ...frontend.evaluate import Int
-from ...frontend.api import Frontend
-from ...checking.memory import element_bytes, storage_home
-from ..numerics import decode, encode, storage_dtype
+from ...checking.memory import storage_home
+from ...core.elements import ELEMENTS, element_bytes
 from ..base import Run, initial_parameters
+from ..numerics import decode, encode, storage_dtype
+from .emit import CUBLAS_PRODUCTS, emit_program, image_problems
 from .toolchain import include_flags
+
+# MFU is reported against the H200's dense bfloat16 tensor-core peak (NVIDIA's datasheet:
+# 989 TFLOP/s without sparsity).
+H200_PEAK_FLOPS = 989e12
+
+
+def unavailable_reason() -> str | None:
+    try:
+        import cupy
+    except ImportError:
+        return ("CuPy is not installed: pip install 'cgc[cuda]' (it brings cupy-cuda13x and "
+                "CUDA's own wheels)")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+    except Exception as error:  # no driver, or no device: CuPy says which
+        return f"CuPy finds no NVIDIA GPU here ({type(error).__name__}: {error})"
+    return "CuPy finds no NVIDIA GPU here"
 
 
 def gpu_available() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no CuPy, no driver, or no device: all mean "no GPU here"
-        return False
-
-
-def _value(value, point):
-    if isinstance(value, Affine):
-        return value.at(point)
-    return int(value) if isinstance(value, Int) else value
+    return unavailable_reason() is None
 
 
 class CupyRun(Run):
-    def __init__(self, frontend: Frontend, path: str, config: str | None, overrides: dict | None,
-                 seed: int):
+    name = "cupy"
+    peak_flops = H200_PEAK_FLOPS
+
+    def __init__(self, program, plan, seed: int):
         import cupy
         from cupy_backends.cuda.libs import cublas
         self.cupy, self.cublas = cupy, cublas
-        super().__init__(frontend, path, config, overrides)
+        super().__init__(program, plan, seed)
         self.low = self.program.low
-        self.emitted = emit_program(self.program, self.declarations, self.plan)
+        self.emitted = emit_program(self.program, self.plan)
         self.module = cupy.RawModule(code=self.emitted.text, backend="nvrtc",
                                      options=("-std=c++17", *include_flags()))
         self.kernels = {}
@@ -62,10 +69,19 @@ class CupyRun(Run):
         self.memory["arena"] = cupy.zeros(max(self.plan.arena_bytes, 256), dtype=cupy.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.handle = cupy.cuda.device.get_cublas_handle()
-        self.load_parameters(initial_parameters(self.program, self.declarations, seed))
+        self.load_parameters(initial_parameters(self.program, seed))
         self.stream.synchronize()
         self.calls = [self._prepare(launch, point) for launch, _, point in self.program.unrolled()]
         self.graph = None
+        self.steps_run = 0
+
+    @staticmethod
+    def unavailable() -> str | None:
+        return unavailable_reason()
+
+    @staticmethod
+    def problems(program):
+        return image_problems(program)
 
     # ---- memory ------------------------------------------------------------------
 
@@ -96,25 +112,19 @@ class CupyRun(Run):
     def _prepare(self, launch, point):
         """One launch at one repeat index, as a call with every argument computed."""
         image = launch.image
-        pointers = {b.index: b for b in launch.pointers}
-        scalars = {b.index: b for b in launch.scalars}
-        arguments = []
-        for index in sorted(image.pointers):
-            view = pointers[index].view
-            arguments.append(np.uint64(self.address(view.storage, _value(view.offset, point))))
+        bound = launch.arguments(point)
+        arguments = [np.uint64(self.address(p.view.storage, p.offset)) for p in bound.pointers]
         values = {}
-        for index in sorted(image.scalars):
-            parameter = image.scalars[index]
-            value = _value(scalars[index].value, point) if index in scalars else \
-                self.program.evaluator.eval(parameter.default, {}, ())
-            value = np.float32(value) if parameter.type == "float32" else np.int32(int(value))
-            values[parameter.name] = value
+        for scalar in bound.scalars:
+            value = (np.float32(scalar.value) if scalar.parameter.type == "float32"
+                     else np.int32(int(scalar.value)))
+            values[scalar.parameter.name] = value
             arguments.append(value)
         if image.library is not None:
             return self._product(image.name, arguments, values)
         function, shared = self.kernels[image.name]
-        grid = tuple(int(_value(g, point)) for g in launch.grid)
-        block = self.program.blocks[image.name]
+        grid = tuple(int(g) for g in bound.grid)
+        block = image.block
         stream = self.stream
 
         def call():
@@ -130,8 +140,8 @@ class CupyRun(Run):
         low_output, beta = product.low_output, product.beta
         m, n, k = (int(values[x]) for x in ("m", "n", "k"))
         sizes = {"m": m, "n": n, "k": k}
-        low_type = 14 if self.low == "bfloat16" else 0  # CUDA_R_16BF, CUDA_R_32F
-        output_type = low_type if low_output else 0
+        low_type = ELEMENTS[self.low].cuda_data_type_code
+        output_type = low_type if low_output else ELEMENTS["float32"].cuda_data_type_code
         operations = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
         output, a, b = (int(x) for x in arguments[:3])
         residual = int(arguments[3]) if product.copies_residual else None
@@ -168,25 +178,40 @@ class CupyRun(Run):
         finally:
             self.graph = self.stream.end_capture()
 
-    def step(self, ids, targets, use_graph: bool = True) -> tuple[float, float]:
-        """One step: (loss, seconds on the GPU)."""
-        self.store("cgIds", ids)
-        self.store("cgTargets", targets)
+    def run_step(self, trace: list | None) -> float:
+        """The first step runs eagerly (launch by launch, timed into `trace` if asked) and is
+        then captured as a CUDA graph; later steps replay the graph."""
+        if trace is not None:
+            trace.extend(self.timed_launches())
+            seconds = trace[-1][3] - trace[0][2] if trace else 0.0
+        else:
+            seconds = self.timed(use_graph=self.graph is not None)
+        if self.graph is None:
+            self.capture()
+        self.steps_run += 1
+        return seconds
+
+    def step(self, ids, targets, trace: list | None = None):
+        eager = self.graph is None
+        result = super().step(ids, targets, trace)
+        if eager:
+            result.note = "eager, before capture"
+        return result
+
+    def timed(self, use_graph: bool) -> float:
+        """One step on the GPU, timed with CUDA events."""
         start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
         start.record(self.stream)
-        if use_graph and self.graph is not None:
+        if use_graph:
             self.graph.launch(self.stream)
         else:
             self.eager()
         end.record(self.stream)
         end.synchronize()
-        seconds = self.cupy.cuda.get_elapsed_time(start, end) / 1000.0
-        return self.mean_loss(), seconds
+        return self.cupy.cuda.get_elapsed_time(start, end) / 1000.0
 
-    def trace(self, ids, targets) -> tuple[float, list]:
-        """One eager step timed launch by launch: (loss, (image, phase, start, end) seconds)."""
-        self.store("cgIds", ids)
-        self.store("cgTargets", targets)
+    def timed_launches(self) -> list:
+        """One eager step timed launch by launch: (image, phase, start, end) seconds."""
         events = []
         origin = self.cupy.cuda.Event()
         origin.record(self.stream)
@@ -201,38 +226,7 @@ class CupyRun(Run):
         timings = [(name, phase, self.cupy.cuda.get_elapsed_time(origin, before) / 1000.0,
                     self.cupy.cuda.get_elapsed_time(origin, after) / 1000.0)
                    for name, phase, before, after in events]
-        return self.mean_loss(), timings
+        return timings
 
 
-def model_flops_per_token(constants: dict) -> float:
-    """6 N for the products of the parameters, plus the attention's own (PaLM's count)."""
-    width, layers = int(constants["cgWidth"]), int(constants["cgLayers"])
-    vocab, context = int(constants["cgVocab"]), int(constants["cgContext"])
-    parameters = vocab * width + layers * 12 * width * width
-    return 6.0 * parameters + 12.0 * layers * width * context
-
-
-def run_training(run: CupyRun, batches, steps: int, out, peak_flops: float = 790e12,
-                 trace: list | None = None) -> list[tuple[float, float]]:
-    """Steps with a progress line each: loss, tokens/s, MFU. A warm-up step runs eagerly
-    (timed launch by launch into `trace` if given), then the step is captured as a graph
-    and replayed."""
-    tokens = int(run.program.constants["cgBatch"]) * int(run.program.constants["cgContext"])
-    flops = model_flops_per_token(run.program.constants) * tokens
-    results = []
-    for step in range(1, steps + 1):
-        ids, targets = batches.next()
-        if step == 1 and trace is not None:
-            loss, timings = run.trace(ids, targets)
-            trace.extend(timings)
-            seconds = timings[-1][3] - timings[0][2]
-        else:
-            loss, seconds = run.step(ids, targets, use_graph=step > 1)
-        if step == 1:
-            run.capture()
-        results.append((loss, seconds))
-        out.write(f"step {step:>{len(str(steps))}}/{steps} loss {loss:.4f}  "
-                  f"{tokens / seconds:,.0f} tokens/s  MFU {100 * flops / seconds / peak_flops:.1f}%"
-                  f"{'  (eager, before capture)' if step == 1 else ''}\n")
-        out.flush()
-    return results
+Backend = CupyRun

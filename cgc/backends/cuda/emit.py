@@ -15,20 +15,14 @@ from dataclasses import dataclass
 import jinja2
 
 from ... import __version__
+from ...checking.memory import MemoryPlan
+from ...checking.signature import c_parameters
 from ...core.affine import format_nat
-from ...frontend.declarations import Declarations
+from ...core.diagnostics import Diagnostic, Note
+from ...core.elements import ELEMENTS, c_type, element_bytes
 from ...core.ir import Launch, PhaseRegion, Program, Repeat, View
-from ...checking.memory import MemoryPlan, element_bytes
+from ...core.roles import KERNEL_CONSTANTS, TRAINING_ROLES
 from ...resources import data_dir
-from ...checking.signature import c_parameters, c_type
-
-LOW_C_TYPES = {"bfloat16": "__nv_bfloat16", "float32": "float"}
-LOW_CUDA_TYPES = {"bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
-# The model constants kernels see, by their C names.
-KERNEL_CONSTANTS = {"kRows": "cgSeq", "kBatch": "cgBatch", "kContext": "cgContext",
-                    "kVocab": "cgVocab", "kWidth": "cgWidth", "kLayers": "cgLayers",
-                    "kHeads": "cgHeads", "kHeadWidth": "cgHeadWidth",
-                    "kAttentionTile": "cgAttentionTile"}
 
 
 @dataclass(frozen=True)
@@ -62,10 +56,17 @@ def template_name(image: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
 
 
+# The kernel constants each image's dynamic shared memory is sized from (below).
+SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
+                           "cgImageAttentionBackward": ("kAttentionTile", "kHeadWidth")}
+
+
 def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
     """Dynamic shared memory of the attention kernels: tiles of q, k, v (and dO), the
     probability tiles, the float score tile and the float accumulators. `constants` are
     the kernel constants by C name."""
+    if image not in SHARED_MEMORY_CONSTANTS:
+        return 0
     tile, width = constants["kAttentionTile"], constants["kHeadWidth"]
     low_bytes = element_bytes("low", low)
     if image == "cgImageAttention":
@@ -80,6 +81,7 @@ def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, autoescape=False)
 
@@ -92,6 +94,59 @@ def _float(value: float) -> str:
     return text + "f"
 
 
+def _bytecode_cache():
+    """Jinja's compiled templates, kept between processes (keyed by each template's path and
+    checksum); none where no cache folder can be written."""
+    folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                          "cgc", "jinja")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(folder)
+
+
+def template_path(image: str) -> str:
+    return f"kernels/{template_name(image)}.cu.j2"
+
+
+_CONSTANT = re.compile(r"\b(" + "|".join(KERNEL_CONSTANTS) + r")\b")
+
+
+def image_problems(program: Program) -> list[Diagnostic]:
+    """What the CUDA backend lacks for the images the program launches, as errors at each
+    image's declaration: a kernel without its template, a template or a shared-memory size
+    that needs a model constant no role gives, a library image cuBLAS cannot run."""
+    found = []
+    given = {name for name, _ in program.kernel_constants()}
+    folder = data_dir("templates")
+    used = sorted({launch.image.name: launch.image for launch, _, _ in program.launches()}.items())
+    for name, image in used:
+        if image.library is not None:
+            if name not in CUBLAS_PRODUCTS:
+                found.append(Diagnostic("error", f"image '{name}' is a (library cublas) image, "
+                                        "but the CUDA backend has no product of that name "
+                                        f"(it has: {', '.join(CUBLAS_PRODUCTS)})", image.span))
+            continue
+        path = folder / template_path(name)
+        if not path.is_file():
+            found.append(Diagnostic(
+                "error", f"image '{name}' has no kernel template: the CUDA backend looks for "
+                f"templates/{template_path(name)}", image.span,
+                (Note("every kernel image needs a template named after it, and a reference "
+                      "function of the same name for the numpy backend (docs/backends.md)"),)))
+            continue
+        needed = set(_CONSTANT.findall(path.read_text(encoding="utf-8")))
+        needed |= set(SHARED_MEMORY_CONSTANTS.get(name, ()))
+        for constant in sorted(needed - given):
+            role = KERNEL_CONSTANTS[constant]
+            found.append(Diagnostic(
+                "error", f"the kernel of image '{name}' uses {constant}, but no `roles` "
+                f"declaration gives the role '{role}'", image.span,
+                (Note(f"add ({role} NAME) to the model's roles declaration"),)))
+    return found
+
+
 @dataclass
 class Kernel:
     image: str
@@ -102,14 +157,14 @@ class Kernel:
 
 
 class Emitter:
-    def __init__(self, program: Program, declarations: Declarations, plan: MemoryPlan):
-        self.program, self.declarations, self.plan = program, declarations, plan
+    def __init__(self, program: Program, plan: MemoryPlan):
+        self.program, self.plan = program, plan
         self.low = program.low
         self.environment = _environment()
         self.root = os.path.dirname(program.source)
         self.phase_count = 0
         self.phases: list[dict] = []
-        self.constants = dict(self.kernel_constants())
+        self.constants = dict(program.kernel_constants())
 
     # ---- names -------------------------------------------------------------------
 
@@ -175,11 +230,11 @@ class Emitter:
         used = sorted({launch.image.name for launch, _, _ in self.program.launches()})
         found = []
         for name in used:
-            image = self.declarations.images[name]
+            image = self.program.images[name]
             if image.library is not None:
                 continue
-            template = f"kernels/{template_name(name)}.cu.j2"
-            block = self.program.blocks[name]
+            template = template_path(name)
+            block = image.block
             code = self.environment.get_template(template).render(
                 name=name, parameters=", ".join(c_parameters(image, self.low)),
                 threads=block[0] * block[1] * block[2])
@@ -194,11 +249,10 @@ class Emitter:
     def launch_lines(self, launch: Launch) -> list[str]:
         image = launch.image
         where = f"{self.where(launch)} {image.name}"
-        pointers = {b.index: b for b in launch.pointers}
-        scalars = {b.index: b for b in launch.scalars}
+        bound = launch.arguments()
         arguments = []
-        for index in sorted(image.pointers):
-            view = pointers[index].view
+        for pointer in bound.pointers:
+            view = pointer.view
             name = self.pointer_name(view)
             if view.item is not None:  # item i of a stack: i items of `count` elements in
                 arguments.append(f"{name} + {view.count}L * ({format_nat(view.item)})")
@@ -206,19 +260,16 @@ class Emitter:
                 arguments.append(f"{name} + ({format_nat(view.offset)})")
             else:
                 arguments.append(name)
-        for index in sorted(image.scalars):
-            parameter = image.scalars[index]
-            if index in scalars:
-                value = scalars[index].value
-            else:
-                value = self.program.evaluator.eval(parameter.default, {}, ())
-            arguments.append(_float(value) if parameter.type == "float32" else format_nat(value))
+        for scalar in bound.scalars:
+            value = scalar.value
+            arguments.append(_float(value) if scalar.parameter.type == "float32"
+                             else format_nat(value))
         comment = f"// {where}"
         if image.library is not None:
             call = f"{image.name}(stream, \"{where}\", {', '.join(arguments)});"
             return [comment, call]
-        grid = ", ".join(format_nat(g) for g in launch.grid)
-        block = ", ".join(str(b) for b in self.program.blocks[image.name])
+        grid = ", ".join(format_nat(g) for g in bound.grid)
+        block = ", ".join(str(b) for b in image.block)
         shared = shared_memory_bytes(image.name, self.constants, self.low)
         call = (f"{image.name}<<<dim3({grid}), dim3({block}), {shared}, stream>>>"
                 f"({', '.join(arguments)});")
@@ -250,25 +301,27 @@ class Emitter:
         return lines
 
     def main(self) -> str:
-        needed = {"cgIds", "cgTargets", "cgLoss"}
-        if not needed <= set(self.program.storages):
+        """The standalone program's main, for a schedule that declares what a training step
+        needs (its ids, targets and loss buffers) and has a parameter bank."""
+        program = self.program
+        parameter_banks = program.bank_of_role("parameters")
+        if not all(role in program.roles for role in TRAINING_ROLES) or not parameter_banks:
             return ""
         template = self.environment.get_template("main.cu.j2")
-        parameter_bank = next(b for b, d in self.declarations.banks.items()
-                              if d.role == "parameters")
-        copies = [b for b, d in self.declarations.banks.items() if d.role == "copies"]
+        parameter_bank = parameter_banks[0]
+        copies = program.bank_of_role("copies")
         entries = []
-        for declaration in self.declarations.storages.values():
-            if declaration.kind != "entry":
-                continue
-            storage = self.program.storages[f"{parameter_bank}.{declaration.name}"]
-            copy = [f"{bank}_{declaration.name}" for bank in copies
-                    if f"{bank}.{declaration.name}" in self.program.storages]
-            entries.append({"name": declaration.name, "count": storage.count,
-                            "parameter": f"{parameter_bank}_{declaration.name}",
+        for entry in program.entries:
+            storage = program.storages[f"{parameter_bank}.{entry.name}"]
+            copy = [f"{bank}_{entry.name}" for bank in copies
+                    if f"{bank}.{entry.name}" in program.storages]
+            entries.append({"name": entry.name, "count": storage.count,
+                            "parameter": f"{parameter_bank}_{entry.name}",
                             "half_copy": copy[0] if copy else "nullptr"})
-        rows = self.program.storages["cgIds"].count
-        return template.render(entries=entries, rows=rows, low=self.low)
+        names = {role: program.storages[program.roles[role]].name
+                 for role in ("ids", "targets", "loss")}
+        rows = program.storages[program.roles["ids"]].count
+        return template.render(entries=entries, rows=rows, low=self.low, names=names)
 
     def products(self) -> list[dict]:
         """The host functions of the cuBLAS images the program uses, from CUBLAS_PRODUCTS."""
@@ -276,7 +329,7 @@ class Emitter:
                        if launch.image.library is not None})
         found = []
         for name in used:
-            image, product = self.declarations.images[name], CUBLAS_PRODUCTS[name]
+            image, product = self.program.images[name], CUBLAS_PRODUCTS[name]
             prelude = []
             if product.copies_residual:  # D = residual + A B, with C = D: start from a copy
                 prelude = ["if (output != residual)",
@@ -290,18 +343,9 @@ class Emitter:
                 "output_type": "cg_low_type" if product.low_output else "CUDA_R_32F"})
         return found
 
-    def kernel_constants(self) -> list[tuple[str, int]]:
-        """The model's constants and definitions the kernels use, by their C names."""
-        evaluator, found = self.program.evaluator, []
-        for name, source in KERNEL_CONSTANTS.items():
-            declaration = evaluator.scope.declarations.get(source)
-            if declaration is not None:
-                found.append((name, int(evaluator.global_value(source, declaration.name.span))))
-        return found
-
     def render(self) -> str:
         common = self.environment.get_template("common.cuh.j2").render(
-            low=self.low, low_c_type=LOW_C_TYPES[self.low], config=self.program.config,
+            low=self.low, low_c_type=ELEMENTS[self.low].c_type, config=self.program.config,
             constants=list(self.constants.items()))
         kernels = self.rendered_kernels = self.kernels()
         step_lines = self.schedule(self.program.body, [], "")
@@ -312,7 +356,7 @@ class Emitter:
             low=self.low, common=common.rstrip("\n"), kernels=kernels,
             large_shared_memory=[k for k in kernels if k.shared_bytes > 48 * 1024],
             allocations=self.allocations(), buffers=self.buffers(),
-            low_cuda_type=LOW_CUDA_TYPES[self.low], phases=self.phases,
+            low_cuda_type=ELEMENTS[self.low].cuda_data_type, phases=self.phases,
             products=self.products(),
             step_lines=step_lines, main=self.main())
 
@@ -334,8 +378,8 @@ class Emitted:
         return None
 
 
-def emit_program(program: Program, declarations: Declarations, plan: MemoryPlan) -> Emitted:
-    emitter = Emitter(program, declarations, plan)
+def emit_program(program: Program, plan: MemoryPlan) -> Emitted:
+    emitter = Emitter(program, plan)
     text = emitter.render()
     lines = text.splitlines()
     starts = {}

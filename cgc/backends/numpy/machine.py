@@ -17,12 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.affine import Affine
-from ...frontend.builtins import GRID_NAMES
-from ...frontend.declarations import Declarations
-from ...frontend.evaluate import Int
-from ...core.ir import Launch, Program, View
-from ...checking.memory import MemoryPlan, element_bytes, storage_home
+from ...checking.memory import MemoryPlan, storage_home
+from ...core.elements import element_bytes
+from ...core.ir import BindingError, Launch, Program, View
 from ..numerics import decode, encode, storage_dtype
 
 WRITES = ("write", "readwrite", "accumulate")
@@ -34,12 +31,6 @@ class Fault(Exception):
     def __init__(self, kind: str, message: str):
         self.kind = kind  # slot | bounds | extent | alias | permission | data
         super().__init__(message)
-
-
-def concrete(value, point: dict) -> int | float:
-    if isinstance(value, Affine):
-        return value.at(point)
-    return int(value) if isinstance(value, Int) else value
 
 
 class Pointer:
@@ -94,7 +85,8 @@ class Pointer:
 
 @dataclass
 class Kernel:
-    """What a reference kernel sees: its pointers and scalars by name, grid, block, model."""
+    """What a reference kernel sees: its pointers and scalars by name, grid, block, and the
+    model's shape by role (`width`, `vocab`, ...: cgc/core/roles.py)."""
 
     pointers: dict[str, Pointer]
     scalars: dict[str, object]
@@ -104,9 +96,8 @@ class Kernel:
 
 
 class Machine:
-    def __init__(self, program: Program, declarations: Declarations, plan: MemoryPlan,
-                 kernels: dict):
-        self.program, self.declarations, self.plan = program, declarations, plan
+    def __init__(self, program: Program, plan: MemoryPlan, kernels: dict):
+        self.program, self.plan = program, plan
         self.kernels = kernels
         self.low = program.low
         self.memory: dict[str, np.ndarray] = {}
@@ -115,12 +106,9 @@ class Machine:
         self.memory["buffers"] = np.zeros(max(plan.buffers_bytes, 1), dtype=np.uint8)
         self.memory["arena"] = np.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
         self.launch_count = 0
-        # What the kernels see of the model: its constants, and the definitions they use.
-        self.constants = dict(program.constants)
-        for name in ("cgSeq", "cgHeadWidth"):
-            declaration = program.evaluator.scope.declarations.get(name)
-            if declaration is not None:
-                self.constants[name] = program.evaluator.global_value(name, declaration.name.span)
+        # What the kernels see of the model: its shape, by role.
+        self.constants = {role: value for role, value in program.roles.items()
+                          if not isinstance(value, str)}
 
     # ---- memory --------------------------------------------------------------------
 
@@ -159,49 +147,31 @@ class Machine:
         image = launch.image
         where = f"launch {self.launch_count} of '{image.name}' ({launch.span})"
         self.launch_count += 1
-        evaluator = self.program.evaluator
-        grid = tuple(concrete(g, point) for g in launch.grid)
-        block = self.program.blocks.get(image.name, (1, 1, 1))
+        try:
+            arguments = launch.arguments(point)
+        except BindingError as error:
+            raise Fault("slot", f"{where}: {error}") from None
+        grid, block = arguments.grid, image.block or (1, 1, 1)
         if min(grid) < 1:
             raise Fault("slot", f"{where} has an empty grid {grid}")
 
         scalars: dict[str, object] = {}
-        for index, parameter in sorted(image.scalars.items()):
-            bound = [b for b in launch.scalars if b.index == index]
-            if len(bound) > 1:
-                raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' is bound twice")
-            if bound:
-                value = concrete(bound[0].value, point)
-                if parameter.type == "float32" and bound[0].kind != "Float" or \
-                        parameter.type == "int32" and bound[0].kind == "Float":
-                    raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' is a "
-                                        f"{parameter.type}, bound to a {bound[0].kind}")
-                if parameter.type == "int32" and not -2 ** 31 <= value < 2 ** 31:
-                    raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' = {value} "
-                                        "does not fit in an int32")
-            elif parameter.default is not None:
-                value = concrete(evaluator.eval(parameter.default, {}, ()), point)
-            else:
-                raise Fault("slot", f"{where}: scalar {index} '{parameter.name}' is not bound")
+        for scalar in arguments.scalars:
+            parameter, value = scalar.parameter, scalar.value
+            if (parameter.type == "float32") != (scalar.kind == "Float"):
+                raise Fault("slot", f"{where}: scalar {parameter.index} '{parameter.name}' is a "
+                                    f"{parameter.type}, bound to a {scalar.kind}")
+            if parameter.type == "int32" and not -2 ** 31 <= value < 2 ** 31:
+                raise Fault("slot", f"{where}: scalar {parameter.index} '{parameter.name}' = "
+                                    f"{value} does not fit in an int32")
             scalars[parameter.name] = value
-        for binding in launch.scalars:
-            if binding.index not in image.scalars:
-                raise Fault("slot", f"{where}: the image has no scalar {binding.index}")
 
-        environment = dict(zip(GRID_NAMES, (*grid, *block))) | scalars
         pointers: dict[str, Pointer] = {}
-        writable = {name.text for name in self.declarations.phases[phase].writes} \
-            if phase in self.declarations.phases else set()
-        for binding in launch.pointers:
-            if binding.index not in image.pointers:
-                raise Fault("slot", f"{where}: the image has no pointer {binding.index}")
-        for index, parameter in sorted(image.pointers.items()):
-            bound = [b for b in launch.pointers if b.index == index]
-            if not bound:
-                raise Fault("slot", f"{where}: pointer {index} '{parameter.name}' is not bound")
-            if len(bound) > 1:
-                raise Fault("slot", f"{where}: pointer {index} '{parameter.name}' is bound twice")
-            view = bound[0].view
+        writable = set(self.program.phases[phase].writes) if phase in self.program.phases \
+            else set()
+        for bound in arguments.pointers:
+            parameter, view, offset = bound.parameter, bound.view, bound.offset
+            index = parameter.index
             if view.storage.element != parameter.element:
                 raise Fault("slot", f"{where}: pointer {index} '{parameter.name}' takes "
                                     f"{parameter.element}, bound to {view.storage.element} "
@@ -210,10 +180,14 @@ class Machine:
                     view.storage.name not in writable:
                 raise Fault("permission", f"{where}: phase '{phase}' may not write bank "
                                           f"'{view.storage.name}'")
-            offset = concrete(view.offset, point)
             array = self.storage_array(view)[offset:offset + view.count]
-            extent = (int(evaluator.eval(parameter.extent, environment, ()))
-                      if parameter.extent is not None else None)
+            extent = None
+            if parameter.has_extent:
+                try:
+                    extent = launch.extents[index].at(point)
+                except (KeyError, BindingError) as error:
+                    raise Fault("extent", f"{where}: the extent of pointer {index} "
+                                          f"'{parameter.name}' is unknown ({error})") from None
             home, base = self.home(view)
             item = element_bytes(view.storage.element, self.low)
             pointers[parameter.name] = Pointer(where, index, parameter.name, parameter.access,

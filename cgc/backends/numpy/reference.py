@@ -17,11 +17,11 @@ F32 = np.float32
 
 
 def _width(k: Kernel) -> int:
-    return int(k.constants["cgWidth"])
+    return int(k.constants["width"])
 
 
 def embedding(k: Kernel) -> None:
-    rows, width, vocab = k.grid[0], _width(k), int(k.constants["cgVocab"])
+    rows, width, vocab = k.grid[0], _width(k), int(k.constants["vocab"])
     ids = k.pointers["ids"].read(0, rows).astype(np.int64)
     if ((ids < 0) | (ids >= vocab)).any():
         raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")
@@ -134,8 +134,8 @@ class _Heads:
 
     def __init__(self, k: Kernel):
         self.sequences = k.grid[2]
-        self.context = int(k.constants["cgContext"])
-        self.heads = int(k.constants["cgHeads"])
+        self.context = int(k.constants["context"])
+        self.heads = int(k.constants["heads"])
         self.width = _width(k)
         self.head_width = self.width // self.heads
         self.rows = self.sequences * self.context
@@ -178,7 +178,7 @@ def attention(k: Kernel) -> None:
 
 
 def attention_delta(k: Kernel) -> None:
-    rows, width, count = k.grid[0], _width(k), int(k.constants["cgHeads"])
+    rows, width, count = k.grid[0], _width(k), int(k.constants["heads"])
     out = k.pointers["output"].read(0, rows * width).reshape(rows, count, -1)
     dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, count, -1)
     k.pointers["delta"].write(0, (out * dout).sum(axis=-1, dtype=F32))
@@ -238,7 +238,7 @@ def cast_down(k: Kernel) -> None:
 
 
 def loss(k: Kernel) -> None:
-    rows, vocab = k.grid[0], int(k.constants["cgVocab"])
+    rows, vocab = k.grid[0], int(k.constants["vocab"])
     logits = k.pointers["logits"].read(0, rows * vocab).reshape(rows, vocab)
     targets = k.pointers["targets"].read(0, rows).astype(np.int64)
     if (targets >= vocab).any():
@@ -253,7 +253,7 @@ def loss(k: Kernel) -> None:
 
 
 def cross_entropy_backward(k: Kernel) -> None:
-    rows, vocab = k.grid[0], int(k.constants["cgVocab"])
+    rows, vocab = k.grid[0], int(k.constants["vocab"])
     columns = min(k.grid[1] * k.block[0], vocab)
     span = (rows - 1) * vocab + columns
     logits = np.zeros(rows * vocab, dtype=F32)
@@ -280,7 +280,7 @@ def cross_entropy_backward(k: Kernel) -> None:
 
 def scatter(k: Kernel) -> None:
     """Every row of the step, whatever the grid: the blocks share out the vocabulary."""
-    rows, width, vocab = int(k.constants["cgSeq"]), _width(k), int(k.constants["cgVocab"])
+    rows, width, vocab = int(k.constants["rows"]), _width(k), int(k.constants["vocab"])
     ids = k.pointers["ids"].read(0, rows).astype(np.int64)
     if ((ids < 0) | (ids >= vocab)).any():
         raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")

@@ -1,0 +1,127 @@
+"""The training loop, one for every backend: steps, a progress line each, the dump.
+
+A stop request (Ctrl-C in `cgc run`) ends the loop after the step under way; what was
+done is returned as it would be at the end, so the caller can still report and plot it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import Run
+
+
+@dataclass
+class Training:
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    stopped: bool = False  # ended early by a stop request
+
+
+def model_flops_per_token(program) -> float | None:
+    """6 N for the products of the parameters, plus the attention's own (PaLM's count), from
+    the model's roles; None where the schedule does not declare the shape."""
+    roles = program.roles
+    try:
+        width, layers = int(roles["width"]), int(roles["layers"])
+        vocab, context = int(roles["vocab"]), int(roles["context"])
+    except KeyError:
+        return None
+    parameters = vocab * width + layers * 12 * width * width
+    return 6.0 * parameters + 12.0 * layers * width * context
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def progress_line(run: Run, step: int, steps: int, loss: float, seconds: float,
+                  tokens: int, note: str = "") -> str:
+    width = 24
+    done = int(width * step / steps)
+    line = (f"step {step:>{len(str(steps))}}/{steps} [{'#' * done}{'.' * (width - done)}] "
+            f"loss {loss:.4f}  {seconds:.3f} s/step  {tokens / seconds:,.0f} tokens/s")
+    flops = model_flops_per_token(run.program)
+    if run.peak_flops and flops:
+        line += f"  MFU {100 * flops * tokens / seconds / run.peak_flops:.1f}%"
+    return line + (f"  ({note})" if note else "")
+
+
+def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None,
+          trace: list | None = None, stop: threading.Event | None = None) -> Training:
+    """Runs `steps` steps. `trace` gets the first step's per-launch times; `dump` the run
+    for replay (docs/dump-format.md)."""
+    result = Training()
+    all_ids, all_targets = [], []
+    before = run.bank_values("parameters") if dump else None
+    first = None
+    tokens = int(run.program.role("batch")) * int(run.program.role("context"))
+    interactive = out.isatty() if hasattr(out, "isatty") else False
+    for step in range(1, steps + 1):
+        if stop is not None and stop.is_set():
+            result.stopped = True
+            break
+        ids, targets = batches.next()
+        outcome = run.step(ids, targets, trace if step == 1 else None)
+        result.losses.append(outcome.loss)
+        result.seconds.append(outcome.seconds)
+        all_ids.append(ids)
+        all_targets.append(targets)
+        if step == 1 and dump:
+            first = (run.bank_values("gradients"), run.bank_values("parameters"))
+        line = progress_line(run, step, steps, outcome.loss, outcome.seconds, tokens,
+                             outcome.note)
+        last = step == steps or (stop is not None and stop.is_set())
+        out.write(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
+        out.flush()
+    if dump and result.losses:
+        write_dump(dump, run, result.losses, np.stack(all_ids), np.stack(all_targets), before,
+                   *first, run.bank_values("parameters"))
+    return result
+
+
+def write_dump(folder: str, run: Run, losses, ids, targets, before, gradients, after,
+               final) -> None:
+    os.makedirs(folder, exist_ok=True)
+    program = run.program
+    entries = {entry.name: {"count": entry.count, "items": entry.stack, "matrix": entry.matrix}
+               for entry in program.entries}
+    constants = {name: (value if isinstance(value, (int, float)) else float(value))
+                 for name, value in program.constants.items()}
+    manifest = {
+        "format": "cgc-dump-1",
+        "backend": run.name,
+        "config": program.config,
+        "low": program.low,
+        "constants": constants,
+        "roles": {role: value for role, value in sorted(program.roles.items())},
+        "seed": run.seed,
+        "steps": len(losses),
+        "losses": losses,
+        "entries": entries,
+    }
+    with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    np.save(os.path.join(folder, "ids.npy"), ids.astype(np.int32))
+    np.save(os.path.join(folder, "targets.npy"), targets.astype(np.int32))
+    for name, values in (("before", before), ("gradients", gradients), ("after", after),
+                         ("final", final)):
+        os.makedirs(os.path.join(folder, name), exist_ok=True)
+        for entry, array in values.items():
+            np.save(os.path.join(folder, name, f"{entry}.npy"), array.astype(np.float32))
+
+
+def summary(training: Training) -> str:
+    """One line: the loss from first to last, and how many steps ran."""
+    losses = training.losses
+    if not losses:
+        return "stopped before the first step finished"
+    text = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {_plural(len(losses), 'step')}"
+    return text + (" (stopped early)" if training.stopped else "")

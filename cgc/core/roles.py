@@ -1,0 +1,42 @@
+"""The roles a model's schedule declares for the runtime and the kernels.
+
+The compiler knows no model's names: a `roles` declaration in the `.cg` files says which
+buffer holds the token ids, the targets and the loss, and which constants give the
+model's shape. The runtimes read buffers and constants by role; the CUDA kernels see the
+shape as the C constants named here (kWidth, ...). One table, in the order the kernels'
+constants are emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    kind: str  # buffer | Nat
+    element: str | None  # a buffer's element type
+    kernel_constant: str | None  # its C name in the kernels, for a Nat
+    meaning: str
+
+
+ROLES: dict[str, Role] = {role.name: role for role in (
+    Role("ids", "buffer", "int32", None, "the input token ids, one per row"),
+    Role("targets", "buffer", "int32", None, "the next-token targets, one per row (-1: ignored)"),
+    Role("loss", "buffer", "float32", None, "the cross-entropy of each row"),
+    Role("rows", "Nat", None, "kRows", "token rows per step (batch x context)"),
+    Role("batch", "Nat", None, "kBatch", "sequences per step"),
+    Role("context", "Nat", None, "kContext", "tokens per sequence"),
+    Role("vocab", "Nat", None, "kVocab", "vocabulary size"),
+    Role("width", "Nat", None, "kWidth", "width of the residual stream"),
+    Role("layers", "Nat", None, "kLayers", "transformer layers"),
+    Role("heads", "Nat", None, "kHeads", "attention heads"),
+    Role("headWidth", "Nat", None, "kHeadWidth", "width of one attention head"),
+    Role("attentionTile", "Nat", None, "kAttentionTile", "query rows per attention block"),
+)}
+
+KERNEL_CONSTANTS = {role.kernel_constant: role.name for role in ROLES.values()
+                    if role.kernel_constant}
+# What `cgc run` needs to feed a step and read its loss.
+TRAINING_ROLES = ("ids", "targets", "loss", "batch", "context", "vocab")
