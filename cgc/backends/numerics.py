@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.elements import concrete
+from ..core.elements import ELEMENTS, concrete
 
 
 def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
     rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    result = (rounded >> np.uint32(16)).astype(np.uint16)
+    result = (rounded >> np.uint32(16)).astype(ELEMENTS["bfloat16"].storage)
     nan = np.isnan(values)
     if nan.any():
         result[nan] = 0x7FC0

@@ -18,7 +18,9 @@ import itertools
 from ..core import affine
 from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
-from ..core.ir import Image, Launch, PointerBinding, PointerParameter, Program, extreme_point
+from ..core.ir import (
+    Image, Launch, PointerBinding, PointerParameter, Program, Repeat, extreme_point,
+)
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -41,6 +43,15 @@ class Checker:
     def __init__(self, program: Program, report: Reporter):
         self.program = program
         self.report = report
+        self.repeat_spans = set()
+
+        def repeats(nodes):
+            for node in nodes:
+                if isinstance(node, Repeat):
+                    self.repeat_spans.add(node.span)
+                if not isinstance(node, Launch):
+                    repeats(node.body)
+        repeats(program.body)
 
     def run(self) -> None:
         self.check_images()
@@ -84,9 +95,10 @@ class Checker:
         return Note(f"image '{image.name}' is declared here", image.span)
 
     def _trace_notes(self, launch: Launch) -> list[Note]:
-        """The innermost call that led to the launch, and the outermost (the user's own)."""
-        spans = list(dict.fromkeys([*launch.trace[-1:], *launch.trace[:1]]))
-        return [Note("in the expansion of the call here", span) for span in spans]
+        """The calls that led to the launch, innermost first, back to the user's own line
+        (a repeat applies its body like a call, but is no call of the user's)."""
+        return [Note("required from the call here", span) for span in reversed(launch.trace)
+                if span not in self.repeat_spans]
 
     def error(self, launch: Launch, message: str, span=None, *notes: Note) -> None:
         self.report.error(message, span or launch.span, *notes, *self._trace_notes(launch))

@@ -362,6 +362,14 @@ class _Elaborator:
                     self.report.error(f"role '{role}' names a step buffer ({ROLES[role].meaning})",
                                       value.span)
                     continue
+                element = target.terms[0]
+                wanted = ROLES[role].element
+                if isinstance(element, Name) and element.text != wanted:
+                    self.report.error(f"role '{role}' is {ROLES[role].meaning}: a buffer of "
+                                      f"{wanted}, but '{value.text}' holds {element.text}",
+                                      value.span, Note(f"'{value.text}' is declared here",
+                                                       target.span))
+                    continue
             self.result.roles[role] = RoleBinding(role, value, clause.span,
                                                   declaration.name.text)
 

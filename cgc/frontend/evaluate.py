@@ -88,6 +88,14 @@ def _arity(t) -> int:
 _ARITIES = {name: _arity(t) for name, t in PRIMITIVES.items()}
 
 
+def chain_notes(trace: tuple, repeats=()) -> list[Note]:
+    """"required from here" notes for the calls that led to a failing expression: the
+    innermost call first, the outermost (the one the user wrote) last. A repeat applies its
+    body like a call; `repeats` (their spans) are left out: they are no call of the user's."""
+    return [Note("required from the call here", span) for span in reversed(trace)
+            if span not in repeats]
+
+
 class EvaluationError(Exception):
     def __init__(self, message: str, span: Span | None, *notes: Note):
         self.message, self.span, self.notes = message, span, notes
@@ -135,6 +143,7 @@ class Evaluator:
         self.in_progress: set[str] = set()
         self.storages: dict[str, StorageRef] = {}
         self.loop_spans: dict[LoopVariable, Span] = {}
+        self.repeat_spans: set[Span] = set()
         self.layouts: dict[str, tuple[dict[str, int], int]] = {}
         self.images: dict[str, Image] = {}
 
@@ -225,13 +234,7 @@ class Evaluator:
                 storage = self.storage_of(self.declarations.storages[binding.value.text], None)
                 if storage is None:
                     continue
-                element = ROLES[role].element
-                if storage.element != element:
-                    self.report.error(f"role '{role}' is {ROLES[role].meaning}: a buffer of "
-                                      f"{element}, but '{storage.name}' holds {storage.element}",
-                                      binding.value.span)
-                    continue
-                values[role] = storage.label
+                values[role] = storage.label  # its element type is checked in elaboration
             else:
                 value = self.natural_constant(binding.value, f"role '{role}'")
                 if value is not None:
@@ -302,11 +305,13 @@ class Evaluator:
                          span, trace)
 
     def call(self, name: str, values: list, spans: list, span: Span, trace: tuple):
-        """A built-in with all its arguments; its errors become diagnostics and POISON."""
+        """A built-in with all its arguments; its errors become diagnostics and POISON, with
+        the chain of calls that led there, innermost first, back to the user's own line."""
         try:
             return getattr(self, "_" + name)(values, spans, span, trace)
         except EvaluationError as error:
-            self.report.error(error.message, error.span, *error.notes)
+            self.report.error(error.message, error.span, *error.notes,
+                              *chain_notes(trace, self.repeat_spans))
             return POISON
 
     # ---- primitives --------------------------------------------------------------
@@ -437,6 +442,7 @@ class Evaluator:
         name = body.function.binder.text if isinstance(body, Closure) else "i"
         variable = LoopVariable.fresh(name, count)
         self.loop_spans[variable] = span
+        self.repeat_spans.add(span)
         if count == 0:
             self.report.warning("this repeat runs zero times", spans[0])
             return ()

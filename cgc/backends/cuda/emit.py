@@ -340,7 +340,8 @@ class Emitter:
                 "parameters": ", ".join(c_parameters(image, self.low)),
                 "op_b": product.op_b, "op_a": product.op_a, "ld_b": product.ld_b,
                 "ld_a": product.ld_a, "beta": _float(product.beta), "prelude": prelude,
-                "output_type": "cg_low_type" if product.low_output else "CUDA_R_32F"})
+                "output_type": ("cg_low_type" if product.low_output
+                                else ELEMENTS["float32"].cuda_data_type)})
         return found
 
     def render(self) -> str:

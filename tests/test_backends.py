@@ -1,0 +1,140 @@
+"""The backend interface: the registry, what each backend checks before it runs, and the
+model's roles (a model with other names runs with no change to cgc)."""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from cgc.backends import REGISTRY, backend, choose
+from cgc.backends.base import Run
+from cgc.backends.cuda.emit import emit_program, image_problems
+from cgc.backends.data import Batches, load_corpus
+from cgc.backends.numpy.reference import KERNELS
+from cgc.backends.training import train
+from cgc.checking.memory import plan_memory
+from cgc.cli import main
+from cgc.core.diagnostics import CompileError, render_all
+from cgc.frontend.builtins import PRIMITIVES
+from cgc.pipeline import analyse, backend_problems, check, evaluate, open_run
+
+from conftest import SCHEDULES
+
+
+def test_every_registered_backend_implements_the_interface():
+    for name in REGISTRY:
+        cls = backend(name)
+        assert issubclass(cls, Run) and cls.name == name
+        for method in ("store", "fetch", "run_step"):
+            assert method in cls.__dict__, (name, method)
+
+
+def test_auto_says_why_it_chose():
+    name, why = choose("auto")
+    assert name in REGISTRY and why.startswith("auto: ")
+
+
+def test_every_image_the_schedules_launch_has_a_kernel_on_every_backend():
+    path = str(SCHEDULES / "train.cg")
+    frontend = analyse([path])
+    for config in ("tiny", "gpt2"):
+        assert backend_problems(evaluate(frontend, path, config=config)) == []
+
+
+@pytest.fixture
+def schedules(tmp_path):
+    for path in SCHEDULES.glob("*.cg"):
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path
+
+
+def test_an_image_without_a_template_is_a_diagnostic_at_its_declaration(schedules, capsys):
+    """Found before anything runs, by check and by compile: not a TemplateNotFound."""
+    images = schedules / "images.cg"
+    images.write_text(images.read_text().replace("cgImageZero", "cgImageZeroes"))
+    for name in ("library.cg", "optimizer.cg", "backward.cg", "train.cg", "forward.cg"):
+        path = schedules / name
+        path.write_text(path.read_text().replace("cgImageZero", "cgImageZeroes"))
+    for command in (["check"], ["compile", "-o", str(schedules / "out.cu")]):
+        assert main([*command, str(schedules / "train.cg")]) == 1
+        err = capsys.readouterr().err
+        assert re.search(r"images\.cg:\d+:\d+: error: image 'cgImageZeroes' has no kernel "
+                         r"template: the CUDA backend looks for templates/kernels/zeroes\.cu\.j2",
+                         err), err
+        if command == ["check"]:  # check asks every backend; the numpy one has its own gap
+            assert "image 'cgImageZeroes' has no reference function" in err
+        assert "internal error" not in err and "Traceback" not in err
+
+
+def test_a_template_constant_no_role_gives_is_a_diagnostic(schedules, capsys):
+    model = schedules / "model.cg"
+    model.write_text(model.read_text().replace("(attentionTile cgAttentionTile)", ""))
+    assert main(["compile", str(schedules / "train.cg"), "-o", str(schedules / "out.cu")]) == 1
+    err = capsys.readouterr().err
+    assert "error: the kernel of image 'cgImageAttention' uses kAttentionTile, but no `roles` " \
+           "declaration gives the role 'attentionTile'" in err, err
+    assert "KeyError" not in err
+
+
+def test_the_detector_passes_what_the_schedules_need():
+    """The gap check is not trivially silent: dropping a template it needs is caught above;
+    with everything present it finds nothing."""
+    path = str(SCHEDULES / "train.cg")
+    program = evaluate(analyse([path]), path)
+    assert image_problems(program) == []
+    assert set(KERNELS) >= {launch.image.name for launch, _, _ in program.launches()}
+
+
+def test_an_unknown_role_and_a_mistyped_buffer_role_are_diagnostics(schedules):
+    model = schedules / "model.cg"
+    text = model.read_text()
+    model.write_text(text.replace("(ids cgIds)", "(idz cgIds)").replace("(loss cgLoss)",
+                                                                         "(loss cgCorrect)"))
+    with pytest.raises(CompileError) as error:
+        evaluate(analyse([str(schedules / "train.cg")]), str(schedules / "train.cg"))
+    text = render_all(error.value.diagnostics)
+    assert "unknown role 'idz'" in text and "did you mean 'ids'" in text
+    assert "role 'loss' is the cross-entropy of each row: a buffer of float32, but " \
+           "'cgCorrect' holds int32" in text
+
+
+# ---- a model with every name changed ------------------------------------------------------
+
+def renamed(source: str) -> str:
+    """Every name the model declares (constants, definitions, buffers, arena slots, banks,
+    entries, phases, configs' constants) gets a new one; the language's primitives and the
+    images (named after their kernels) keep theirs."""
+    keep = set(PRIMITIVES)
+    return re.sub(r"\bcg(?!Image)([A-Z]\w*)",
+                  lambda m: m.group(0) if m.group(0) in keep else f"my{m.group(1)}Renamed",
+                  source)
+
+
+def test_a_model_with_other_names_compiles_and_runs_unchanged(schedules, tmp_path):
+    for path in list(schedules.glob("*.cg")):
+        path.write_text(renamed(path.read_text()))
+    text = "".join(p.read_text() for p in schedules.glob("*.cg"))
+    assert "cgIds" not in text and "cgLoss" not in text and "cgWidth" not in text
+    assert "myIdsRenamed" in text and "myWidthRenamed" in text
+
+    original, other = str(SCHEDULES / "train.cg"), str(schedules / "train.cg")
+    program = evaluate(analyse([other]), other, config="tiny")
+    assert check(program) == []
+    reference = evaluate(analyse([original]), original, config="tiny")
+    assert program.roles["ids"] == "myIdsRenamed" and program.roles["width"] == 64
+    # The CUDA is the same but for the names (and the file names in its comments).
+    ours = emit_program(program, plan_memory(program)).text
+    theirs = emit_program(reference, plan_memory(reference)).text
+    strip = lambda s: re.sub(r"(\b|_)(cg|my)[A-Z]\w*|[\w/.-]+\.cg:\d+:\d+", "N", s)  # noqa: E731
+    assert strip(ours) == strip(theirs)
+    # And it trains to the same losses, bit for bit.
+    losses = []
+    for path in (original, other):
+        run = open_run("numpy", analyse([path]), path, "tiny", {}, seed=2)
+        batches = Batches(load_corpus(None), 4, 64, 2)
+        losses.append(train(run, batches, 2, out=io.StringIO()).losses)
+    assert losses[0] == losses[1] and np.isfinite(losses[0]).all()

@@ -1,0 +1,76 @@
+"""The package's shape: stages import one way, and nothing after the launch program reads
+the front end."""
+
+from __future__ import annotations
+
+import ast
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "cgc"
+# What each stage may import from cgc: itself and the stages before it.
+ALLOWED = {
+    "core": {"core"},
+    "frontend": {"core", "frontend", "resources"},
+    "checking": {"core", "checking"},
+    "backends": {"core", "checking", "backends", "resources"},
+    "tools": {"core", "frontend", "tools", "resources"},
+}
+
+
+def cgc_imports(path):
+    """The cgc modules a file imports, as dotted names (relative imports resolved)."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[:len(package) - node.level + 1])
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = [f"{module}.{a.name}" for a in node.names] if not node.module else [module]
+            found.update(n for n in names if n.startswith("cgc"))
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("cgc"))
+    return found
+
+
+def test_stages_import_only_themselves_and_the_stages_before_them():
+    wrong = []
+    for stage, allowed in ALLOWED.items():
+        for path in sorted((PACKAGE / stage).rglob("*.py")):
+            for module in cgc_imports(path):
+                parts = module.split(".")
+                if len(parts) > 1 and parts[1] not in allowed | {"__version__"}:
+                    wrong.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert wrong == []
+
+
+def test_nothing_after_the_launch_program_reads_the_front_end():
+    after = [p for stage in ("core", "checking", "backends") for p in (PACKAGE / stage).rglob("*.py")]
+    readers = [str(p.relative_to(ROOT)) for p in after
+               if any(m.startswith(("cgc.frontend", "cgc.pipeline", "cgc.cli")) for m in cgc_imports(p))]
+    assert readers == []
+    source = "".join(p.read_text(encoding="utf-8") for p in after)
+    assert "evaluator" not in source and "declarations." not in source
+
+
+def test_the_import_checker_sees_a_violation():
+    """The detector works: a front-end module does import core, and the checker sees it."""
+    assert any(m.startswith("cgc.core") for m in cgc_imports(PACKAGE / "frontend" / "evaluate.py"))
+    assert "cgc.frontend.api" in cgc_imports(PACKAGE / "pipeline.py")
+
+
+def test_no_module_spells_an_element_type_code_of_its_own():
+    """One table of element types (cgc/core/elements.py): no literal dtype or C type codes."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "elements.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for literal in ('"__nv_bfloat16"', "np.uint16", "CUDA_R_16BF", "CUDA_R_32F",
+                        '"bfloat16": 2', "== 14"):
+            if literal in text:
+                offenders.append(f"{path.relative_to(ROOT)}: {literal}")
+    assert offenders == []
