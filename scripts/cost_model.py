@@ -30,14 +30,14 @@ def value(x, point):
     return x.at(point) if isinstance(x, Affine) else int(x)
 
 
-def flops(launch, point, constants) -> float:
+def flops(launch, point, roles) -> float:
     name = launch.image.name
     scalars = {launch.image.scalars[b.index].name: value(b.value, point) for b in launch.scalars}
     if launch.image.library is not None:
         return 2.0 * scalars["m"] * scalars["n"] * scalars["k"]
     if name in ("cgImageAttention", "cgImageAttentionBackward"):
-        batch, heads = int(constants["cgBatch"]), int(constants["cgHeads"])
-        context, width = int(constants["cgContext"]), int(constants["cgWidth"])
+        batch, heads = int(roles["batch"]), int(roles["heads"])
+        context, width = int(roles["context"]), int(roles["width"])
         head_width = width // heads
         causal_pairs = context * (context + 1) / 2  # query-key pairs under the mask
         one_product = 2.0 * batch * heads * causal_pairs * head_width
@@ -66,7 +66,7 @@ def main() -> int:
     rows = defaultdict(lambda: [0, 0, 0.0, 0.0])
     for launch, _, point in program.unrolled():
         row = rows[launch.image.name]
-        moved, work = traffic(launch, program.low), flops(launch, point, program.constants)
+        moved, work = traffic(launch, program.low), flops(launch, point, program.roles)
         row[0] += 1
         row[1] += moved
         row[2] += work
@@ -84,7 +84,7 @@ def main() -> int:
             total[i] += x
     print(f"| **step** | {total[0]} | {total[1] / 1e6:,.1f} | {total[2] / 1e9:,.1f} | "
           f"{total[3] * 1e6:,.1f} | |")
-    tokens = int(program.constants["cgBatch"]) * int(program.constants["cgContext"])
+    tokens = int(program.roles["batch"]) * int(program.roles["context"])
     print(f"floor: {total[3] * 1e3:.2f} ms a step, {tokens / total[3]:,.0f} tokens/s "
           f"({tokens} tokens a step)")
     return 0

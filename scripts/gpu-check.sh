@@ -26,7 +26,7 @@ status[gpu_tests]=${PIPESTATUS[0]}
 echo "== standalone program under compute-sanitizer"
 python3 -m cgc run schedules/train.cg --backend numpy --config tiny --steps 1 --dump "$out/dump" >/dev/null
 python3 -m cgc compile schedules/train.cg --config tiny -o "$out/train.tiny.cu" 2>/dev/null
-if python3 -c "import sys; from cgc.toolchain import nvcc_build; ok, log = nvcc_build(sys.argv[1], sys.argv[2]); print(log); sys.exit(0 if ok else 1)" "$out/train.tiny.cu" "$out/train" >"$out/nvcc.log" 2>&1; then
+if python3 -c "import sys; from cgc.backends.cuda.toolchain import nvcc_build; ok, log = nvcc_build(sys.argv[1], sys.argv[2]); print(log); sys.exit(0 if ok else 1)" "$out/train.tiny.cu" "$out/train" >"$out/nvcc.log" 2>&1; then
   for tool in memcheck racecheck; do
     timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$out/train" "$out/dump" 1 \
       >"$out/$tool.log" 2>&1

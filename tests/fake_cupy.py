@@ -1,4 +1,4 @@
-"""A stand-in for CuPy on the CPU: enough of its API for cgc.runtime_cupy to run a step.
+"""A stand-in for CuPy on the CPU: enough of its API for the CuPy backend (cgc/backends/cuda/backend.py) to run a step.
 
 "Device" memory is host memory and device pointers are host addresses. A kernel launch
 runs the image's NumPy reference kernel on the memory its pointer arguments address (with

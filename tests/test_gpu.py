@@ -31,14 +31,14 @@ WRITES = ("write", "readwrite", "accumulate")
 
 
 def runs(config: str, seed: int = 0):
-    pass
     frontend = analyse([PATH])
     return open_run("cupy", frontend, PATH, config, {}, seed), open_run("numpy", frontend, PATH, config, {}, seed)
 
 
 def tokens(run, seed: int = 0):
-    constants = run.program.constants
-    return Batches(load_corpus(None), constants["cgBatch"], constants["cgContext"], seed).next()
+    program = run.program
+    return Batches(load_corpus(None), program.role("batch"), program.role("context"),
+                   seed).next()
 
 
 def to_gpu(gpu, machine) -> None:
@@ -60,8 +60,8 @@ def view_values(memory: dict, program, plan, view: View, point, low) -> np.ndarr
 def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, tolerance):
     gpu, cpu = runs(config)
     ids, targets = tokens(cpu)
-    cpu.machine.store("cgIds", ids)
-    cpu.machine.store("cgTargets", targets)
+    cpu.store(cpu.program.role("ids"), ids)
+    cpu.store(cpu.program.role("targets"), targets)
     program, plan, program_low = cpu.program, cpu.plan, cpu.program.low
     for (launch, phase, point), call in zip(program.unrolled(), gpu.calls):
         to_gpu(gpu, cpu.machine)
@@ -93,8 +93,8 @@ def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, tolera
 def test_the_float32_step_matches_the_reference_machine():
     gpu, cpu = runs("tiny32")
     ids, targets = tokens(cpu)
-    gpu_loss, _ = gpu.step(ids, targets, use_graph=False)
-    cpu_loss = cpu.step(ids, targets)
+    gpu_loss = gpu.step(ids, targets).loss  # the first step runs eagerly
+    cpu_loss = cpu.step(ids, targets).loss
     assert abs(gpu_loss - cpu_loss) / cpu_loss <= 1e-4
     for role in ("gradients", "parameters", "state"):
         ours, theirs = gpu.bank_values(role), cpu.bank_values(role)
@@ -107,7 +107,7 @@ def test_the_bfloat16_step_matches_the_pytorch_model_on_the_gpu():
     gpu, cpu = runs("tiny")
     before = gpu.bank_values("parameters")
     ids, targets = tokens(cpu)
-    loss, _ = gpu.step(ids, targets, use_graph=False)
+    loss = gpu.step(ids, targets).loss
     model = Gpt(gpu.program.constants, before, device="cuda")
     expected = model.loss(ids, targets)
     expected.backward()
@@ -118,30 +118,30 @@ def test_the_bfloat16_step_matches_the_pytorch_model_on_the_gpu():
 
 
 def test_graph_replay_equals_eager_launches_bit_for_bit():
-    pass
     frontend = analyse([PATH])
     eager, graphed = (open_run("cupy", frontend, PATH, "tiny", {}, 0) for _ in range(2))
+    eager.replay = False  # every step launch by launch
     ids, targets = tokens(eager)
     warm = tokens(eager, seed=1)
-    for run in (eager, graphed):  # the same first step on both, eagerly
-        run.step(*warm, use_graph=False)
-    graphed.capture()
+    for run in (eager, graphed):  # the same first step on both, eagerly; graphed captures it
+        run.step(*warm)
+    assert graphed.graph is not None and eager.graph is None
     # capture records without running: both now take the same second step
-    eager.step(ids, targets, use_graph=False)
-    graphed.step(ids, targets, use_graph=True)
+    eager.step(ids, targets)
+    graphed.step(ids, targets)
     for name in eager.memory:
         assert (eager.memory[name] == graphed.memory[name]).all(), name
 
 
 def test_the_standalone_program_prints_the_losses_of_the_cupy_run(tmp_path):
-    pass
     frontend = analyse([PATH])
     reference = open_run("numpy", frontend, PATH, "tiny", {}, 0)
     batches = Batches(load_corpus(None), 4, 64, 0)
     train(reference, batches, 2, dump=str(tmp_path / "dump"), out=io.StringIO())
     gpu = open_run("cupy", frontend, PATH, "tiny", {}, 0)
     batches = Batches(load_corpus(None), 4, 64, 0)
-    losses = [gpu.step(*batches.next(), use_graph=False)[0] for _ in range(2)]
+    gpu.replay = False
+    losses = [gpu.step(*batches.next()).loss for _ in range(2)]
     source = tmp_path / "train.cu"
     source.write_text(gpu.emitted.text)
     ok, log = nvcc_build(str(source), str(tmp_path / "train"))
