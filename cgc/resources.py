@@ -24,3 +24,15 @@ def data_dir(name: str) -> Path:
 
 def grammar_path() -> Path:
     return data_dir("grammar") / "cg.lark"
+
+
+def cache_dir() -> Path | None:
+    """Where cgc keeps what it can rebuild (the parser's tables): $XDG_CACHE_HOME/cgc, by
+    default ~/.cache/cgc; None where there is no home to put it in."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG default
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:
+            return None
+    return Path(base) / "cgc"

@@ -3,7 +3,8 @@
 
 Prints the time of each stage (best of several runs) and the two requirements of the
 front end: the whole 10,000-line front end under 1 s, and `cgc ir` on the 96-layer
-configuration within 1.2x of the 12-layer one (repeats are not unrolled).
+configuration within 1.2x of the 12-layer one (repeats are not unrolled). It also times
+cgc's LALR driver against Lark's own LALR parser, on the same file, from the same table.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from cgc.core.diagnostics import Reporter  # noqa: E402
 from cgc.frontend.evaluate import evaluate_program  # noqa: E402
 from cgc.frontend.api import paused_gc  # noqa: E402
 from cgc.frontend.load import load  # noqa: E402
+from cgc.frontend.parse import parse_text  # noqa: E402
 from cgc.frontend.resolve import Scope  # noqa: E402
 from cgc.frontend.typecheck import TypeChecker  # noqa: E402
 
@@ -88,6 +90,50 @@ def front_end(path: str) -> dict[str, float]:
     return stages
 
 
+def driver_against_lark(text: str, runs: int) -> tuple[float, float]:
+    """Seconds of cgc's driver (text to syntax tree, documentation comments attached) and
+    of Lark's own LALR parser with its basic lexer (text to Lark's tree), best of `runs`,
+    the two alternating, with the collector paused for both."""
+    from lark import Lark
+
+    from cgc.resources import grammar_path
+
+    lark = Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", lexer="basic")
+    parse_text(text, "bench.cg")  # warm: the driver's table
+    lark.parse(text)
+    times: dict[str, list[float]] = {"driver": [], "lark": []}
+    with paused_gc():
+        for _ in range(runs):
+            for name, work in (("driver", lambda: parse_text(text, "bench.cg")),
+                               ("lark", lambda: lark.parse(text))):
+                start = time.perf_counter()
+                work()
+                times[name].append(time.perf_counter() - start)
+    return min(times["driver"]), min(times["lark"])
+
+
+_COLD = ("import sys, time; start = time.perf_counter(); "
+         "from cgc.frontend.parse import _parser; _parser(); "
+         "print(time.perf_counter() - start, 'lark' in sys.modules)")
+
+
+def cold_parser_seconds(runs: int) -> dict[str, tuple[float, bool]]:
+    """A fresh process's import of the parser and its table: with an empty cache folder
+    (the table built, as every process did before the cache), then with the cache there.
+    Each: (best seconds, whether Lark was imported)."""
+    import tempfile
+
+    found: dict[str, list] = {"without cache": [], "with cache": []}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as folder:
+            environment = {**os.environ, "XDG_CACHE_HOME": folder}
+            for name in found:  # the first run finds the folder empty and fills it
+                out = subprocess.run([sys.executable, "-c", _COLD], cwd=ROOT, env=environment,
+                                     check=True, capture_output=True, text=True).stdout.split()
+                found[name].append((float(out[0]), out[1] == "True"))
+    return {name: min(times) for name, times in found.items()}
+
+
 def ir_arguments(layers: int) -> list[str]:
     return ["ir", os.path.join(ROOT, "schedules", "train.cg"), "--config", "gpt2",
             "--set", f"cgLayers={layers}", "-o", os.devnull]
@@ -129,10 +175,14 @@ def main() -> int:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(generate(args.lines))
         lines = sum(1 for _ in open(path, encoding="utf-8"))
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
         with paused_gc():  # as cgc.frontend.analyse and evaluate run
             front_end(path)  # warm: builds the parser once, as a long-lived process would
             runs = [front_end(path) for _ in range(args.runs)]
     stages = {key: min(run[key] for run in runs) for key in runs[0]}
+    ours, theirs = driver_against_lark(text, args.runs)
+    cold = cold_parser_seconds(args.runs)
     own = in_process_ir_seconds(6 * args.runs)
     own12, own96 = own[12], own[96]
     whole = cli_ir_seconds(2 * args.runs)
@@ -142,6 +192,14 @@ def main() -> int:
         print(f"  {key:<9} {seconds * 1000:8.1f} ms")
     verdict = "ok" if stages["total"] < 1.0 else "TOO SLOW"
     print(f"  requirement: total under 1000 ms: {verdict}")
+    print(f"parsing the same file (best of {args.runs}), the same grammar's LALR(1) table:")
+    print(f"  cgc's driver          {ours * 1000:8.1f} ms  (to syntax nodes, docs attached)")
+    print(f"  Lark's LALR parser    {theirs * 1000:8.1f} ms  (lexer='basic', to Lark's tree)")
+    print(f"  ratio: Lark's parser takes {theirs / ours:.2f}x the driver's time")
+    print(f"a fresh process importing the parser and making its table (best of {args.runs}):")
+    for name, (seconds, imported) in cold.items():
+        imported_text = "yes" if imported else "no"
+        print(f"  {name:<14} {seconds * 1000:7.1f} ms  (Lark imported: {imported_text})")
     print("cgc ir schedules/train.cg --config gpt2 --set cgLayers=N:")
     print(f"  {'layers':<8} {'own work':>10} {'whole process':>15}")
     print(f"  {12:<8} {own12 * 1000:7.1f} ms {ir12 * 1000:12.1f} ms")

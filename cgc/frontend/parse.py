@@ -3,20 +3,31 @@
 Lark builds the LALR(1) table from grammar/cg.lark; a small driver here runs it. The
 lexer is one regular expression made from the grammar's own terminals, in Lark's order of
 precedence; tokens are tuples and each reduction builds a syntax node directly. This is
-several times faster than Lark's general-purpose front end, which matters for large
-generated schedules.
+several times faster than Lark's own LALR parser (scripts/bench_frontend.py measures both),
+which matters for large generated schedules.
+
+The driver needs a few of Lark's internals to read the table: they are all fetched in
+`lark_internals`, which says which one a new Lark version changed (tests/test_parse_driver.py
+pins each). What the driver keeps from them is plain data, cached as JSON in the user's
+cache folder (`cgc.resources.cache_dir`) under a key made of the grammar, this file, Lark's
+version and Python's: a process that finds it neither imports Lark nor builds the table.
+The cached `_Parser` holds only that data; everything a parse collects is local to it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
+import os
 import re
+import sys
 from functools import lru_cache
-
-from lark import Lark
-from lark.parsers.lalr_analysis import Shift
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 from ..core.diagnostics import Note, Reporter, did_you_mean
-from ..resources import grammar_path
+from ..resources import cache_dir, grammar_path
 from .syntax import (
     Apply, Arrow, Clause, Declaration, Floating, Import, Integer, Lambda, Module, Name,
     Natural, Source, Span,
@@ -25,10 +36,12 @@ from .syntax import (
 USAGES = ("linear", "affine", "unrestricted")
 DECLARATION_KEYWORDS = (
     "import", "def", "constant", "config", "buffer", "bank", "entry", "arena", "phase", "image",
+    "roles",
 )
 _DECLARATION_START = re.compile(rf"^(?:{'|'.join(DECLARATION_KEYWORDS)})\b", re.MULTILINE)
 
-# How each terminal is named in "expected ..." messages.
+# How each terminal is named in "expected ..." messages. `__ANON_0` is Lark's name for the
+# anonymous "->" (pinned by tests/test_parse_driver.py).
 _TERMINAL_WORDS = {
     "LPAR": "'('", "RPAR": "')'", "COLON": "':'", "EQUAL": "'='", "DOT": "'.'",
     "__ANON_0": "'->'", "NAME": "a name", "NAT": "a natural number", "INT": "a signed integer",
@@ -51,42 +64,240 @@ class _SyntaxError(Exception):
         self.token, self.expected, self.offset = token, expected, offset
 
 
+# ---- Lark's internals, in one place --------------------------------------------------
+
+SUPPORTED_LARK = "lark>=1.2,<2"
+
+
+class LarkInternalsError(RuntimeError):
+    """The installed Lark no longer has an internal piece the driver reads."""
+
+
+class LarkInternals(NamedTuple):
+    """What the driver reads from a built `Lark(..., parser="lalr")`; only this is private."""
+
+    shift: Any                 # lark.parsers.lalr_analysis.Shift: the action tag of a shift
+    states: dict               # state -> symbol -> (Shift, state) | (Reduce, Rule)
+    start_state: int           # parse_table.start_states["start"]
+    end_state: int             # parse_table.end_states["start"]
+    terminals: list            # Lark.terminals: TerminalDef(name, pattern, priority)
+    ignored: list              # Lark.ignore_tokens: names of the %ignore'd terminals
+    rules: list                # Lark.rules: Rule(origin.name, expansion, alias)
+
+
+def _lark_version() -> str:
+    try:
+        import lark
+        return str(lark.__version__)
+    except Exception:  # noqa: BLE001 (only for the message)
+        return "unknown"
+
+
+def _internal(what: str, fetch: Callable[[], Any], shaped: Callable[[Any], bool]) -> Any:
+    """One internal piece of Lark, or an error naming it."""
+    try:
+        value = fetch()
+        ok = shaped(value)
+    except (AttributeError, ImportError, KeyError, IndexError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise LarkInternalsError(f"this Lark version ({_lark_version()}) changed its internals: "
+                                 f"{what}; cgc supports {SUPPORTED_LARK}")
+    return value
+
+
+def _is_terminal(symbol: str) -> bool:
+    """Lark names terminals in capitals (its own end marker is `$END`), rules in lower case."""
+    return symbol.isupper() or symbol == "$END"
+
+
+def lark_internals(lark) -> LarkInternals:
+    """Every private attribute or module of Lark the driver uses, fetched and shape-checked.
+
+    tests/test_parse_driver.py pins each of them, so that a Lark upgrade that moves one fails
+    there, and here with a message naming it, rather than somewhere inside the driver.
+    """
+    analysis = _internal("module lark.parsers.lalr_analysis",
+                         lambda: importlib.import_module("lark.parsers.lalr_analysis"),
+                         lambda module: True)
+    shift = _internal("lark.parsers.lalr_analysis.Shift", lambda: analysis.Shift,
+                      lambda value: value is not analysis.Reduce)
+    table = _internal("Lark.parser.parser.parser.parse_table (the LALR table)",
+                      lambda: lark.parser.parser.parser.parse_table,
+                      lambda value: hasattr(value, "states"))
+    rules = _internal("Lark.rules (Rule with .origin.name, .expansion and .alias)",
+                      lambda: list(lark.rules),
+                      lambda found: found and all(
+                          isinstance(rule.origin.name, str) and isinstance(rule.expansion, list)
+                          and (rule.alias is None or isinstance(rule.alias, str))
+                          for rule in found))
+    rule_ids = {id(rule) for rule in rules}
+
+    def action_shaped(entry) -> bool:
+        action, target = entry
+        if action is shift:
+            return isinstance(target, int)
+        return action is analysis.Reduce and id(target) in rule_ids
+
+    states = _internal("parse_table.states (int state -> symbol -> (Shift, int) or "
+                       "(Reduce, one of Lark.rules))",
+                       lambda: table.states,
+                       lambda found: isinstance(found, dict) and found and all(
+                           isinstance(state, int) and isinstance(row, dict)
+                           and all(isinstance(symbol, str) and action_shaped(entry)
+                                   for symbol, entry in row.items())
+                           for state, row in found.items()))
+    start_state = _internal("parse_table.start_states['start']",
+                            lambda: table.start_states["start"], lambda value: value in states)
+    end_state = _internal("parse_table.end_states['start']",
+                          lambda: table.end_states["start"], lambda value: value in states)
+    terminals = _internal("Lark.terminals (TerminalDef with .name, .priority and .pattern "
+                          "with .type, .value, .max_width and .to_regexp())",
+                          lambda: list(lark.terminals),
+                          lambda found: found and all(
+                              isinstance(t.name, str) and isinstance(t.priority, int)
+                              and t.pattern.type in ("str", "re")
+                              and isinstance(t.pattern.value, str)
+                              and isinstance(t.pattern.max_width, int)
+                              and isinstance(t.pattern.to_regexp(), str)
+                              for t in found))
+    ignored = _internal("Lark.ignore_tokens (names of the %ignore'd terminals)",
+                        lambda: [str(name) for name in lark.ignore_tokens],
+                        lambda found: set(found) <= {t.name for t in terminals})
+    return LarkInternals(shift, states, start_state, end_state, terminals, ignored, rules)
+
+
+# ---- the tables ----------------------------------------------------------------------
+
+# Bumped when the layout of the tables below changes (the cache key also hashes this file).
+_TABLES_FORMAT = 1
+
+
+def _build_tables(grammar: str) -> dict:
+    """The driver's tables, as plain data (JSON-able), from Lark's LALR(1) analysis."""
+    from lark import Lark
+
+    internals = lark_internals(Lark(grammar, parser="lalr", lexer="basic"))
+    # Lark's own order of precedence among terminals (its basic lexer sorts them so), so
+    # that both lexers agree.
+    terminals = sorted(internals.terminals, key=lambda t: (-t.priority, -t.pattern.max_width,
+                                                       -len(t.pattern.value), t.name))
+    # Words such as `lambda` match NAME too; like Lark, retype them after the match.
+    keywords = {str(t.pattern.value): str(t.name) for t in terminals
+                if t.pattern.type == "str" and re.fullmatch(r"[a-z]+", t.pattern.value)}
+    # Whitespace is folded into the next match: one regex match per token.
+    regex = r"[ \t\f\r\n]*(?:" + "|".join(
+        f"(?P<{t.name}>{t.pattern.to_regexp()})"
+        for t in terminals if t.name not in keywords.values() and t.name != "WS") + r"|(?P<WS>$))"
+    reductions = {id(rule): [len(rule.expansion), str(rule.origin.name), _builder_name(rule)]
+                  for rule in internals.rules}
+    # state -> terminal -> next state (a shift: an int) or [size, origin, builder]
+    actions = [[state, {str(symbol): target if action is internals.shift else reductions[id(target)]
+                        for symbol, (action, target) in row.items() if _is_terminal(symbol)}]
+               for state, row in internals.states.items()]
+    gotos = [[state, {str(symbol): target for symbol, (action, target) in row.items()
+                      if not _is_terminal(symbol)}]
+             for state, row in internals.states.items()]
+    return {"format": _TABLES_FORMAT, "regex": regex, "keywords": keywords,
+            "ignored": sorted(set(internals.ignored) - {"WS"}), "actions": actions, "gotos": gotos,
+            "start": internals.start_state, "end": internals.end_state}
+
+
+def _cache_key(grammar: str) -> str:
+    """Hashes everything the tables depend on: the grammar, this file (the driver and how it
+    reads the table), Lark (its __init__.py, which carries __version__) and Python's version."""
+    digest = hashlib.sha256()
+    spec = importlib.util.find_spec("lark")
+    parts = (grammar.encode("utf-8"), Path(__file__).read_bytes(),
+             Path(spec.origin).read_bytes(), repr(sys.version_info[:2]).encode(),
+             str(_TABLES_FORMAT).encode())
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return digest.hexdigest()
+
+
+def _cache_file(grammar: str) -> Path | None:
+    """Where the tables of this grammar are cached, or None where no cache can be used."""
+    try:
+        folder = cache_dir()
+        return None if folder is None else folder / f"parser-{_cache_key(grammar)}.json"
+    except Exception:  # noqa: BLE001 (no cache is never an error)
+        return None
+
+
+def _read_cache(path: Path) -> _Parser | None:
+    """The parser made from the cached tables, or None (missing, unreadable, damaged)."""
+    import json
+
+    try:
+        tables = json.loads(path.read_bytes())
+        if tables.pop("key") != path.stem or tables["format"] != _TABLES_FORMAT:
+            return None
+        return _Parser(tables)
+    except Exception:  # noqa: BLE001 (whatever is wrong with it: rebuild)
+        return None
+
+
+def _write_cache(path: Path, tables: dict) -> None:
+    """Writes the whole file under a temporary name, then renames it: a reader sees the old
+    file, no file, or the new one, never half of it. Any failure leaves no cache behind."""
+    import json
+    import tempfile
+
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".parser-", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump({**tables, "key": path.stem}, out, separators=(",", ":"))
+        os.replace(temporary, path)
+    except Exception:  # noqa: BLE001 (an unwritable cache is no error)
+        if temporary is not None:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+
+
+def _load() -> _Parser:
+    """The parser from the cache where a current one is there; else built, and cached."""
+    grammar = grammar_path().read_text(encoding="utf-8")  # once: the key is the tables'
+    path = _cache_file(grammar)
+    parser = _read_cache(path) if path is not None else None
+    if parser is None:
+        tables = _build_tables(grammar)
+        parser = _Parser(tables)
+        if path is not None:
+            _write_cache(path, tables)
+    return parser
+
+
+# ---- the driver ----------------------------------------------------------------------
+
+
 class _Parser:
-    def __init__(self):
-        lark = Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr", lexer="basic")
-        # Lark's own order of precedence among terminals, so that both lexers agree.
-        terminals = sorted(lark.terminals, key=lambda t: (-t.priority, -t.pattern.max_width,
-                                                          -len(t.pattern.value), t.name))
-        # Words such as `lambda` match NAME too; like Lark, retype them after the match.
-        self.keywords = {str(t.pattern.value): str(t.name) for t in lark.terminals
-                         if t.pattern.type == "str" and re.fullmatch(r"[a-z]+", t.pattern.value)}
-        self.ignored = frozenset(map(str, lark.ignore_tokens)) - {"WS"}
-        # Whitespace is folded into the next match: one regex match per token.
-        self.regex = re.compile(r"[ \t\f\r\n]*(?:" + "|".join(
-            f"(?P<{t.name}>{t.pattern.to_regexp()})"
-            for t in terminals if t.name not in self.keywords.values() and t.name != "WS")
-            + r"|(?P<WS>$))")
-        table = lark.parser.parser.parser.parse_table
-        callbacks = {id(rule): (len(rule.expansion), str(rule.origin.name), self._callback(rule))
-                     for rule in lark.rules}
-        # state -> terminal -> next state (a shift: an int) or (size, origin, callback)
+    """The tables, ready to run; read-only once made, so that one serves every parse."""
+
+    def __init__(self, tables: dict):
+        self.regex = re.compile(tables["regex"])
+        self.keywords: dict[str, str] = dict(tables["keywords"])
+        self.ignored = frozenset(tables["ignored"])
+        # state -> terminal -> next state (a shift: an int) or (size, origin, builder)
         self.actions = {
-            state: {str(kind): (target if action is Shift else callbacks[id(target)])
-                    for kind, (action, target) in row.items() if kind.isupper() or kind == "$END"}
-            for state, row in table.states.items()}
-        self.gotos = {state: {str(kind): target for kind, (action, target) in row.items()
-                              if not (kind.isupper() or kind == "$END")}
-                      for state, row in table.states.items()}
-        self.start_state = table.start_states["start"]
-        self.end_state = table.end_states["start"]
-        self.source: Source | None = None
-        self.docs: list[tuple[int, str]] = []
-        self.comments: list[tuple[int, int]] = []
+            state: {kind: action if action.__class__ is int
+                    else (action[0], action[1], _BUILDERS[action[2]])
+                    for kind, action in row.items()}
+            for state, row in tables["actions"]}
+        self.gotos = {state: dict(row) for state, row in tables["gotos"]}
+        self.start_state: int = tables["start"]
+        self.end_state: int = tables["end"]
 
     # ---- lexing ------------------------------------------------------------------
 
-    def tokens(self, text: str, start: int, end: int):
-        keywords, ignored, docs = self.keywords, self.ignored, self.docs
+    def tokens(self, text: str, start: int, end: int, comments: list | None = None):
+        """The tokens of text[start:end], then `$END`; each comment skipped is appended to
+        `comments`, if given, as (start, end, terminal name)."""
+        keywords, ignored = self.keywords, self.ignored
         position = start
         for found in self.regex.finditer(text, start, end):
             if found.start() != position:
@@ -96,9 +307,8 @@ class _Parser:
                 continue
             begin = found.start(kind)
             if kind in ignored:
-                self.comments.append((begin, position))
-                if kind == "DOC_COMMENT":
-                    docs.append((begin, text[begin:position]))
+                if comments is not None:
+                    comments.append((begin, position, kind))
                 continue
             value = text[begin:position]
             if kind == "NAME" and value in keywords:
@@ -113,10 +323,10 @@ class _Parser:
     # ---- parsing -----------------------------------------------------------------
 
     def parse(self, source: Source, start: int, end: int):
-        self.source, self.docs = source, []
+        """(items, documentation comments as (offset, text)) of source.text[start:end]."""
         actions, gotos, end_state = self.actions, self.gotos, self.end_state
-        state_stack, value_stack = [self.start_state], []
-        for token in self.tokens(source.text, start, end):
+        state_stack, value_stack, comments = [self.start_state], [], []
+        for token in self.tokens(source.text, start, end, comments):
             kind = token[0]
             while True:
                 action = actions[state_stack[-1]].get(kind)
@@ -127,106 +337,147 @@ class _Parser:
                     state_stack.append(action)
                     value_stack.append(token)
                     break
-                size, origin, callback = action
+                size, origin, build = action
                 if size:
                     children = value_stack[-size:]
                     del state_stack[-size:]
                     del value_stack[-size:]
                 else:
                     children = []
-                value_stack.append(callback(children))
+                value_stack.append(build(source, children))
                 state_stack.append(gotos[state_stack[-1]][origin])
                 if state_stack[-1] == end_state:
-                    return value_stack[-1], self.docs
+                    text = source.text
+                    docs = [(begin, text[begin:stop]) for begin, stop, kind in comments
+                            if kind == "DOC_COMMENT"]
+                    return value_stack[-1], docs
         raise AssertionError("the LALR driver ended without accepting")
-
-    # ---- building nodes ----------------------------------------------------------
-
-    def _span(self, first, last) -> Span:
-        # Tokens are tuples; syntax nodes are not.
-        end = last[_END] if last.__class__ is tuple else last.span.end
-        return Span(self.source, first[_START], end)
-
-    def _name(self, token) -> Name:
-        return Name(token[_TEXT], Span(self.source, token[_START], token[_END]))
-
-    def _callback(self, rule):
-        origin, alias = rule.origin.name, rule.alias
-        if origin.startswith("__"):  # Lark's helper rules for `x*` and `x+`: flat lists
-            def repeat(children):
-                if children and children[0].__class__ is list:
-                    children[0].extend(children[1:])
-                    return children[0]
-                return children
-            return repeat
-        if origin == "_item":
-            return lambda children: children[0]
-        if origin == "start":
-            return lambda children: children[0] if children else []
-        return getattr(self, f"_build_{alias or origin}")
-
-    def _build_name(self, children):
-        return self._name(children[0])
-
-    def _build_natural(self, children):
-        token = children[0]
-        return Natural(int(token[_TEXT]), self._span(token, token))
-
-    def _build_integer(self, children):
-        token = children[0]
-        return Integer(int(token[_TEXT]), self._span(token, token))
-
-    def _build_floating(self, children):
-        token = children[0]
-        return Floating(float(token[_TEXT]), token[_TEXT], self._span(token, token))
-
-    def _build_group(self, children):
-        return children[1]
-
-    def _build_apply(self, children):
-        return Apply(children[1], tuple(children[2]), self._span(children[0], children[-1]))
-
-    def _build_lambda_(self, children):
-        _, _, usage, binder, _, binder_type, _, body, close = children
-        if usage[_TEXT] not in USAGES:
-            raise _UsageError(usage)
-        return Lambda(usage[_TEXT], self._name(binder), binder_type, body,
-                      self._span(children[0], close))
-
-    def _build_arrow(self, children):
-        parts = [children[1]] + [part for part in children[2] if part.__class__ is not tuple]
-        return Arrow(tuple(parts), self._span(children[0], children[-1]))
-
-    def _build_clause(self, children):
-        arguments = tuple(children[2]) if len(children) == 4 else ()
-        return Clause(self._name(children[1]), arguments, self._span(children[0], children[-1]))
-
-    def _build_import_decl(self, children):
-        keyword, path = children
-        return Import(path[_TEXT][1:-1], self._span(keyword, path))
-
-    def _build_declaration(self, children):
-        flat = []
-        for child in children:
-            flat.extend(child) if child.__class__ is list else flat.append(child)
-        keyword, name, *rest = flat
-        span = self._span(keyword, rest[-1] if rest else name)
-        parent = None
-        if rest and rest[0].__class__ is tuple and rest[0][_TYPE] == "FROM":
-            parent, rest = self._name(rest[1]), rest[2:]
-        rest = [item for item in rest if item.__class__ is not tuple]  # drop ':' and '='
-        terms = tuple(item for item in rest if not isinstance(item, Clause))
-        clauses = tuple(item for item in rest if isinstance(item, Clause))
-        return Declaration(keyword[_TEXT], self._name(name), terms, clauses, None, span, parent)
-
-    _build_def_decl = _build_constant_decl = _build_config_decl = _build_declaration
-    _build_buffer_decl = _build_bank_decl = _build_entry_decl = _build_declaration
-    _build_arena_decl = _build_phase_decl = _build_image_decl = _build_declaration
 
 
 @lru_cache(maxsize=1)
 def _parser() -> _Parser:
-    return _Parser()
+    return _load()
+
+
+# ---- building nodes ------------------------------------------------------------------
+# One builder per grammar rule, called at each reduction with the source and the rule's
+# children: tokens (tuples) and nodes already built.
+
+
+def _span(source: Source, first, last) -> Span:
+    # Tokens are tuples; syntax nodes are not.
+    end = last[_END] if last.__class__ is tuple else last.span.end
+    return Span(source, first[_START], end)
+
+
+def _name(source: Source, token) -> Name:
+    return Name(token[_TEXT], Span(source, token[_START], token[_END]))
+
+
+def _build_repeat(source, children):
+    """Lark's helper rules for `x*` and `x+` (named `__...`): flat lists."""
+    if children and children[0].__class__ is list:
+        children[0].extend(children[1:])
+        return children[0]
+    return children
+
+
+def _build_first(source, children):
+    return children[0]
+
+
+def _build_start(source, children):
+    return children[0] if children else []
+
+
+def _build_name(source, children):
+    return _name(source, children[0])
+
+
+def _build_natural(source, children):
+    token = children[0]
+    return Natural(int(token[_TEXT]), _span(source, token, token))
+
+
+def _build_integer(source, children):
+    token = children[0]
+    return Integer(int(token[_TEXT]), _span(source, token, token))
+
+
+def _build_floating(source, children):
+    token = children[0]
+    return Floating(float(token[_TEXT]), token[_TEXT], _span(source, token, token))
+
+
+def _build_group(source, children):
+    return children[1]
+
+
+def _build_apply(source, children):
+    return Apply(children[1], tuple(children[2]), _span(source, children[0], children[-1]))
+
+
+def _build_lambda(source, children):
+    _, _, usage, binder, _, binder_type, _, body, close = children
+    if usage[_TEXT] not in USAGES:
+        raise _UsageError(usage)
+    return Lambda(usage[_TEXT], _name(source, binder), binder_type, body,
+                  _span(source, children[0], close))
+
+
+def _build_arrow(source, children):
+    parts = [children[1]] + [part for part in children[2] if part.__class__ is not tuple]
+    return Arrow(tuple(parts), _span(source, children[0], children[-1]))
+
+
+def _build_clause(source, children):
+    arguments = tuple(children[2]) if len(children) == 4 else ()
+    return Clause(_name(source, children[1]), arguments,
+                  _span(source, children[0], children[-1]))
+
+
+def _build_import(source, children):
+    keyword, path = children
+    return Import(path[_TEXT][1:-1], _span(source, keyword, path))
+
+
+def _build_declaration(source, children):
+    flat = []
+    for child in children:
+        flat.extend(child) if child.__class__ is list else flat.append(child)
+    keyword, name, *rest = flat
+    span = _span(source, keyword, rest[-1] if rest else name)
+    parent = None
+    if rest and rest[0].__class__ is tuple and rest[0][_TYPE] == "FROM":
+        parent, rest = _name(source, rest[1]), rest[2:]
+    rest = [item for item in rest if item.__class__ is not tuple]  # drop ':' and '='
+    terms = tuple(item for item in rest if not isinstance(item, Clause))
+    clauses = tuple(item for item in rest if isinstance(item, Clause))
+    return Declaration(keyword[_TEXT], _name(source, name), terms, clauses, None, span, parent)
+
+
+# Builder of each rule, by the rule's alias or name; the cached tables name them.
+_BUILDERS: dict[str, Callable] = {
+    "repeat": _build_repeat, "first": _build_first, "start": _build_start,
+    "name": _build_name, "natural": _build_natural, "integer": _build_integer,
+    "floating": _build_floating, "group": _build_group, "apply": _build_apply,
+    "lambda_": _build_lambda, "arrow": _build_arrow, "clause": _build_clause,
+    "import_decl": _build_import,
+    **{f"{keyword}_decl": _build_declaration for keyword in DECLARATION_KEYWORDS
+       if keyword != "import"},
+}
+
+
+def _builder_name(rule) -> str:
+    origin = str(rule.origin.name)
+    if origin.startswith("__"):  # Lark's helper rules for `x*` and `x+`
+        return "repeat"
+    if origin == "_item":
+        return "first"
+    name = str(rule.alias or origin)
+    if name not in _BUILDERS:
+        raise LookupError(f"grammar rule {name!r} has no builder in cgc/frontend/parse.py")
+    return name
 
 
 # ---- explaining errors -------------------------------------------------------------
@@ -388,11 +639,10 @@ def parse_text(text: str, path: str) -> Module:
 
 def comment_ranges(text: str) -> list[tuple[int, int]]:
     """(start, end) of every comment and documentation comment, in order."""
-    parser = _parser()
-    parser.comments, parser.docs = [], []
+    comments: list[tuple[int, int, str]] = []
     try:
-        for _ in parser.tokens(text, 0, len(text)):
+        for _ in _parser().tokens(text, 0, len(text), comments):
             pass
     except _SyntaxError:
         pass
-    return list(parser.comments)
+    return [(start, end) for start, end, _ in comments]

@@ -22,7 +22,7 @@ from ...core.diagnostics import Diagnostic, Note
 from ...core.elements import ELEMENTS, c_type, element_bytes
 from ...core.ir import Launch, PhaseRegion, Program, Repeat, View
 from ...core.roles import KERNEL_CONSTANTS, TRAINING_ROLES
-from ...resources import data_dir
+from ...resources import cache_dir, data_dir
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,15 @@ def _float(value: float) -> str:
 def _bytecode_cache():
     """Jinja's compiled templates, kept between processes (keyed by each template's path and
     checksum); none where no cache folder can be written."""
-    folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                          "cgc", "jinja")
+    base = cache_dir()
+    if base is None:
+        return None
+    folder = base / "jinja"
     try:
-        os.makedirs(folder, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(folder)
+    return jinja2.FileSystemBytecodeCache(str(folder))
 
 
 def template_path(image: str) -> str:
