@@ -86,3 +86,37 @@ def test_every_product_through_gemmex_equals_its_reference(config, monkeypatch):
     assert checked == {"cgImageProductData", "cgImageProductTransposed", "cgImageProductResidual",
                        "cgImageProductWeight", "cgImageProductDataLow",
                        "cgImageProductTransposedLow"}
+
+
+def test_the_training_loop_dumps_and_traces_a_cupy_run_as_it_does_a_numpy_one(
+        monkeypatch, tmp_path):
+    """One loop serves every backend: --dump and --trace work on cupy too."""
+    import io
+    import json
+
+    from cgc.backends.training import train
+    frontend = analyse([PATH])
+    reference = open_run("numpy", frontend, PATH, "tiny32", {}, seed=4)
+    fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
+                      reference.machine.constants)
+    run = open_run("cupy", frontend, PATH, "tiny32", {}, seed=4)
+    results = {}
+    for name, backend in (("numpy", reference), ("cupy", run)):
+        timings = []
+        batches = Batches(load_corpus(None), 4, 64, 4)
+        out = io.StringIO()
+        results[name] = train(backend, batches, 2, out=out, dump=str(tmp_path / name),
+                              trace=timings)
+        assert len(timings) == sum(1 for _ in backend.program.unrolled())
+        assert out.getvalue().count("\n") == 2
+    manifest = json.loads((tmp_path / "cupy" / "run.json").read_text())
+    assert manifest["backend"] == "cupy" and manifest["steps"] == 2
+    assert manifest["roles"]["ids"] == "cgIds"
+    for part in ("before", "gradients", "after", "final"):
+        for entry in run.entries():
+            ours = np.load(tmp_path / "cupy" / part / f"{entry}.npy")
+            theirs = np.load(tmp_path / "numpy" / part / f"{entry}.npy")
+            scale = max(float(np.linalg.norm(theirs)), 1e-30)
+            assert float(np.linalg.norm(ours - theirs)) / scale <= 1e-4, (part, entry)
+    for ours, theirs in zip(results["cupy"].losses, results["numpy"].losses):
+        assert abs(ours - theirs) <= 1e-5 * theirs

@@ -46,7 +46,10 @@ def progress_line(run: Run, step: int, steps: int, loss: float, seconds: float,
     width = 24
     done = int(width * step / steps)
     line = (f"step {step:>{len(str(steps))}}/{steps} [{'#' * done}{'.' * (width - done)}] "
-            f"loss {loss:.4f}  {seconds:.3f} s/step  {tokens / seconds:,.0f} tokens/s")
+            f"loss {loss:.4f}  {seconds:.3f} s/step")
+    if seconds <= 0:  # a clock too coarse to time the step says nothing of its speed
+        return line + (f"  ({note})" if note else "")
+    line += f"  {tokens / seconds:,.0f} tokens/s"
     flops = model_flops_per_token(run.program)
     if run.peak_flops and flops:
         line += f"  MFU {100 * flops * tokens / seconds / run.peak_flops:.1f}%"
