@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import threading
@@ -20,11 +21,54 @@ _DESCRIPTION = """\
 cgc compiles schedules of GPU kernel launches (.cg files) that describe a training step
 of a GPT-style transformer. It proves every launch safe before anything runs.
 
-exit status: 0 success, 1 diagnostics (errors in the schedule), 2 usage errors."""
+exit status: 0 success, 1 diagnostics (errors in a schedule, or a missing tool), 2 usage
+errors (an unknown command or option, a bad value, a FILE that cannot be read), 130 stopped
+by Ctrl-C."""
 
 
 class _UsageError(Exception):
-    pass
+    """A command line cgc cannot act on: exit 2, the usage and the reason."""
+
+
+class _PathError(_UsageError):
+    """A path on the command line that cannot be read (or written): exit 2, one line."""
+
+
+def _count(count: int, word: str, plural: str | None = None) -> str:
+    """'1 launch', '2 launches', '0 files'."""
+    return f"{count} {word if count == 1 else plural or word + 's'}"
+
+
+def _readable(paths, folders: bool = False) -> None:
+    """Every path named on the command line exists and can be read (a folder too where
+    `folders`), checked before the front end sees it: a missing one is a usage error
+    (exit 2), not a diagnostic. (A missing file that a .cg file imports is an error in that
+    source: a diagnostic at the import.)"""
+    for path in paths:
+        try:
+            if not folders or not os.path.isdir(path):
+                with open(path, "rb"):
+                    pass
+            elif not os.access(path, os.R_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as error:
+            raise _PathError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def _writable(path: str | None) -> None:
+    """The folder an output file goes into exists (checked before any work is done)."""
+    if path and path != "-":
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            raise _PathError(f"cannot write {path}: No such file or directory")
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as error:
+        raise _PathError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 def _add_program_options(parser: argparse.ArgumentParser, several_configs: bool) -> None:
@@ -47,7 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cgc {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.required = True
 
     checker = commands.add_parser(
         "check", help="prove schedules safe: types, slots, extents, permissions, aliasing",
@@ -57,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "buffer for every grid index and repeat iteration, no write a phase may "
                     "not make, no unallowed aliasing. Prints all diagnostics, sorted by "
                     "position; the rules are in docs/checker.md.")
-    checker.add_argument("files", nargs="+", metavar="FILE", help="a .cg schedule file")
+    checker.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
+                         help="a .cg schedule file, or a folder: every .cg file under it")
     _add_program_options(checker, several_configs=True)
     checker.add_argument("--memory", action="store_true",
                          help="also print the memory plan: banks and entries, step buffers, "
@@ -168,11 +212,12 @@ def _configs(frontend: Frontend, asked) -> list[str]:
 
 
 def _check(args) -> int:
-    frontend = analyse(args.files)
+    files = _cg_files(args.files)
+    frontend = analyse(files)
     overrides = _overrides(frontend, args.set)
     configs = _configs(frontend, args.config)
     warnings = list(frontend.warnings)
-    for path in args.files:
+    for path in files:
         if args.entry is None and frontend.default_entry(path) is None:
             print(f"{path}: ok: declarations only (no schedule to evaluate)")
             continue
@@ -188,7 +233,7 @@ def _check(args) -> int:
             if args.memory:
                 from .checking.memory import format_memory_plan, plan_memory
                 print(format_memory_plan(plan_memory(program)))
-        summary = ", ".join(f"{config} ({count} launch{'es' if count != 1 else ''})"
+        summary = ", ".join(f"{config} ({_count(count, 'launch', 'launches')})"
                             for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
     if warnings:
@@ -198,6 +243,8 @@ def _check(args) -> int:
 
 def _checked_program(args):
     """FILE's entry in the chosen configuration, evaluated and checked; warnings printed."""
+    _readable([args.file])
+    _writable(args.output)
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
@@ -213,8 +260,7 @@ def _ir(args) -> int:
     _, program = _checked_program(args)
     text = format_program(program)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        _write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -234,10 +280,9 @@ def _compile(args) -> int:
     if output == "-":
         sys.stdout.write(emitted.text)
     else:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(emitted.text)
-        print(f"wrote {output}: {len(emitted.kernels)} kernels, "
-              f"{emitted.text.count(chr(10))} lines", file=sys.stderr)
+        _write_text(output, emitted.text)
+        print(f"wrote {output}: {_count(len(emitted.kernels), 'kernel')}, "
+              f"{_count(emitted.text.count(chr(10)), 'line')}", file=sys.stderr)
     name = output if output != "-" else "<stdout>"
     try:
         if args.nvrtc:
@@ -277,6 +322,7 @@ def _cg_files(paths: list[str]) -> list[str]:
             found.append(path)
     if not found:
         raise _UsageError("no .cg files found in " + ", ".join(paths))
+    _readable(found)
     return found
 
 
@@ -284,13 +330,14 @@ def _fmt(args) -> int:
     from .core.diagnostics import CompileError as Broken
     from .tools.format import format_text
     changed, problems = [], []
-    for path in _cg_files(args.files):
+    files = _cg_files(args.files)
+    for path in files:
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
             formatted = format_text(text, path)
         except OSError as error:
-            raise _UsageError(f"cannot read {path}: {error.strerror}") from None
+            raise _PathError(f"cannot read {path}: {error.strerror}") from None
         except Broken as error:
             problems.extend(error.diagnostics)
             continue
@@ -304,14 +351,20 @@ def _fmt(args) -> int:
         return EXIT_DIAGNOSTICS
     for path in changed:
         print(f"{'would reformat' if args.check else 'reformatted'} {path}")
+    verb = "would be reformatted" if args.check else "reformatted"
+    print(f"{_count(len(changed), 'file')} {verb}, {_count(len(files) - len(changed), 'file')} "
+          "unchanged", file=sys.stderr)
     return EXIT_DIAGNOSTICS if args.check and changed else EXIT_OK
 
 
 def _doc(args) -> int:
     from .tools.doc import write_documentation
-    frontend = analyse(_cg_files(args.files))
+    files = _cg_files(args.files)
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise _PathError(f"cannot write {args.output}: Not a directory")
+    frontend = analyse(files)
     written = write_documentation(frontend, args.output)
-    print(f"wrote {len(written)} pages to {args.output} (start at "
+    print(f"wrote {_count(len(written), 'page')} to {args.output} (start at "
           f"{os.path.join(args.output, 'index.html')})")
     return EXIT_OK
 
@@ -321,6 +374,10 @@ def _run(args) -> int:
     from .backends.base import Unavailable
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
+    _readable([args.file])
+    _readable(args.data or (), folders=True)
+    for path in (args.trace, args.plot):
+        _writable(path)
     try:
         backend, why = choose(args.backend)
     except Unavailable as error:
@@ -349,8 +406,10 @@ def _run(args) -> int:
             raise ValueError(f"a byte value ({int(corpus.max())}) is past the vocabulary "
                              f"({vocab})")
         batches = Batches(corpus, batch, context, args.seed)
-    except (OSError, ValueError) as error:
-        print(f"cgc: error: cannot read the training data: {error}", file=sys.stderr)
+    except OSError as error:  # a file inside a --data folder
+        raise _PathError(f"cannot read {error.filename}: {error.strerror or error}") from None
+    except ValueError as error:
+        print(f"cgc: error: cannot use the training data: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
           f"{backend} backend ({why}); {corpus.size:,} bytes of {describe(args.data)}",
@@ -388,14 +447,25 @@ def main(argv: list[str] | None = None) -> int:
     threading.stack_size(_STACK_BYTES)
     previous = sys.getrecursionlimit()
     sys.setrecursionlimit(max(previous, _RECURSION_LIMIT))
-    worker = threading.Thread(target=lambda: result.append(_main(argv)), daemon=True)
+    finished = threading.Event()
+
+    def work() -> None:
+        try:
+            result.append(_main(argv))
+        finally:
+            finished.set()
+
+    # Waits on an event, not on join(): on Python 3.11 a Ctrl-C that interrupts join() marks
+    # the thread stopped while it still runs (threading's bpo-45274 handler releases the
+    # lock the running thread holds), and the run would end with no summary, exit 3.
+    worker = threading.Thread(target=work, daemon=True)
     _STOP.clear()
     _STEPPING.clear()
     try:
         worker.start()
-        while worker.is_alive():
+        while not finished.is_set():
             try:
-                worker.join(0.1)
+                finished.wait(0.1)
             except KeyboardInterrupt:
                 if _STOP.is_set() or not _STEPPING.is_set():  # stop now
                     print("\ncgc: stopped", file=sys.stderr)
@@ -414,22 +484,60 @@ _STACK_BYTES = 512 * 1024 * 1024
 _RECURSION_LIMIT = 200_000
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands
+
+
+def _command_list(parser: argparse.ArgumentParser) -> str:
+    """A short usage and every command with its one-line help: what `cgc` alone prints."""
+    commands = _subparsers(parser)
+    width = max(len(c.dest) for c in commands._choices_actions)
+    lines = [f"  {c.dest:<{width}}  {c.help}" for c in commands._choices_actions]
+    return ("usage: cgc COMMAND [ARGUMENTS]\n\ncommands:\n" + "\n".join(lines) +
+            "\n\n'cgc COMMAND --help' tells a command's arguments; 'cgc --help' tells more.")
+
+
+def _unknown_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error for a first argument that is no command, suggesting the nearest one."""
+    names = list(_COMMANDS)
+    for argument in argv:
+        if argument in ("-h", "--help", "--version"):
+            return None  # argparse answers these before looking at the command
+        if argument.startswith("-"):
+            continue
+        if argument in names:
+            return None
+        close = difflib.get_close_matches(argument, names, n=1)
+        if close:
+            return f"cgc: error: unknown command '{argument}'; did you mean '{close[0]}'?"
+        return f"cgc: error: unknown command '{argument}'\n\n{_command_list(parser)}"
+    return None
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    unknown = _unknown_command(parser, argv)
+    if unknown:
+        print(unknown, file=sys.stderr)
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit:  # --help, --version and usage errors
         return int(exit.code or 0)
+    if args.command is None:  # `cgc` alone: what there is to do
+        print(_command_list(parser), file=sys.stderr)
+        return EXIT_USAGE
     try:
-        commands = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,
-                    "doc": _doc}
-        return commands[args.command](args)
+        return _COMMANDS[args.command](args)
     except CompileError as error:
         print(render_all(error.diagnostics), file=sys.stderr)
         return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
             else EXIT_OK
     except _UsageError as error:
-        parser.print_usage(sys.stderr)
+        if not isinstance(error, _PathError):  # a path's problem is told in one line
+            _subparsers(parser).choices[args.command].print_usage(sys.stderr)
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
@@ -440,6 +548,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"cgc: internal error: {type(error).__name__}: {error}\n"
               "cgc: this is a bug in cgc; set CGC_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+_COMMANDS = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,
+             "doc": _doc}
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ def test_ir_writes_a_file(tmp_path):
     assert out.read_text().startswith("-- cgc launch program")
 
 
-def test_a_missing_file_is_a_diagnostic(capsys, tmp_path):
-    assert main(["check", str(tmp_path / "absent.cg")]) == 1
+def test_a_missing_file_is_a_usage_error(capsys, tmp_path):
+    assert main(["check", str(tmp_path / "absent.cg")]) == 2
     assert "cannot read" in capsys.readouterr().err
 
 
@@ -97,8 +97,8 @@ def test_run_without_a_gpu_names_the_numpy_alternative(capsys):
 
 
 def test_run_with_unreadable_data_is_an_error_not_a_traceback(tmp_path, capsys):
-    assert main(["run", str(SCHEDULES / "train.cg"), "--data", str(tmp_path / "none.txt")]) == 1
-    assert "cannot read the training data" in capsys.readouterr().err
+    assert main(["run", str(SCHEDULES / "train.cg"), "--data", str(tmp_path / "none.txt")]) == 2
+    assert f"cannot read {tmp_path / 'none.txt'}" in capsys.readouterr().err
 
 
 def test_compile_writes_the_file_and_reports_each_kernel(tmp_path, capsys):

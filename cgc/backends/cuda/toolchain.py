@@ -44,6 +44,55 @@ def include_flags() -> list[str]:
     return [f"-I{root / 'include'}", f"-I{root / 'include' / 'cccl'}"]
 
 
+# What a missing CUDA header means: the extra that installs it with an nvcc that finds it.
+_TOOLS_EXTRA = "pip install 'cgc[cuda-tools]'"
+_CUDA_INCLUDE = re.compile(r"^\s*#\s*include\s*<((?:cu|mma\.h|cooperative_groups)[^>]*)>",
+                           re.MULTILINE)
+_HOST_INCLUDE_DIRS = ("/usr/local/include", "/usr/include")
+
+
+def include_dirs(compiler: Path) -> list[Path]:
+    """Where `compiler` (an nvcc) looks for CUDA's headers: the wheels' folders we pass it,
+    the ones its own nvcc.profile adds (as `nvcc --dryrun` reports them), CPATH's, and the
+    host compiler's usual ones."""
+    found = [Path(flag[2:]) for flag in include_flags()]
+    try:
+        dry = subprocess.run([str(compiler), "--dryrun", "-x", "cu", "-cubin", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+        for line in (dry.stdout + dry.stderr).splitlines():
+            if line.startswith(("#$ INCLUDES=", "#$ SYSTEM_INCLUDES=")):
+                for quoted, bare in re.findall(r'"-(?:I|isystem"\s+")([^"]+)"|-I(\S+)', line):
+                    found.append(Path(quoted or bare))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for variable in ("CPATH", "CPLUS_INCLUDE_PATH"):
+        found += [Path(p) for p in os.environ.get(variable, "").split(os.pathsep) if p]
+    found += [Path(p) for p in _HOST_INCLUDE_DIRS]
+    found += sorted(Path("/usr/include").glob("*-linux-gnu"))
+    return [d for i, d in enumerate(found) if d not in found[:i]]
+
+
+def missing_header(log: str) -> str | None:
+    """The header a compiler log says it could not open (gcc's and EDG's words), if any."""
+    m = re.search(r"fatal error: ([^\s:]+): No such file or directory", log) or \
+        re.search(r'cannot open source file "([^"]+)"', log)
+    return m.group(1) if m else None
+
+
+def _missing(header: str, compiler: Path) -> ToolchainMissing:
+    return ToolchainMissing(f"nvcc ({compiler}) does not find CUDA's header {header}: "
+                            f"{_TOOLS_EXTRA} installs it, with an nvcc that finds it")
+
+
+def require_headers(source: str, compiler: Path) -> None:
+    """Raises ToolchainMissing, naming the first CUDA header `source` includes that is on
+    none of `compiler`'s include folders, before the compiler runs."""
+    folders = include_dirs(compiler)
+    for header in dict.fromkeys(_CUDA_INCLUDE.findall(source)):
+        if not any((folder / header).is_file() for folder in folders):
+            raise _missing(header, compiler)
+
+
 @dataclass
 class Message:
     line: int
@@ -101,10 +150,15 @@ def _cublas_flags() -> list[str]:
 
 def nvcc_build(source_path: str, output: str) -> tuple[bool, str]:
     """The whole file, host program included, compiled and linked with cuBLAS."""
-    command = [str(nvcc()), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
+    compiler = nvcc()
+    require_headers(Path(source_path).read_text(encoding="utf-8"), compiler)
+    command = [str(compiler), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
                *_cublas_flags(), "-o", output, source_path]
     result = subprocess.run(command, capture_output=True, text=True)
-    return result.returncode == 0, result.stdout + result.stderr
+    log = result.stdout + result.stderr
+    if result.returncode != 0 and (header := missing_header(log)):
+        raise _missing(header, compiler)
+    return result.returncode == 0, log
 
 
 @dataclass
@@ -118,14 +172,19 @@ class KernelReport:
 
 
 def ptxas_report(source: str) -> tuple[bool, str, list[KernelReport]]:
-    """Registers, static shared memory and spills of every kernel, as ptxas reports them."""
+    """Registers, static shared memory and spills of every kernel, as ptxas reports them.
+    Raises ToolchainMissing where nvcc, or a CUDA header the source includes, is missing."""
+    compiler = nvcc()
+    require_headers(source, compiler)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "program.cu")
         Path(path).write_text(source, encoding="utf-8")
-        command = [str(nvcc()), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
+        command = [str(compiler), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
                    "-cubin", "-Xptxas=-v", "-o", os.path.join(folder, "program.cubin"), path]
         result = subprocess.run(command, capture_output=True, text=True)
     log = result.stdout + result.stderr
+    if result.returncode != 0 and (header := missing_header(log)):
+        raise _missing(header, compiler)
     reports, current, frame = [], None, (0, 0, 0)
     for line in log.splitlines():
         if m := re.search(r"Function properties for (\S+)", line):

@@ -1,0 +1,357 @@
+"""The command behaves like a well-made CLI: a command list, suggestions for typos, folders,
+one-line errors for missing files (exit 2), named missing CUDA headers, a plot with readable
+axes, right plurals, and Ctrl-C that stops `cgc run` cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cgc.backends.cuda import toolchain
+from cgc.cli import build_parser, main
+from cgc.tools import plot
+
+from conftest import ROOT, SCHEDULES
+
+COMMANDS = ("check", "ir", "compile", "fmt", "doc", "run")
+
+
+# ---- 1. `cgc` alone lists the commands ----------------------------------------------------
+
+
+def test_cgc_alone_lists_every_command_with_its_help_and_exits_2(capsys):
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("usage: cgc COMMAND")
+    [commands] = [a for a in build_parser()._actions if hasattr(a, "_choices_actions")]
+    for choice in commands._choices_actions:
+        assert re.search(rf"^  {choice.dest} +{re.escape(choice.help)}$", captured.err, re.M), \
+            choice.dest
+    assert "required" not in captured.err
+
+
+def test_cgc_help_still_exits_0(capsys):
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: cgc")
+
+
+# ---- 2. a mistyped command gets a suggestion -----------------------------------------------
+
+
+@pytest.mark.parametrize("typed, meant", [("chek", "check"), ("complie", "compile"),
+                                          ("rnu", "run"), ("fmat", "fmt")])
+def test_a_mistyped_command_suggests_the_right_one(typed, meant, capsys):
+    assert main([typed, "x.cg"]) == 2
+    assert capsys.readouterr().err == \
+        f"cgc: error: unknown command '{typed}'; did you mean '{meant}'?\n"
+
+
+def test_an_unknown_command_with_nothing_close_lists_the_commands(capsys):
+    assert main(["xyzzy", "x.cg"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cgc: error: unknown command 'xyzzy'\n")
+    assert "did you mean" not in err
+    assert all(re.search(rf"^  {name} ", err, re.M) for name in COMMANDS)
+
+
+def test_the_typo_check_lets_options_and_help_through(capsys):
+    assert main(["--version"]) == 0
+    assert main(["check", "--help"]) == 0
+    assert "unknown command" not in capsys.readouterr().err
+
+
+# ---- 3. `cgc check DIR` --------------------------------------------------------------------
+
+
+def test_check_takes_a_folder_and_checks_every_cg_file_in_it_sorted(capsys):
+    assert main(["check", str(SCHEDULES), "--config", "tiny"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = sorted(str(p) for p in SCHEDULES.glob("*.cg"))
+    assert [line.split(": ok")[0] for line in lines] == expected
+    assert f"{SCHEDULES / 'model.cg'}: ok: declarations only (no schedule to evaluate)" in lines
+
+
+def test_check_walks_nested_folders(tmp_path, capsys):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "two.cg").write_text("def two : Nat = (naturalAdd 1 1)\n")
+    (tmp_path / "a.cg").write_text("def one : Nat = 1\n")
+    (tmp_path / "notes.txt").write_text("not a schedule\n")
+    assert main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.index(str(tmp_path / "a.cg")) < out.index(str(tmp_path / "b" / "two.cg"))
+    assert "notes.txt" not in out
+
+
+def test_check_of_a_folder_without_schedules_is_a_usage_error(tmp_path, capsys):
+    assert main(["check", str(tmp_path)]) == 2
+    assert "no .cg files found" in capsys.readouterr().err
+
+
+# ---- 4. a missing FILE is a usage error, in one line, for every command ----------------------
+
+
+@pytest.mark.parametrize("command", [
+    ["check", "{missing}"],
+    ["check", str(SCHEDULES / "train.cg"), "{missing}"],
+    ["ir", "{missing}"],
+    ["compile", "{missing}"],
+    ["run", "{missing}"],
+    ["fmt", "{missing}"],
+    ["fmt", "--check", "{missing}"],
+    ["doc", "{missing}", "-o", "{out}"],
+    ["run", str(SCHEDULES / "train.cg"), "--data", "{missing}"],
+])
+def test_a_missing_file_is_one_line_and_exit_2(command, tmp_path, capsys):
+    missing = tmp_path / "absent.cg"
+    argv = [a.format(missing=missing, out=tmp_path / "out") for a in command]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"cgc: error: cannot read {missing}: No such file or directory\n"
+    assert captured.out == ""
+
+
+def test_a_folder_where_a_file_is_needed_is_a_usage_error(capsys):
+    assert main(["ir", str(SCHEDULES)]) == 2
+    assert capsys.readouterr().err == f"cgc: error: cannot read {SCHEDULES}: Is a directory\n"
+
+
+def test_an_output_into_a_missing_folder_is_a_usage_error(tmp_path, capsys):
+    out = tmp_path / "no" / "train.ir"
+    assert main(["ir", str(SCHEDULES / "train.cg"), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == \
+        f"cgc: error: cannot write {out}: No such file or directory\n"
+
+
+def test_a_missing_import_stays_a_diagnostic_at_the_import(tmp_path, capsys):
+    source = tmp_path / "main.cg"
+    source.write_text("-- imports a file that is not there\nimport \"gone.cg\"\n")
+    assert main(["check", str(source)]) == 1
+    err = capsys.readouterr().err
+    assert f"{source}:2:1: error: cannot read '{tmp_path / 'gone.cg'}': No such file or " \
+           "directory" in err
+
+
+# ---- 5. --report without cuBLAS's headers names the header and the extra ---------------------
+
+
+def _include_folder_without_cublas(root: Path) -> Path:
+    folder = root / "include"
+    for header in ("cuda_runtime.h", "cuda_bf16.h", "mma.h", "cuda/std/type_traits"):
+        (folder / header).parent.mkdir(parents=True, exist_ok=True)
+        (folder / header).write_text("")
+    return folder
+
+
+def test_report_names_a_missing_cuda_header_and_the_extra(tmp_path, monkeypatch, capsys):
+    folder = _include_folder_without_cublas(tmp_path)
+    monkeypatch.setattr(toolchain, "nvcc", lambda: Path("/opt/cuda/bin/nvcc"))
+    monkeypatch.setattr(toolchain, "include_dirs", lambda compiler: [folder])
+    out = tmp_path / "library.cu"
+    assert main(["compile", str(SCHEDULES / "library.cg"), "-o", str(out), "--report"]) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("cgc: error:")]
+    assert errors == ["cgc: error: nvcc (/opt/cuda/bin/nvcc) does not find CUDA's header "
+                      "cublas_v2.h: pip install 'cgc[cuda-tools]' installs it, with an nvcc "
+                      "that finds it"]
+    assert "#include" not in err and "fatal error" not in err
+    assert "cgc[cuda-tools]" in Path(ROOT / "pyproject.toml").read_text()  # the extra exists
+
+
+def test_a_compiler_that_cannot_open_a_header_is_told_the_same_way(tmp_path, monkeypatch):
+    """What the check before compiling misses, the compiler's own words still name."""
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'program.cu:820:10: fatal error: cublas_v2.h: No such "
+                    "file or directory' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(toolchain, "nvcc", lambda: fake)
+    monkeypatch.setattr(toolchain, "include_dirs", lambda compiler: [])
+    with pytest.raises(toolchain.ToolchainMissing, match=r"cublas_v2\.h: pip install "
+                                                         r"'cgc\[cuda-tools\]'"):
+        toolchain.ptxas_report("int x;\n")
+    assert toolchain.missing_header('x.cu(3): catastrophic error: cannot open source file '
+                                    '"cuda_bf16.h"') == "cuda_bf16.h"
+    assert toolchain.missing_header("x.cu(3): error: identifier undefined") is None
+
+
+def _system_nvcc_without_cublas() -> str | None:
+    import shutil
+    found = shutil.which("nvcc")
+    if not found:
+        return None
+    return None if any((d / "cublas_v2.h").exists()
+                       for d in toolchain.include_dirs(Path(found))) else found
+
+
+def test_report_with_a_system_nvcc_that_lacks_cublas(tmp_path, monkeypatch, capsys):
+    """The real case: no CUDA wheels, and a system CUDA installed without cuBLAS."""
+    def no_wheels():
+        raise toolchain.ToolchainMissing("no wheels")
+    monkeypatch.setattr(toolchain, "cuda_root", no_wheels)
+    found = _system_nvcc_without_cublas()
+    if found is None:
+        pytest.skip("needs a system nvcc whose include path lacks cublas_v2.h")
+    out = tmp_path / "library.cu"
+    assert main(["compile", str(SCHEDULES / "library.cg"), "-o", str(out), "--report"]) == 1
+    err = capsys.readouterr().err
+    assert f"cgc: error: nvcc ({found}) does not find CUDA's header cublas_v2.h: " \
+           "pip install 'cgc[cuda-tools]'" in err
+    assert "fatal error" not in err and "compilation terminated" not in err
+
+
+# ---- 6. the loss plot has numbered axes, labels and a title ----------------------------------
+
+
+def _decode_png(path: Path) -> np.ndarray:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    position, body, size = 8, b"", None
+    while position < len(data):
+        length, kind = struct.unpack(">I4s", data[position:position + 8])
+        chunk = data[position + 8:position + 8 + length]
+        crc = struct.unpack(">I", data[position + 8 + length:position + 12 + length])[0]
+        assert crc == zlib.crc32(kind + chunk) & 0xFFFFFFFF
+        if kind == b"IHDR":
+            size = struct.unpack(">II", chunk[:8])
+        elif kind == b"IDAT":
+            body += chunk
+        position += 12 + length
+    width, height = size
+    rows = np.frombuffer(zlib.decompress(body), dtype=np.uint8).reshape(height, 1 + width * 3)
+    assert (rows[:, 0] == 0).all()  # filter type 0 on every row
+    return rows[:, 1:].reshape(height, width, 3)
+
+
+def _dark(region: np.ndarray) -> int:
+    return int((region.astype(int).sum(axis=2) < 300).sum())
+
+
+def test_the_loss_plot_has_tick_labels_axis_labels_and_a_title(tmp_path):
+    from pngcheck import png_colours
+    losses = [5.6 * 0.97 ** i + 0.05 * (i % 3) for i in range(37)]
+    path = tmp_path / "loss.png"
+    plot.write_loss_plot(str(path), losses)
+    image = _decode_png(path)
+    assert (image == plot.loss_image(losses)).all()
+    assert png_colours(path) >= 3
+    _, x_ticks, (y_low, y_high), y_ticks, _ = plot.layout(losses)
+    assert len(x_ticks) >= 3 and len(y_ticks) >= 3
+    bottom, right = plot.HEIGHT - plot.BOTTOM, plot.WIDTH - plot.RIGHT
+    for tick in y_ticks:  # a number left of the y axis at every tick
+        row = round(plot.TOP + (y_high - tick) / (y_high - y_low) * (bottom - plot.TOP))
+        assert _dark(image[row - 6:row + 7, plot.LEFT - 60:plot.LEFT - 8]) > 20, tick
+    for tick in x_ticks:  # and under the x axis
+        column = round(plot.LEFT + (tick - 1) / (len(losses) - 1) * (right - plot.LEFT))
+        assert _dark(image[bottom + 8:bottom + 24, column - 14:column + 15]) > 10, tick
+    between = (y_ticks[0] + y_ticks[1]) / 2  # nothing drawn between two labels
+    row = round(plot.TOP + (y_high - between) / (y_high - y_low) * (bottom - plot.TOP))
+    assert _dark(image[row - 2:row + 3, plot.LEFT - 60:plot.LEFT - 8]) == 0
+    assert _dark(image[bottom + 26:, plot.LEFT:right]) > 20  # "step"
+    assert _dark(image[plot.TOP:bottom, :30]) > 20  # "loss", upwards
+    assert _dark(image[:plot.TOP - 4, plot.LEFT:right]) > 50  # the title
+
+
+def test_the_title_and_the_labels_are_the_font_s_glyphs():
+    losses = [3.0, 2.5, 2.25]
+    image = plot.loss_image(losses)
+    title = plot.text_mask("training loss, 3 steps")
+    title_rows = (plot.TOP - 7 * plot.SCALE) // 2 + title.shape[0]  # above the top tick label
+    rows, columns = np.nonzero(image[:title_rows].astype(int).sum(axis=2) < 300)
+    found = (image[rows.min():rows.max() + 1, columns.min():columns.max() + 1]
+             .astype(int).sum(axis=2) < 300)
+    rows, columns = np.nonzero(title)
+    trimmed = title[rows.min():rows.max() + 1, columns.min():columns.max() + 1]
+    assert found.shape == trimmed.shape and (found == trimmed).all()
+    assert plot.text_mask("1 step").shape[1] < plot.text_mask("2 steps").shape[1]
+
+
+@pytest.mark.parametrize("losses", [[5.5], [2.0] * 4, [11.0, 0.004], [0.0012, 0.0009, 0.001],
+                                    [float("nan"), 3.0, 2.0], list(range(2000, 0, -1))])
+def test_every_label_the_plot_writes_is_in_the_font(losses):
+    _, x_ticks, _, y_ticks, step = plot.layout(losses)
+    labels = [plot.tick_label(t, step) for t in y_ticks] + [str(int(t)) for t in x_ticks]
+    labels += ["step", "loss", f"training loss, {len(losses)} steps"]
+    assert all(char in plot.FONT for label in labels for char in label), labels
+    assert len(set(labels[:len(y_ticks)])) == len(y_ticks)  # no two ticks read the same
+    plot.loss_image(losses)  # and it draws
+    assert all(glyph.shape == (9, 5) for glyph in plot.FONT.values())
+
+
+# ---- 7. plurals ------------------------------------------------------------------------------
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    assert main(["check", str(SCHEDULES / "library.cg"), "--config", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny (1 launch)" in out
+    out_cu = tmp_path / "library.cu"
+    assert main(["compile", str(SCHEDULES / "library.cg"), "--config", "tiny",
+                 "-o", str(out_cu)]) == 0
+    assert re.search(r"wrote .*library\.cu: 1 kernel, \d+ lines", capsys.readouterr().err)
+    messy = tmp_path / "messy.cg"
+    messy.write_text("def a : Nat =    (naturalAdd 1 2)\n")
+    assert main(["fmt", "--check", str(messy)]) == 1
+    assert "1 file would be reformatted, 0 files unchanged" in capsys.readouterr().err
+
+
+def test_counts_of_several_are_plural(tmp_path, capsys):
+    assert main(["check", str(SCHEDULES / "forward.cg"), "--config", "tiny"]) == 0
+    assert re.search(r"tiny \(\d+ launches\)", capsys.readouterr().out)
+    assert main(["doc", str(SCHEDULES / "library.cg"), "-o", str(tmp_path / "doc")]) == 0
+    assert re.search(r"wrote [2-9] pages", capsys.readouterr().out)
+    from cgc.cli import _count
+    assert [_count(n, "page") for n in (0, 1, 2)] == ["0 pages", "1 page", "2 pages"]
+    assert _count(1, "launch", "launches") == "1 launch"
+
+
+def test_no_count_in_cli_output_has_a_fixed_plural():
+    """Every '{count} things' in cli.py goes through _count (or is the run's own summary)."""
+    source = (ROOT / "cgc" / "cli.py").read_text()
+    fixed = re.findall(r"\{(?:len\([^{}]*\)|[a-z_]*count[a-z_]*)\}\s*[a-z]+s\b", source)
+    assert fixed == []
+
+
+# ---- Ctrl-C during `cgc run` ---------------------------------------------------------------
+
+
+def test_ctrl_c_stops_a_run_after_the_step_under_way(tmp_path):
+    plot_path, trace = tmp_path / "loss.png", tmp_path / "trace.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", "schedules/train.cg", "--backend", "numpy",
+         "--steps", "500", "--plot", str(plot_path), "--trace", str(trace)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines, deadline = [], time.monotonic() + 60
+    try:
+        while sum(line.startswith("step ") for line in lines) < 2:
+            line = process.stdout.readline()
+            assert line and time.monotonic() < deadline, "the run printed no steps"
+            lines.append(line)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines += out.splitlines(keepends=True)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert "stopping after the step under way" in err
+    last = lines[-1].rstrip("\n")
+    match = re.fullmatch(r"loss \d+\.\d{4} -> \d+\.\d{4} after (\d+) steps? \(stopped early\)",
+                         last)
+    assert match, last
+    steps = int(match.group(1))
+    assert 2 <= steps < 500
+    assert sum(line.startswith("step ") for line in lines) == steps
+    assert plot_path.exists() and trace.exists()
+    _decode_png(plot_path)
