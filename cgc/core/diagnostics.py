@@ -111,5 +111,6 @@ def render_all(diagnostics: Iterable[Diagnostic]) -> str:
     errors = sum(d.severity == "error" for d in diagnostics)
     warnings = len(diagnostics) - errors
     if diagnostics:
-        parts.append(f"{errors} error(s), {warnings} warning(s)")
+        parts.append(f"{errors} error{'' if errors == 1 else 's'}, "
+                     f"{warnings} warning{'' if warnings == 1 else 's'}")
     return "\n".join(parts)
