@@ -76,7 +76,7 @@ def test_no_kernel_spills_registers(config):
 
 def test_every_launch_is_checked_and_names_its_source_line():
     text = emitted("train", "tiny").text
-    launches = re.findall(r"^\s*(cgImage\w+)<<<", text, re.MULTILINE)
+    launches = re.findall(r"^\s*CG_LAUNCH\((cgImage\w+),", text, re.MULTILINE)
     checks = re.findall(r'^\s*CG_LAUNCHED\("(\S+\.cg:\d+:\d+)', text, re.MULTILINE)
     assert launches and len(launches) == len(checks)
     source = (SCHEDULES / "backward.cg").read_text().splitlines()

@@ -273,7 +273,7 @@ class Emitter:
         grid = ", ".join(format_nat(g) for g in bound.grid)
         block = ", ".join(str(b) for b in image.block)
         shared = shared_memory_bytes(image.name, self.constants, self.low)
-        call = (f"{image.name}<<<dim3({grid}), dim3({block}), {shared}, stream>>>"
+        call = (f"CG_LAUNCH({image.name}, dim3({grid}), dim3({block}), {shared}, stream)"
                 f"({', '.join(arguments)});")
         return [comment, call, f"CG_LAUNCHED(\"{where}\");"]
 

@@ -16,6 +16,12 @@
 // Works under nvcc and NVRTC alike (NVRTC has no <cmath>).
 #define CG_INFINITY __int_as_float(0x7f800000)
 
+// A kernel's dynamic shared memory (the launch gives its size). The CPU build of this file
+// (cgc/backends/cuda_cpu) defines it to the block's own memory on the host.
+#ifndef CG_DYNAMIC_SHARED
+#define CG_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 // The configuration's low-precision type (float32).
 typedef float low_t;
 
@@ -353,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(float* __rest
   constexpr int T = kAttentionTile, D = kHeadWidth;
   static_assert(T == 64 && 128 == 128, "4 warps of 16 query rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
-  extern __shared__ __align__(128) unsigned char memory[];
+  CG_DYNAMIC_SHARED(memory);
   low_t* q = reinterpret_cast<low_t*>(memory);
   low_t* k = q + T * D;
   low_t* v = k + T * D;
@@ -423,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
   constexpr int T = kAttentionTile, D = kHeadWidth;
   static_assert(T == 64 && 128 == 128, "4 warps of 16 rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
-  extern __shared__ __align__(128) unsigned char memory[];
+  CG_DYNAMIC_SHARED(memory);
   low_t* q = reinterpret_cast<low_t*>(memory);
   low_t* k = q + T * D;
   low_t* v = k + T * D;
@@ -777,6 +783,12 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // After every launch: a failed launch names the .cg source line it came from.
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
 
+// A kernel launch. The CPU build of this file (cgc/backends/cuda_cpu) defines it to run the
+// kernel's blocks on the host; everywhere else it is CUDA's own launch.
+#ifndef CG_LAUNCH
+#define CG_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#endif
+
 // ---- memory: one allocation per bank, one for the step buffers, one for the arena ------
 // Offsets and sizes are the memory plan's (`cgc check --memory`).
 static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (parameters, float32), 11 entries
@@ -1038,108 +1050,108 @@ static void cg_prepare() {
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
   // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
-  cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
   CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
   // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
   // library.cg:371:9 cgImageLoss
-  cgImageLoss<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
+  CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
   CG_LAUNCHED("library.cg:371:9 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
   // backward.cg:11:9 cgImageCrossEntropyBackward
-  cgImageCrossEntropyBackward<<<dim3(256, 2, 1), dim3(128, 1, 1), 0, stream>>>(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
+  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
   CG_LAUNCHED("backward.cg:11:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
   // library.cg:126:9 (from backward.cg:21:19) cgImageCastDown
-  cgImageCastDown<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgLogitsGradientHalf, cgLogitsGradient, 65536);
+  CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalf, cgLogitsGradient, 65536);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:21:19) cgImageCastDown");
   // library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 256, 64, 256);
   // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
   cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
   // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
-  cgImageLayerNormBackward<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
+  CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
   CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
   // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
-  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
+  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
   CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
-  cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
   CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
   // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
-  cgImageAttention<<<dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream>>>(cgAttention, cgAttentionLse, cgQkv);
+  CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
   CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
   // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
-  cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
   CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
   // library.cg:126:9 (from backward.cg:37:11) cgImageGelu
-  cgImageGelu<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgFcAct, cgFcPre, 65536);
+  CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGelu");
   // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
-  cgImageCastDown<<<dim3(8, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientLow, cgDy0, 16384);
+  CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
   // library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward
-  cgImageGeluBackward<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientFc, cgGradientFc, cgFcPre, 65536);
+  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
   // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  cgImageLayerNormBackwardAdd<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
   CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
   // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
-  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
+  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
   CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
   // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
-  cgImageCastDown<<<dim3(8, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientLow, cgDy1, 16384);
+  CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
   // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
-  cgImageAttentionDelta<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgAttentionDelta, cgAttention, cgGradientAttention);
+  CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
   CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
   // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
-  cgImageAttentionBackward<<<dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream>>>(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+  CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
   CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
   // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  cgImageLayerNormBackwardAdd<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
   CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
   // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
-  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
+  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
   CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
   // backward.cg:44:13 cgImageScatter
-  cgImageScatter<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
+  CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
   CG_LAUNCHED("backward.cg:44:13 cgImageScatter");
 }
 

@@ -16,6 +16,12 @@
 // Works under nvcc and NVRTC alike (NVRTC has no <cmath>).
 #define CG_INFINITY __int_as_float(0x7f800000)
 
+// A kernel's dynamic shared memory (the launch gives its size). The CPU build of this file
+// (cgc/backends/cuda_cpu) defines it to the block's own memory on the host.
+#ifndef CG_DYNAMIC_SHARED
+#define CG_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 // The configuration's low-precision type (bfloat16).
 typedef __nv_bfloat16 low_t;
 
@@ -369,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(__nv_bfloat16
   constexpr int T = kAttentionTile, D = kHeadWidth;
   static_assert(T == 64 && 128 == 128, "4 warps of 16 query rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
-  extern __shared__ __align__(128) unsigned char memory[];
+  CG_DYNAMIC_SHARED(memory);
   low_t* q = reinterpret_cast<low_t*>(memory);
   low_t* k = q + T * D;
   low_t* v = k + T * D;
@@ -439,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   constexpr int T = kAttentionTile, D = kHeadWidth;
   static_assert(T == 64 && 128 == 128, "4 warps of 16 rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
-  extern __shared__ __align__(128) unsigned char memory[];
+  CG_DYNAMIC_SHARED(memory);
   low_t* q = reinterpret_cast<low_t*>(memory);
   low_t* k = q + T * D;
   low_t* v = k + T * D;
@@ -837,6 +843,12 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // After every launch: a failed launch names the .cg source line it came from.
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
 
+// A kernel launch. The CPU build of this file (cgc/backends/cuda_cpu) defines it to run the
+// kernel's blocks on the host; everywhere else it is CUDA's own launch.
+#ifndef CG_LAUNCH
+#define CG_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#endif
+
 // ---- memory: one allocation per bank, one for the step buffers, one for the arena ------
 // Offsets and sizes are the memory plan's (`cgc check --memory`).
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
@@ -1099,7 +1111,7 @@ static void cg_prepare() {
 // phase cgPhaseEmbedding
 static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
   // forward.cg:7:7 cgImageEmbedding
-  cgImageEmbedding<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgBoundaries + 16384L * (0), cgBankP_cgEmbeddingEntry, cgIds);
+  CG_LAUNCH(cgImageEmbedding, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBoundaries + 16384L * (0), cgBankP_cgEmbeddingEntry, cgIds);
   CG_LAUNCHED("forward.cg:7:7 cgImageEmbedding");
 }
 
@@ -1107,22 +1119,22 @@ static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 2; ++layer) {
     // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
-    cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
     // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
     // library.cg:249:11 (from forward.cg:12:7) cgImageAttention
-    cgImageAttention<<<dim3(1, 4, 4), dim3(128, 1, 1), 35328, stream>>>(cgAttention, cgAttentionLse, cgQkv);
+    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 35328, stream)(cgAttention, cgAttentionLse, cgQkv);
     CG_LAUNCHED("library.cg:249:11 (from forward.cg:12:7) cgImageAttention");
     // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
-    cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
     // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
     // library.cg:126:9 (from forward.cg:12:7) cgImageGelu
-    cgImageGelu<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgFcAct, cgFcPre, 65536);
+    CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
     CG_LAUNCHED("library.cg:126:9 (from forward.cg:12:7) cgImageGelu");
     // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 16384L * (layer), cgMiddle, 256, 64, 256);
@@ -1132,162 +1144,162 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
   // library.cg:157:5 (from library.cg:379:33) cgImageZero
-  cgImageZero<<<dim3(113, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_all, 115328);
+  CG_LAUNCH(cgImageZero, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 115328);
   CG_LAUNCHED("library.cg:157:5 (from library.cg:379:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
   // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
-  cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
   CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
   // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
   // library.cg:371:9 cgImageLoss
-  cgImageLoss<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
+  CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
   CG_LAUNCHED("library.cg:371:9 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
   // backward.cg:11:9 cgImageCrossEntropyBackward
-  cgImageCrossEntropyBackward<<<dim3(256, 2, 1), dim3(128, 1, 1), 0, stream>>>(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
+  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
   CG_LAUNCHED("backward.cg:11:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
   // library.cg:126:9 (from backward.cg:21:19) cgImageCastDown
-  cgImageCastDown<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgLogitsGradientHalf, cgLogitsGradient, 65536);
+  CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalf, cgLogitsGradient, 65536);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:21:19) cgImageCastDown");
   // library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 256, 64, 256);
   // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
   cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
   // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
-  cgImageLayerNormBackward<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
+  CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
   CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
   // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
-  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
+  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
   CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
-  cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
   CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
   // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
-  cgImageAttention<<<dim3(1, 4, 4), dim3(128, 1, 1), 35328, stream>>>(cgAttention, cgAttentionLse, cgQkv);
+  CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 35328, stream)(cgAttention, cgAttentionLse, cgQkv);
   CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
   // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
-  cgImageLayerNorm<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
   CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
   // library.cg:126:9 (from backward.cg:37:11) cgImageGelu
-  cgImageGelu<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgFcAct, cgFcPre, 65536);
+  CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGelu");
   // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
-  cgImageCastDown<<<dim3(8, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientLow, cgDy0, 16384);
+  CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
   // library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward
-  cgImageGeluBackward<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientFc, cgGradientFc, cgFcPre, 65536);
+  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
   // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  cgImageLayerNormBackwardAdd<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
   CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
   // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
-  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
+  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
   CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
   // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
-  cgImageCastDown<<<dim3(8, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientLow, cgDy1, 16384);
+  CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
   CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
   // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
-  cgImageAttentionDelta<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgAttentionDelta, cgAttention, cgGradientAttention);
+  CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
   CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
   // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
-  cgImageAttentionBackward<<<dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream>>>(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+  CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
   CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
   // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  cgImageLayerNormBackwardAdd<<<dim3(8, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
   CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
   // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
-  cgImageLayerNormParameterGradients<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
+  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
   CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
   // backward.cg:44:13 cgImageScatter
-  cgImageScatter<<<dim3(256, 1, 1), dim3(128, 1, 1), 0, stream>>>(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
+  CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
   CG_LAUNCHED("backward.cg:44:13 cgImageScatter");
 }
 
 // phase cgPhaseGradientNorm
 static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
   // optimizer.cg:39:7 cgImageSquareSum
-  cgImageSquareSum<<<dim3(128, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgGradientNormPartials, cgBankG_all, 115328);
+  CG_LAUNCH(cgImageSquareSum, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 115328);
   CG_LAUNCHED("optimizer.cg:39:7 cgImageSquareSum");
 }
 
 // phase cgPhaseUpdate
 static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
   // optimizer.cg:45:9 cgImageStepAdvance
-  cgImageStepAdvance<<<dim3(1, 1, 1), dim3(1, 1, 1), 0, stream>>>(cgOptimizerStep);
+  CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:45:9 cgImageStepAdvance");
   // optimizer.cg:22:5 (from optimizer.cg:46:17) cgImageAdamWMatrix
-  cgImageAdamWMatrix<<<dim3(16, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgEmbeddingEntry, cgBankG_cgEmbeddingEntry, cgBankM_cgEmbeddingEntry, cgBankV_cgEmbeddingEntry, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgEmbeddingEntry, 16384, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgEmbeddingEntry, cgBankG_cgEmbeddingEntry, cgBankM_cgEmbeddingEntry, cgBankV_cgEmbeddingEntry, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgEmbeddingEntry, 16384, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:46:17) cgImageAdamWMatrix");
   // optimizer.cg:7:5 (from optimizer.cg:47:19) cgImageAdamW
-  cgImageAdamW<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgLn1Gamma, cgBankG_cgLn1Gamma, cgBankM_cgLn1Gamma, cgBankV_cgLn1Gamma, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Gamma, cgBankG_cgLn1Gamma, cgBankM_cgLn1Gamma, cgBankV_cgLn1Gamma, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:47:19) cgImageAdamW");
   // optimizer.cg:7:5 (from optimizer.cg:48:21) cgImageAdamW
-  cgImageAdamW<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgLn1Beta, cgBankG_cgLn1Beta, cgBankM_cgLn1Beta, cgBankV_cgLn1Beta, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Beta, cgBankG_cgLn1Beta, cgBankM_cgLn1Beta, cgBankV_cgLn1Beta, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:48:21) cgImageAdamW");
   // optimizer.cg:22:5 (from optimizer.cg:49:23) cgImageAdamWMatrix
-  cgImageAdamWMatrix<<<dim3(24, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgQkvWeight, cgBankG_cgQkvWeight, cgBankM_cgQkvWeight, cgBankV_cgQkvWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgQkvWeight, 24576, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(24, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgQkvWeight, cgBankG_cgQkvWeight, cgBankM_cgQkvWeight, cgBankV_cgQkvWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgQkvWeight, 24576, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:49:23) cgImageAdamWMatrix");
   // optimizer.cg:22:5 (from optimizer.cg:50:25) cgImageAdamWMatrix
-  cgImageAdamWMatrix<<<dim3(8, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgOutputWeight, cgBankG_cgOutputWeight, cgBankM_cgOutputWeight, cgBankV_cgOutputWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgOutputWeight, 8192, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgOutputWeight, cgBankG_cgOutputWeight, cgBankM_cgOutputWeight, cgBankV_cgOutputWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgOutputWeight, 8192, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:50:25) cgImageAdamWMatrix");
   // optimizer.cg:7:5 (from optimizer.cg:51:27) cgImageAdamW
-  cgImageAdamW<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgLn2Gamma, cgBankG_cgLn2Gamma, cgBankM_cgLn2Gamma, cgBankV_cgLn2Gamma, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Gamma, cgBankG_cgLn2Gamma, cgBankM_cgLn2Gamma, cgBankV_cgLn2Gamma, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:51:27) cgImageAdamW");
   // optimizer.cg:7:5 (from optimizer.cg:52:29) cgImageAdamW
-  cgImageAdamW<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgLn2Beta, cgBankG_cgLn2Beta, cgBankM_cgLn2Beta, cgBankV_cgLn2Beta, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Beta, cgBankG_cgLn2Beta, cgBankM_cgLn2Beta, cgBankV_cgLn2Beta, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:52:29) cgImageAdamW");
   // optimizer.cg:22:5 (from optimizer.cg:53:31) cgImageAdamWMatrix
-  cgImageAdamWMatrix<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgFcWeight, cgBankG_cgFcWeight, cgBankM_cgFcWeight, cgBankV_cgFcWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgFcWeight, 32768, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFcWeight, cgBankG_cgFcWeight, cgBankM_cgFcWeight, cgBankV_cgFcWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgFcWeight, 32768, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:53:31) cgImageAdamWMatrix");
   // optimizer.cg:22:5 (from optimizer.cg:54:33) cgImageAdamWMatrix
-  cgImageAdamWMatrix<<<dim3(32, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgProjWeight, cgBankG_cgProjWeight, cgBankM_cgProjWeight, cgBankV_cgProjWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgProjWeight, 32768, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgProjWeight, cgBankG_cgProjWeight, cgBankM_cgProjWeight, cgBankV_cgProjWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgProjWeight, 32768, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:54:33) cgImageAdamWMatrix");
   // optimizer.cg:7:5 (from optimizer.cg:55:35) cgImageAdamW
-  cgImageAdamW<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgFinalGamma, cgBankG_cgFinalGamma, cgBankM_cgFinalGamma, cgBankV_cgFinalGamma, cgGradientNormPartials, cgOptimizerStep, 64, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalGamma, cgBankG_cgFinalGamma, cgBankM_cgFinalGamma, cgBankV_cgFinalGamma, cgGradientNormPartials, cgOptimizerStep, 64, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:55:35) cgImageAdamW");
   // optimizer.cg:7:5 (from optimizer.cg:56:29) cgImageAdamW
-  cgImageAdamW<<<dim3(1, 1, 1), dim3(256, 1, 1), 0, stream>>>(cgBankP_cgFinalBeta, cgBankG_cgFinalBeta, cgBankM_cgFinalBeta, cgBankV_cgFinalBeta, cgGradientNormPartials, cgOptimizerStep, 64, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalBeta, cgBankG_cgFinalBeta, cgBankM_cgFinalBeta, cgBankV_cgFinalBeta, cgGradientNormPartials, cgOptimizerStep, 64, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:56:29) cgImageAdamW");
 }
 
