@@ -680,6 +680,12 @@ extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradi
 // cgImageLoss: Per-row cross-entropy: loss = lse - logit[target]; correct = argmax == target.
 // One row per block: an online log-sum-exp and argmax over the vocabulary, then
 // loss = lse - logit[target] and correct = (argmax == target); 0 for an ignored row.
+// sum * e^(top - merged): a part that saw no finite logit (top = -inf, sum = 0) adds 0,
+// where 0 * e^(-inf - -inf) would be NaN (a thread past the vocabulary, a row of -inf).
+__device__ __forceinline__ float loss_rescaled(float sum, float top, float merged) {
+  return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
+}
+
 extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const float* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
   __shared__ float shared_max[32], shared_sum[32];
   __shared__ int shared_index[32];
@@ -693,7 +699,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict_
       sum = sum * __expf(top - v) + 1.0f;
       top = v;
       best = c;
-    } else {
+    } else if (v > -CG_INFINITY) {
       sum += __expf(v - top);
     }
   }
@@ -704,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict_
     const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
     const int other_best = __shfl_xor_sync(0xffffffffu, best, offset);
     const float merged = fmaxf(top, other_top);
-    sum = sum * __expf(top - merged) + other_sum * __expf(other_top - merged);
+    sum = loss_rescaled(sum, top, merged) + loss_rescaled(other_sum, other_top, merged);
     if (other_top > top || (other_top == top && other_best < best)) best = other_best;
     top = merged;
   }
@@ -721,7 +727,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict_
     best = shared_index[0];
     for (int w = 1; w < 128 / 32; ++w) {
       const float merged = fmaxf(top, shared_max[w]);
-      sum = sum * __expf(top - merged) + shared_sum[w] * __expf(shared_max[w] - merged);
+      sum = loss_rescaled(sum, top, merged) + loss_rescaled(shared_sum[w], shared_max[w], merged);
       if (shared_max[w] > top || (shared_max[w] == top && shared_index[w] < best))
         best = shared_index[w];
       top = merged;
