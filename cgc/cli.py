@@ -171,9 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "the whole step)")
     _add_program_options(run, several_configs=False)
     run.add_argument("--backend", choices=("auto", *REGISTRY), default="auto",
-                     help="where to run: cupy (an NVIDIA GPU, through CuPy), numpy (the CPU "
-                          "reference machine), or auto (the default: cupy when a GPU is "
-                          "present, else numpy)")
+                     help="where to run: " + "; ".join(
+                         f"{name}: {what}" for name, (_, what) in REGISTRY.items())
+                     + "; auto (the default): cupy when a GPU is present, else numpy")
     run.add_argument("--steps", type=int, default=10, metavar="N",
                      help="training steps to run (default 10)")
     run.add_argument("--seed", type=int, default=0, metavar="S",
@@ -385,6 +385,7 @@ def _run(args) -> int:
               "runs anywhere: --backend numpy", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     from .backends.data import Batches, describe, load_corpus
+    from .backends.base import DataError
     from .backends.training import summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
@@ -419,6 +420,10 @@ def _run(args) -> int:
     try:
         training = train(runner, batches, args.steps, sys.stdout, dump=args.dump,
                          trace=timings, stop=_STOP)
+    except DataError as error:
+        print(f"cgc: error: the training data does not fit the model: {error}",
+              file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     finally:
         _STEPPING.clear()
     if args.dump and training.losses:

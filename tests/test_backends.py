@@ -138,3 +138,25 @@ def test_a_model_with_other_names_compiles_and_runs_unchanged(schedules, tmp_pat
         batches = Batches(load_corpus(None), 4, 64, 2)
         losses.append(train(run, batches, 2, out=io.StringIO()).losses)
     assert losses[0] == losses[1] and np.isfinite(losses[0]).all()
+
+
+@pytest.mark.parametrize("name", ["numpy"])
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_step(name):
+    """One behaviour on every backend, checked on the host: the message names the row."""
+    from cgc.backends.base import DataError
+    path = str(SCHEDULES / "train.cg")
+    run = open_run(name, analyse([path]), path, "tiny", {}, 0)
+    ids, targets = Batches(load_corpus(None), 4, 64, 0).next()
+    before = run.bank_values("parameters")
+    bad = ids.copy()
+    bad[37] = 256
+    with pytest.raises(DataError, match=r"row 37: token id 256 is outside the vocabulary 0 \.\. 255"):
+        run.step(bad, targets)
+    bad_targets = targets.copy()
+    bad_targets[5] = -2
+    with pytest.raises(DataError, match=r"row 5: target -2 is outside"):
+        run.step(ids, bad_targets)
+    after = run.bank_values("parameters")
+    assert all((before[k] == after[k]).all() for k in before)  # nothing ran
+    targets[3] = -1  # an ignored row is fine
+    assert np.isfinite(run.step(ids, targets).loss)

@@ -43,6 +43,28 @@ class StepResult:
     note: str = ""  # e.g. "eager, before capture"
 
 
+class DataError(ValueError):
+    """A batch the model cannot take; the message names the first row at fault."""
+
+
+def check_tokens(ids: np.ndarray, targets: np.ndarray, vocab: int | None) -> None:
+    """Every id inside the vocabulary, every target inside it or -1 (ignored): checked on
+    the host before a step, the same on every backend (a kernel would skip or misread)."""
+    if vocab is None:
+        return
+    ids, targets = np.asarray(ids).reshape(-1), np.asarray(targets).reshape(-1)
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if bad.size:
+        row = int(bad[0])
+        raise DataError(f"row {row}: token id {int(ids[row])} is outside the vocabulary "
+                        f"0 .. {vocab - 1}")
+    bad = np.flatnonzero((targets < -1) | (targets >= vocab))
+    if bad.size:
+        row = int(bad[0])
+        raise DataError(f"row {row}: target {int(targets[row])} is outside the vocabulary "
+                        f"0 .. {vocab - 1} (or -1, ignored)")
+
+
 class Unavailable(Exception):
     """The backend cannot run here; the message says why and what to do, in one sentence."""
 
@@ -85,6 +107,8 @@ class Run(ABC):
     # ---- shared ----------------------------------------------------------------------
 
     def step(self, ids: np.ndarray, targets: np.ndarray, trace: list | None = None) -> StepResult:
+        vocab = self.program.roles.get("vocab")
+        check_tokens(ids, targets, int(vocab) if vocab is not None else None)
         self.store(self.program.role("ids"), ids)
         self.store(self.program.role("targets"), targets)
         seconds = self.run_step(trace)
