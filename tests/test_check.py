@@ -133,3 +133,25 @@ def test_the_checker_reference_shows_every_checker_case():
     for case in (ROOT / "tests" / "checker").glob("*.cg"):
         if not case.name.startswith("_"):
             assert f"`{case.stem}`" in reference, case.stem
+
+
+def test_every_pointer_a_template_accesses_with_wide_vectors_is_declared_aligned():
+    """The kernels' float4/uint4 accesses (load4, load8, store4, store8, float4 casts) on a
+    pointer argument are promised by an (aligned 16 ...) clause, which the checker proves."""
+    from cgc.backends.cuda.emit import template_path
+    from conftest import ROOT
+    path = str(SCHEDULES / "train.cg")
+    program = evaluate(analyse([path]), path)
+    wide = re.compile(r"(?:load[48]|store[48])\((\w+)|reinterpret_cast<(?:const )?"
+                      r"(?:float4|uint4)\*>\((\w+)")
+    missing = []
+    for image in program.images.values():
+        if image.library is not None:
+            continue
+        text = (ROOT / "templates" / template_path(image.name)).read_text()
+        names = {a or b for a, b in wide.findall(text)}
+        for index, pointer in image.pointers.items():
+            if pointer.name in names and image.alignments.get(index, (0,))[0] < 16:
+                missing.append(f"{image.name}.{pointer.name}")
+    assert missing == []
+    assert program.images["cgImageGelu"].alignments  # the scan is not vacuous

@@ -18,6 +18,7 @@ import itertools
 from ..core import affine
 from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
+from ..core.elements import element_bytes
 from ..core.ir import (
     Image, Launch, PointerBinding, PointerParameter, Program, Repeat, extreme_point,
 )
@@ -113,6 +114,7 @@ class Checker:
         self.check_grid(launch, loops)
         if image.library is None and image.block is None:
             return
+        self.check_alignment(launch, pointers, loops)
         for index, binding in sorted(pointers.items()):
             parameter = image.pointers[index]
             if parameter.has_extent and scalars_fine:
@@ -249,6 +251,35 @@ class Checker:
                 "are left untouched (does the grid leave a tail uncovered?)", binding.span,
                 Note(f"the extent of '{parameter.name}' is declared here", parameter.span),
                 *self._trace_notes(launch))
+
+    # ---- alignment ---------------------------------------------------------------
+
+    def check_alignment(self, launch: Launch, pointers: dict[int, PointerBinding], loops) -> None:
+        """A pointer the kernel reads or writes with wide vector accesses starts on a
+        multiple of their width, in every iteration. Allocations, step buffers, arena slots
+        and bank entries all start on 256 bytes, so what remains to prove is the view's
+        own offset: its constant part and each repeat index's coefficient, in bytes."""
+        image = launch.image
+        for index, (size, span) in sorted(image.alignments.items()):
+            binding = pointers.get(index)
+            if binding is None:
+                continue
+            storage = binding.view.storage
+            _, start = self.program.address(binding.view)
+            bytes_each = element_bytes(storage.element, self.program.low)
+            constant, terms = affine.parts(affine.scale(start, bytes_each))
+            if constant % size == 0 and all(k % size == 0 for k in terms.values()):
+                continue
+            point = {v: 1 for v, k in terms.items() if k % size}
+            misaligned = constant + sum(k * point.get(v, 0) for v, k in terms.items())
+            parameter = image.pointers[index]
+            self.error(launch, f"pointer {index} '{parameter.name}' of '{image.name}' needs "
+                               f"{size}-byte alignment, but '{binding.view.label}' starts "
+                               f"{misaligned % size} bytes past a {size}-byte boundary"
+                               f"{_where(loops, point)}",
+                       binding.span,
+                       Note(f"'{image.name}' reads and writes '{parameter.name}' {size} bytes "
+                            "at a time (aligned here)", span))
 
     # ---- permissions and aliasing ------------------------------------------------
 

@@ -51,6 +51,7 @@ class Image:
     aliases: frozenset[frozenset[int]]
     span: Span
     doc: str | None
+    alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
 
     def __hash__(self) -> int:
         return hash(self.name)

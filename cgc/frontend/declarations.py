@@ -50,6 +50,7 @@ class ImageDeclaration:
     aliases: set[frozenset[int]]
     span: Span
     doc: str | None
+    alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
 
 
 @dataclass
@@ -241,6 +242,7 @@ class _Elaborator:
             "pointer": (4, 5, "(pointer INDEX NAME ELEMENT ACCESS [EXTENT])"),
             "scalar": (3, 4, "(scalar INDEX NAME TYPE [DEFAULT])"),
             "alias": (2, 2, "(alias POINTER POINTER)"),
+            "aligned": (2, 64, "(aligned BYTES POINTER ...)"),
         }
         clauses = list(self.clauses(declaration, allowed))
         scalar_names = [c.arguments[1].text for k, c in clauses
@@ -280,6 +282,16 @@ class _Elaborator:
                 pair = [_natural(a, self.report, "an aliased pointer index") for a in arguments]
                 if None not in pair:
                     record.aliases.add(frozenset(pair))
+            elif keyword == "aligned":
+                size = _natural(arguments[0], self.report, "an alignment in bytes")
+                if size is not None and (size == 0 or size & (size - 1) or size > 256):
+                    self.report.error(f"an alignment is a power of two up to 256 bytes, not "
+                                      f"{size}", arguments[0].span)
+                    size = None
+                for argument in arguments[1:]:
+                    index = _natural(argument, self.report, "an aligned pointer index")
+                    if size is not None and index is not None:
+                        record.alignments[index] = (size, clause.span)
         if record.block is None and record.library is None:
             self.report.error(f"image '{name}' needs a block shape (block X Y Z) or a "
                               "(library cublas) clause", declaration.name.span)
@@ -288,6 +300,10 @@ class _Elaborator:
                 if index not in record.pointers:
                     self.report.error(f"(alias ...) names pointer {index}, which image '{name}' "
                                       "does not declare", declaration.span)
+        for index, (_, span) in record.alignments.items():
+            if index not in record.pointers:
+                self.report.error(f"(aligned ...) names pointer {index}, which image '{name}' "
+                                  "does not declare", span)
         self.result.images[name] = record
 
     def constant(self, declaration: Declaration) -> None:

@@ -366,7 +366,8 @@ class Evaluator:
                 default = None if default is POISON else default
             scalars[index] = ScalarParameter(index, s.name, s.type, default, s.span)
         record = Image(name, block, declaration.library, pointers, scalars,
-                       frozenset(declaration.aliases), declaration.span, declaration.doc)
+                       frozenset(declaration.aliases), declaration.span, declaration.doc,
+                       dict(declaration.alignments))
         self.images[name] = record
         return record
 
