@@ -7,6 +7,7 @@ import difflib
 import os
 import sys
 import threading
+import time
 import traceback
 
 from . import __version__
@@ -321,7 +322,7 @@ def _cg_files(paths: list[str]) -> list[str]:
         else:
             found.append(path)
     if not found:
-        raise _UsageError("no .cg files found in " + ", ".join(paths))
+        raise _PathError("no .cg files found in " + ", ".join(paths))
     _readable(found)
     return found
 
@@ -385,7 +386,7 @@ def _run(args) -> int:
               "runs anywhere: --backend numpy", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     from .backends.data import Batches, describe, load_corpus
-    from .backends.base import DataError
+    from .backends.base import DataError, RunFault
     from .backends.training import summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
@@ -423,6 +424,9 @@ def _run(args) -> int:
     except DataError as error:
         print(f"cgc: error: the training data does not fit the model: {error}",
               file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    except RunFault as error:
+        print(f"cgc: error: the step failed on the {backend} backend: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     finally:
         _STEPPING.clear()
@@ -464,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     # the thread stopped while it still runs (threading's bpo-45274 handler releases the
     # lock the running thread holds), and the run would end with no summary, exit 3.
     worker = threading.Thread(target=work, daemon=True)
+    stop_requested = 0.0
     _STOP.clear()
     _STEPPING.clear()
     try:
@@ -472,10 +477,14 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 finished.wait(0.1)
             except KeyboardInterrupt:
+                now = time.monotonic()
+                if _STOP.is_set() and now - stop_requested < _DUPLICATE_SIGNAL_SECONDS:
+                    continue  # the same Ctrl-C, delivered to the process and its group
                 if _STOP.is_set() or not _STEPPING.is_set():  # stop now
                     print("\ncgc: stopped", file=sys.stderr)
                     return EXIT_INTERRUPTED
                 _STOP.set()
+                stop_requested = now
                 print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
                       file=sys.stderr)
     finally:
@@ -485,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_INTERRUPTED if _STOP.is_set() and result[0] == EXIT_OK else result[0]
 
 
+# A second SIGINT this soon after the first is the same Ctrl-C: `timeout -s INT` and some
+# shells deliver it to the process and again to its group.
+_DUPLICATE_SIGNAL_SECONDS = 1.0
 _STACK_BYTES = 512 * 1024 * 1024
 _RECURSION_LIMIT = 200_000
 
@@ -537,15 +549,20 @@ def _main(argv: list[str] | None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except CompileError as error:
-        print(render_all(error.diagnostics), file=sys.stderr)
-        return EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
+        status = EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
             else EXIT_OK
+        try:
+            print(render_all(error.diagnostics), file=sys.stderr)
+        except BrokenPipeError:  # the reader went away (`| head`): the status still holds
+            _silence_broken_pipes()
+        return status
     except _UsageError as error:
         if not isinstance(error, _PathError):  # a path's problem is told in one line
             _subparsers(parser).choices[args.command].print_usage(sys.stderr)
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
+        _silence_broken_pipes()
         return EXIT_OK
     except Exception as error:  # a bug in cgc, never a user error
         if os.environ.get("CGC_DEBUG"):
@@ -553,6 +570,17 @@ def _main(argv: list[str] | None) -> int:
         print(f"cgc: internal error: {type(error).__name__}: {error}\n"
               "cgc: this is a bug in cgc; set CGC_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _silence_broken_pipes() -> None:
+    """After the reader of our output went away, later writes (and the interpreter's own
+    flush at exit) go nowhere rather than failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
 
 
 _COMMANDS = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,

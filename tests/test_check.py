@@ -78,6 +78,11 @@ def test_the_seed_backward_writes_gradients_only_because_its_phases_may(schedule
 
 def test_a_vocabulary_the_block_does_not_divide_leaves_a_tail_uncovered(schedules):
     edit(schedules / "model.cg", "constant cgThreads : Nat = 128", "constant cgThreads : Nat = 96")
+    # The model's requirement refuses it outright ...
+    assert any("the model requires cgVocab (256) to be a multiple of cgThreads (96)" in m
+               for m in errors_of(schedules / "backward.cg"))
+    # ... and without the requirement, the checker still sees the uncovered tail.
+    edit(schedules / "model.cg", "(multiple cgVocab cgThreads)", "")
     _, _, warnings = checked(schedules / "backward.cg", "tiny")
     (warning,) = [w for w in warnings if "cgLogitsGradient" in w.message]
     assert "writes only up to element 65472 of the 65536 of 'cgLogitsGradient'" in warning.message

@@ -74,3 +74,13 @@ def test_no_module_spells_an_element_type_code_of_its_own():
             if literal in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {literal}")
     assert offenders == []
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists packages by hand (grammar/ and templates/ install under cgc/):
+    a new sub-package not listed would be missing from `pip install .`."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

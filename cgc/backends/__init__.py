@@ -15,6 +15,9 @@ REGISTRY = {
               "the CPU reference machine: every image's NumPy semantics, every access checked"),
     "cupy": ("cgc.backends.cuda.backend",
              "the emitted CUDA kernels on an NVIDIA GPU, through CuPy, replayed as a CUDA graph"),
+    "emulated": ("cgc.backends.cuda.emulated",
+                 "the emitted CUDA file built for the CPU with cgc's own CUDA headers: the "
+                 "same kernels and host program, every CUDA thread a fiber"),
 }
 
 

@@ -43,6 +43,11 @@ class StepResult:
     note: str = ""  # e.g. "eager, before capture"
 
 
+class RunFault(Exception):
+    """A step went wrong on a backend (an access outside a buffer, a failed launch): the
+    message names the launch and, where the backend knows them, its .cg line and slot."""
+
+
 class DataError(ValueError):
     """A batch the model cannot take; the message names the first row at fault."""
 

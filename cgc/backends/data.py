@@ -42,7 +42,8 @@ def load_corpus(paths: list[str] | None = None, limit: int | None = None) -> np.
     corpus = np.frombuffer(b"".join(chunks)[:limit] if limit else b"".join(chunks),
                            dtype=np.uint8)
     if corpus.size < 2:
-        raise ValueError("the training text is empty: give --data files with some text")
+        raise ValueError(f"the training text has {corpus.size} byte{'' if corpus.size == 1 else 's'}"
+                         "; give --data files with some text")
     return corpus
 
 

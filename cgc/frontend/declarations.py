@@ -108,6 +108,21 @@ class RoleBinding:
 
 
 @dataclass
+class Requirement:
+    """(multiple A B): A is a multiple of B; (equal A B): A equals B. Naturals, checked in
+    every configuration: what the kernels and the runtime assume of the model's shape."""
+
+    kind: str  # multiple | equal
+    left: Term
+    right: Term
+    span: Span  # the clause
+    doc: str | None
+
+
+REQUIREMENTS = {"multiple": "is a multiple of", "equal": "equals"}
+
+
+@dataclass
 class Declarations:
     images: dict[str, ImageDeclaration] = field(default_factory=dict)
     storages: dict[str, StorageDeclaration] = field(default_factory=dict)
@@ -116,6 +131,7 @@ class Declarations:
     constants: dict[str, ConstantDeclaration] = field(default_factory=dict)
     configs: dict[str, ConfigDeclaration] = field(default_factory=dict)
     roles: dict[str, RoleBinding] = field(default_factory=dict)
+    requirements: list[Requirement] = field(default_factory=list)
 
 
 def _natural(term: Term, report: Reporter, what: str) -> int | None:
@@ -389,6 +405,14 @@ class _Elaborator:
             self.result.roles[role] = RoleBinding(role, value, clause.span,
                                                   declaration.name.text)
 
+    def require(self, declaration: Declaration) -> None:
+        allowed = {kind: (2, 2, f"({kind} A B): A {words} B")
+                   for kind, words in REQUIREMENTS.items()}
+        for keyword, clause in self.clauses(declaration, allowed):
+            left, right = (self.term(a, declaration.name.text) for a in clause.arguments)
+            self.result.requirements.append(
+                Requirement(keyword, left, right, clause.span, declaration.doc))
+
     def definition(self, declaration: Declaration) -> None:
         type_term, body = declaration.terms
         self.scope.resolve_type(type_term)
@@ -401,7 +425,7 @@ def elaborate(scope: Scope, report: Reporter) -> Declarations:
         "def": elaborator.definition, "constant": elaborator.constant,
         "config": elaborator.config, "buffer": elaborator.storage, "arena": elaborator.storage,
         "entry": elaborator.storage, "bank": elaborator.bank, "phase": elaborator.phase,
-        "image": elaborator.image, "roles": elaborator.roles,
+        "image": elaborator.image, "roles": elaborator.roles, "require": elaborator.require,
     }
     for declaration in scope.order:
         handlers[declaration.kind](declaration)

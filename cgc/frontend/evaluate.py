@@ -88,6 +88,20 @@ def _arity(t) -> int:
 _ARITIES = {name: _arity(t) for name, t in PRIMITIVES.items()}
 
 
+def _text(term: Term) -> str:
+    """A requirement's operand as written: a name, a number, or (f ...)."""
+    if isinstance(term, Name):
+        return term.text
+    if isinstance(term, (Natural, Integer)):
+        return str(term.value)
+    return term.span.source.text[term.span.start:term.span.end]
+
+
+def _shown(term: Term, value: int) -> str:
+    """`cgHeadWidth (15)`, or just `16` for a literal."""
+    return str(value) if isinstance(term, Natural) else f"{_text(term)} ({value})"
+
+
 def chain_notes(trace: tuple, repeats=()) -> list[Note]:
     """"required from here" notes for the calls that led to a failing expression: the
     innermost call first, the outermost (the one the user wrote) last. A repeat applies its
@@ -139,6 +153,7 @@ class Evaluator:
         self.config = config
         self.report = report
         self.constant_terms, self.low = resolve_config(declarations, config, overrides, report)
+        self.overrides = overrides
         self.cache: dict[str, object] = {}
         self.in_progress: set[str] = set()
         self.storages: dict[str, StorageRef] = {}
@@ -240,6 +255,47 @@ class Evaluator:
                 if value is not None:
                     values[role] = value
         return values, spans
+
+    def configuration_note(self) -> Note:
+        """Where the values came from: the configuration, and what --set changed."""
+        changed = ", ".join(f"{name}={value}" for name, value in self.overrides.items())
+        return Note(f"in config '{self.config}'" + (f" with --set {changed}" if changed else ""))
+
+    def check_requirements(self, roles: dict) -> None:
+        """The model's declared requirements (`require`), and what the roles themselves
+        imply: rows = batch x context, the ids, targets and loss buffers one value a row,
+        width = heads x head width."""
+        from ..core.roles import ROLES
+        for requirement in self.declarations.requirements:
+            left = self.natural_constant(requirement.left, "a requirement's value")
+            right = self.natural_constant(requirement.right, "a requirement's value")
+            if left is None or right is None:
+                continue
+            holds = left % right == 0 if requirement.kind == "multiple" else left == right
+            if not holds:
+                words = "a multiple of" if requirement.kind == "multiple" else "equal to"
+                why = [Note(requirement.doc.replace("\n", " "))] if requirement.doc else []
+                self.report.error(
+                    f"the model requires {_shown(requirement.left, left)} to be {words} "
+                    f"{_shown(requirement.right, right)}", requirement.span, *why,
+                    self.configuration_note())
+        relations = [("rows", ("batch", "context"), "batch x context")]
+        relations += [(buffer, ("rows",), "one value a row") for buffer in ("ids", "targets",
+                                                                            "loss")]
+        relations.append(("width", ("heads", "headWidth"), "heads x headWidth"))
+        for role, parts, meaning in relations:
+            if role not in roles or not all(p in roles for p in parts):
+                continue
+            value = roles[role]
+            actual = self.storages[value].count if ROLES[role].kind == "buffer" else value
+            expected = 1
+            for part in parts:
+                expected *= roles[part]
+            if actual != expected:
+                self.report.error(
+                    f"role '{role}' is {actual}, but the other roles make it {expected} "
+                    f"({meaning})", self.declarations.roles[role].span,
+                    self.configuration_note())
 
     def bank_entries(self, bank: str) -> list[StorageDeclaration]:
         copies = self.declarations.banks[bank].role == "copies"
@@ -666,6 +722,8 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     entries = tuple(evaluator.entry(s) for s in declarations.storages.values()
                     if s.kind == "entry")
     roles, role_spans = evaluator.roles()
+    report.raise_if_errors()
+    evaluator.check_requirements(roles)
     report.raise_if_errors()
     constants = {name: evaluator.constant(name, declarations.constants[name].span)
                  for name in declarations.constants}

@@ -36,7 +36,7 @@ from .syntax import (
 USAGES = ("linear", "affine", "unrestricted")
 DECLARATION_KEYWORDS = (
     "import", "def", "constant", "config", "buffer", "bank", "entry", "arena", "phase", "image",
-    "roles",
+    "roles", "require",
 )
 _DECLARATION_START = re.compile(rf"^(?:{'|'.join(DECLARATION_KEYWORDS)})\b", re.MULTILINE)
 

@@ -249,6 +249,9 @@ class TypeChecker:
                 if scalar.default is not None:
                     self.expect(scalar.default, FLOAT if scalar.type == "float32" else NUMBER,
                                 f"the default of scalar '{scalar.name}'")
+        for requirement in self.declarations.requirements:
+            for term in (requirement.left, requirement.right):
+                self.expect(term, NAT, f"a ({requirement.kind} ...) requirement")
         for binding in self.declarations.roles.values():
             if ROLES[binding.role].kind == "Nat":
                 self.expect(binding.value, NAT, f"role '{binding.role}'")

@@ -20,12 +20,13 @@ import numpy as np
 from ...checking.memory import MemoryPlan, storage_home
 from ...core.elements import element_bytes
 from ...core.ir import BindingError, Launch, Program, View
+from ..base import RunFault
 from ..numerics import decode, encode, storage_dtype
 
 WRITES = ("write", "readwrite", "accumulate")
 
 
-class Fault(Exception):
+class Fault(RunFault):
     """A launch did something unsafe: the message names the launch and the slot."""
 
     def __init__(self, kind: str, message: str):
