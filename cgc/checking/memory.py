@@ -44,6 +44,7 @@ class MemoryPlan:
     peak_bytes: int = 0
     launches: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # buffer or arena slot -> byte
+    red_zone: int = 0  # bytes after every buffer and arena slot (sanitizer builds)
 
     @property
     def total_bytes(self) -> int:
@@ -116,9 +117,17 @@ def _overlap(a: list[list[int]], b: list[list[int]]) -> bool:
     return any(x[0] <= y[1] and y[0] <= x[1] for x in a for y in b)
 
 
-def plan_memory(program: Program) -> MemoryPlan:
+def plan_memory(program: Program, red_zone: int = 0) -> MemoryPlan:
+    """The plan; with `red_zone`, that many bytes (a multiple of 256) follow every step
+    buffer and arena slot, for a sanitizer build to poison: an access one element past a
+    buffer then lands in a red zone, even inside the one allocation buffers share."""
     low = program.low
     plan = MemoryPlan(program.config, low)
+    plan.red_zone = red_zone
+
+    def _spaced(size: int) -> int:  # a buffer or slot and its red zone, aligned
+        return _align(size + red_zone)
+
     for bank, (offsets, total) in program.bank_layouts.items():
         declaration = program.banks[bank]
         size = element_bytes(declaration.element, low)
@@ -134,7 +143,7 @@ def plan_memory(program: Program) -> MemoryPlan:
         if storage.kind == "buffer":
             size = storage.count * element_bytes(storage.element, low)
             plan.buffers.append(Placed(name, storage.element, storage.count, size, offset))
-            offset += _align(size)
+            offset += _spaced(size)
     plan.buffers_bytes = offset
 
     ranges, plan.launches = _live_ranges(program)
@@ -151,21 +160,21 @@ def plan_memory(program: Program) -> MemoryPlan:
     # slot that is live at the same time as it.
     placed: list[Placed] = []
     for slot in sorted(slots, key=lambda s: (-s.bytes, s.name)):
-        busy = sorted((other.offset, other.offset + _align(other.bytes)) for other in placed
+        busy = sorted((other.offset, other.offset + _spaced(other.bytes)) for other in placed
                       if _overlap(other.live, slot.live))
         candidate = 0
         for start, end in busy:
-            if candidate + _align(slot.bytes) <= start:
+            if candidate + _spaced(slot.bytes) <= start:
                 break
             candidate = max(candidate, end)
         slot.offset = candidate
         placed.append(slot)
     plan.arena = sorted(placed, key=lambda s: (s.offset, s.name))
     plan.offsets = {p.name: p.offset for p in (*plan.buffers, *plan.arena)}
-    plan.arena_bytes = max((s.offset + _align(s.bytes) for s in placed), default=0)
-    plan.arena_unshared_bytes = sum(_align(s.bytes) for s in placed)
+    plan.arena_bytes = max((s.offset + _spaced(s.bytes) for s in placed), default=0)
+    plan.arena_unshared_bytes = sum(_spaced(s.bytes) for s in placed)
     fixed = plan.total_bytes - plan.arena_bytes
-    live_arena = max((sum(_align(s.bytes) for s in placed
+    live_arena = max((sum(_spaced(s.bytes) for s in placed
                           if any(a <= position <= b for a, b in s.live))
                       for position in range(plan.launches)), default=0)
     plan.peak_bytes = fixed + live_arena

@@ -226,6 +226,12 @@ class Emitter:
                           "shape": f"{slot.element}[{slot.count}]: arena slot"})
         return found
 
+    def regions(self) -> list[dict]:
+        """Each step buffer and arena slot with its size in bytes: what a sanitizer build
+        leaves unpoisoned in the allocation they share."""
+        return [{"name": placed.name, "bytes": placed.bytes}
+                for placed in (*self.plan.buffers, *self.plan.arena)]
+
     # ---- kernels -----------------------------------------------------------------
 
     def kernels(self) -> list[Kernel]:
@@ -358,7 +364,9 @@ class Emitter:
             config=self.program.config, config_flag=f" --config {self.program.config}",
             low=self.low, common=common.rstrip("\n"), kernels=kernels,
             large_shared_memory=[k for k in kernels if k.shared_bytes > 48 * 1024],
-            allocations=self.allocations(), buffers=self.buffers(),
+            allocations=self.allocations(), buffers=self.buffers(), regions=self.regions(),
+            buffers_bytes=max(self.plan.buffers_bytes, 256),
+            arena_bytes=max(self.plan.arena_bytes, 256),
             low_cuda_type=ELEMENTS[self.low].cuda_data_type, phases=self.phases,
             products=self.products(),
             step_lines=step_lines, main=self.main())

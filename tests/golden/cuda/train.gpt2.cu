@@ -856,6 +856,13 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #endif
 
 // ---- memory: one allocation per bank, one for the step buffers, one for the arena ------
+// A sanitizer build of this file on the host (cgc/backends/cuda_cpu) poisons a shared
+// allocation and unpoisons each buffer in it, so that the gaps between buffers (the red
+// zones its memory plan leaves) catch an access past a buffer.
+#ifndef CG_REGION
+#define CG_SHARED_ALLOCATION(allocation, bytes)
+#define CG_REGION(pointer, bytes)
+#endif
 // Offsets and sizes are the memory plan's (`cgc check --memory`).
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankP = nullptr;  // 494426112 bytes: bank cgBankP (parameters, float32), 11 entries
@@ -1045,6 +1052,41 @@ static void cg_allocate() {
   cgAttentionLse = reinterpret_cast<float*>(cg_arena + 239075328UL);
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
+  // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
+  CG_SHARED_ALLOCATION(cg_buffers, 4486005504UL);
+  CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
+  CG_REGION(cgBoundaries, 327155712UL);
+  CG_REGION(cgIds, 32768UL);
+  CG_REGION(cgFinalHalf, 12582912UL);
+  CG_REGION(cgFinalStatistics, 65536UL);
+  CG_REGION(cgLogits, 1648361472UL);
+  CG_REGION(cgLoss, 32768UL);
+  CG_REGION(cgCorrect, 32768UL);
+  CG_REGION(cgTargets, 32768UL);
+  CG_REGION(cgLogitsGradient, 1648361472UL);
+  CG_REGION(cgLogitsGradientHalf, 824180736UL);
+  CG_REGION(cgFinalGradient, 25165824UL);
+  CG_REGION(cgGradientNormPartials, 512UL);
+  CG_REGION(cgOptimizerStep, 4UL);
+  CG_REGION(cgFcAct, 50331648UL);
+  CG_REGION(cgGradientFc, 50331648UL);
+  CG_REGION(cgGradientQkv, 37748736UL);
+  CG_REGION(cgNormPartials, 1572864UL);
+  CG_REGION(cgDy1, 25165824UL);
+  CG_REGION(cgFcPre, 50331648UL);
+  CG_REGION(cgGradientAttention, 12582912UL);
+  CG_REGION(cgGradientNormed, 25165824UL);
+  CG_REGION(cgAttentionDelta, 393216UL);
+  CG_REGION(cgQkv, 37748736UL);
+  CG_REGION(cgDy0, 25165824UL);
+  CG_REGION(cgMiddle, 25165824UL);
+  CG_REGION(cgAttention, 12582912UL);
+  CG_REGION(cgGradientLow, 12582912UL);
+  CG_REGION(cgNormed1, 12582912UL);
+  CG_REGION(cgNormed2, 12582912UL);
+  CG_REGION(cgAttentionLse, 393216UL);
+  CG_REGION(cgStatistics1, 65536UL);
+  CG_REGION(cgStatistics2, 65536UL);
 }
 
 static void cg_release() {

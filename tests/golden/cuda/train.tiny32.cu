@@ -856,6 +856,13 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #endif
 
 // ---- memory: one allocation per bank, one for the step buffers, one for the arena ------
+// A sanitizer build of this file on the host (cgc/backends/cuda_cpu) poisons a shared
+// allocation and unpoisons each buffer in it, so that the gaps between buffers (the red
+// zones its memory plan leaves) catch an access past a buffer.
+#ifndef CG_REGION
+#define CG_SHARED_ALLOCATION(allocation, bytes)
+#define CG_REGION(pointer, bytes)
+#endif
 // Offsets and sizes are the memory plan's (`cgc check --memory`).
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (parameters, float32), 11 entries
@@ -1045,6 +1052,41 @@ static void cg_allocate() {
   cgAttentionLse = reinterpret_cast<float*>(cg_arena + 1114112UL);
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
+  // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
+  CG_SHARED_ALLOCATION(cg_buffers, 1121024UL);
+  CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
+  CG_REGION(cgBoundaries, 196608UL);
+  CG_REGION(cgIds, 1024UL);
+  CG_REGION(cgFinalHalf, 65536UL);
+  CG_REGION(cgFinalStatistics, 2048UL);
+  CG_REGION(cgLogits, 262144UL);
+  CG_REGION(cgLoss, 1024UL);
+  CG_REGION(cgCorrect, 1024UL);
+  CG_REGION(cgTargets, 1024UL);
+  CG_REGION(cgLogitsGradient, 262144UL);
+  CG_REGION(cgLogitsGradientHalf, 262144UL);
+  CG_REGION(cgFinalGradient, 65536UL);
+  CG_REGION(cgGradientNormPartials, 512UL);
+  CG_REGION(cgOptimizerStep, 4UL);
+  CG_REGION(cgFcAct, 262144UL);
+  CG_REGION(cgGradientFc, 262144UL);
+  CG_REGION(cgGradientQkv, 196608UL);
+  CG_REGION(cgNormPartials, 4096UL);
+  CG_REGION(cgDy1, 65536UL);
+  CG_REGION(cgFcPre, 262144UL);
+  CG_REGION(cgGradientAttention, 65536UL);
+  CG_REGION(cgGradientNormed, 65536UL);
+  CG_REGION(cgAttentionDelta, 4096UL);
+  CG_REGION(cgQkv, 196608UL);
+  CG_REGION(cgAttention, 65536UL);
+  CG_REGION(cgDy0, 65536UL);
+  CG_REGION(cgGradientLow, 65536UL);
+  CG_REGION(cgMiddle, 65536UL);
+  CG_REGION(cgNormed1, 65536UL);
+  CG_REGION(cgNormed2, 65536UL);
+  CG_REGION(cgAttentionLse, 4096UL);
+  CG_REGION(cgStatistics1, 2048UL);
+  CG_REGION(cgStatistics2, 2048UL);
 }
 
 static void cg_release() {
