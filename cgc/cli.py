@@ -372,7 +372,7 @@ def _doc(args) -> int:
 
 def _run(args) -> int:
     from .backends import choose
-    from .backends.base import Unavailable
+    from .backends.base import DataError, RunFault, Unavailable
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
     _readable([args.file])
@@ -386,13 +386,18 @@ def _run(args) -> int:
               "runs anywhere: --backend numpy", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     from .backends.data import Batches, describe, load_corpus
-    from .backends.base import DataError, RunFault
     from .backends.training import summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
-    runner = open_run(backend, frontend, args.file, config, overrides, args.seed, args.entry)
+    try:
+        runner = open_run(backend, frontend, args.file, config, overrides, args.seed,
+                          args.entry)
+    except RunFault as error:
+        print(f"cgc: error: the {backend} backend cannot run {args.file}: {error}",
+              file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     if runner.warnings:
         print(render_all(runner.warnings), file=sys.stderr)
     program = runner.program

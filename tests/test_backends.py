@@ -140,7 +140,7 @@ def test_a_model_with_other_names_compiles_and_runs_unchanged(schedules, tmp_pat
     assert losses[0] == losses[1] and np.isfinite(losses[0]).all()
 
 
-@pytest.mark.parametrize("name", ["numpy"])
+@pytest.mark.parametrize("name", ["numpy", "emulated"])
 def test_token_ids_outside_the_vocabulary_are_refused_before_the_step(name):
     """One behaviour on every backend, checked on the host: the message names the row."""
     from cgc.backends.base import DataError

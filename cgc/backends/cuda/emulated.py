@@ -32,12 +32,21 @@ from .emit import emit_program, image_problems, shared_memory_bytes
 HEADERS = Path(__file__).resolve().parent.parent / "cuda_cpu" / "include"
 COMPILER = os.environ.get("CGC_CXX", "g++")
 FLAGS = ("-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", "-w")
-SANITIZER_FLAGS = ("-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-                   "-fno-sanitize-recover=undefined")
+STANDALONE_FLAGS = ("-std=c++17", "-O2", "-pthread", "-w")
+# AddressSanitizer and UndefinedBehaviorSanitizer (alignment included: a 16-byte vector
+# access at an address that is not a multiple of 16 is reported), with the memory plan's
+# red zones fenced (cgcpu/sanitize.h).
+SANITIZER_FLAGS = ("-std=c++17", "-O1", "-g", "-pthread", "-w", "-fsanitize=address,undefined",
+                   "-fno-omit-frame-pointer", "-fno-sanitize-recover=all",
+                   "-include", "cgcpu/sanitize.h")
+SANITIZER_ENVIRONMENT = {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
+                         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+RED_ZONE = 256  # bytes after every step buffer and arena slot in the sanitizer build
 
 
-class BuildFailed(Exception):
-    """The host compiler refused the emitted file; the message holds its log."""
+class BuildFailed(RunFault):
+    """The host compiler refused the emitted file (a bug in a template or in the CUDA-on-CPU
+    headers, never the schedule's); the message holds the compiler's log."""
 
 
 def compiler_missing() -> str | None:
@@ -87,7 +96,8 @@ def build(source: str, output_name: str, flags=FLAGS, extra: tuple = ()) -> Path
                    "-o", str(built)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise BuildFailed(result.stderr[-20000:])
+            raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
+                              + result.stderr[-20000:])
         os.replace(built, target)  # atomic: a half-written library is never found
     return target
 
@@ -134,6 +144,25 @@ def driver_source(program, plan, emitted_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def standalone(program, sanitize: bool = False) -> Path:
+    """The emitted file's own program (its main replays a `cgc run --dump` folder), built
+    for the host; with `sanitize`, under ASan and UBSan, with red zones between buffers."""
+    from ...checking.memory import plan_memory
+    plan = plan_memory(program, red_zone=RED_ZONE if sanitize else 0)
+    text = emit_program(program, plan).text
+    if sanitize:
+        return build(text, f"standalone-sanitized-{program.config}", flags=SANITIZER_FLAGS)
+    return build(text, f"standalone-{program.config}", flags=STANDALONE_FLAGS)
+
+
+def replay(binary: Path, dump: str, steps: int, timeout: float = 600):
+    """Runs a standalone build on a dump: (exit status, stdout, stderr)."""
+    environment = {**os.environ, **SANITIZER_ENVIRONMENT}
+    result = subprocess.run([str(binary), dump, str(steps)], capture_output=True, text=True,
+                            env=environment, timeout=timeout)
+    return result.returncode, result.stdout, result.stderr
+
+
 class EmulatedRun(Run):
     name = "emulated"
 
@@ -144,7 +173,12 @@ class EmulatedRun(Run):
         started = time.perf_counter()
         self.library_path = build(driver_source(program, plan, self.emitted.text), "step")
         self.build_seconds = time.perf_counter() - started
-        library = self.library = ctypes.CDLL(str(self.library_path))
+        # The host program keeps its allocations in globals: each run loads its own copy of
+        # the library (dlopen shares one loaded path between every handle to it).
+        self._private = tempfile.TemporaryDirectory(prefix="cgc-emulated-run-")
+        private = Path(self._private.name) / self.library_path.name
+        shutil.copyfile(self.library_path, private)
+        library = self.library = ctypes.CDLL(str(private))
         library.cg_emulated_allocation.restype = ctypes.c_void_p
         library.cg_emulated_error_string.restype = ctypes.c_char_p
         self._check(library.cg_emulated_prepare(), "preparing")

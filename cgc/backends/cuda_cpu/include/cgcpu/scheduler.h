@@ -1,0 +1,739 @@
+// cuda_cpu: kernel launches. Every CUDA thread is a fiber; a block's fibers run cooperatively
+// on one OS worker thread, switching only at barriers and warp collectives; the blocks of a
+// launch are spread over the worker pool and run in parallel. Launches are synchronous.
+#pragma once
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <pthread.h>
+
+#include "fiber.h"
+#include "state.h"
+#include "vector_types.h"
+
+namespace cgcpu {
+namespace detail {
+
+// ---- what device code reads: per fiber (threadIdx) and per block (the rest) ---------------
+inline thread_local uint3 tls_thread_idx{0, 0, 0};
+inline thread_local uint3 tls_block_idx{0, 0, 0};
+inline thread_local dim3 tls_block_dim{1, 1, 1};
+inline thread_local dim3 tls_grid_dim{1, 1, 1};
+inline thread_local unsigned char* tls_dynamic_shared = nullptr;
+
+struct Worker;
+inline thread_local Worker* tls_worker = nullptr;  // set while this OS thread runs a block
+
+// ---- a launch, type-erased -------------------------------------------------------------
+struct LaunchInfo {
+  const char* name;
+  dim3 grid, block;
+  std::size_t shared;
+  void (*invoke)(const void* self);  // runs the kernel body in the current fiber
+  const void* self;
+  std::uint64_t serial;  // launch number, for the scheduling seed
+};
+
+// ---- warp collectives --------------------------------------------------------------------
+struct WarpState;
+typedef void (*CompleteFunction)(Worker& w, WarpState& warp, std::uint32_t lanes);
+
+// What a lane brings to a collective. `complete` identifies the operation (lanes of one
+// collective must agree on it and on the mask) and computes every lane's result at once.
+struct Post {
+  CompleteFunction complete;
+  const char* what;
+  std::uint32_t mask;
+  int width;
+  std::uint64_t value;
+  int arg;
+  const void* a;
+  const void* b;
+  const void* c;
+  void* d;
+  unsigned ldm;
+  int layout;
+  const char* file;
+  int line;
+};
+
+struct WarpState {
+  std::uint32_t present = 0;  // lanes that exist (a last, partial warp has fewer)
+  std::uint32_t exited = 0;
+  std::uint32_t posted = 0;   // lanes waiting in a collective (their post[] is valid)
+  unsigned first = 0;         // linear index of lane 0
+  const Post* post[32];      // each waiting lane's operands, on its own stack
+  std::uint64_t result[32];
+};
+
+enum class FiberState : unsigned char { Ready, Running, AtBarrier, AtWarp, Exited };
+
+struct Fiber {
+  Context context;
+  char* stack = nullptr;
+  std::size_t stack_size = 0;
+  uint3 index{0, 0, 0};
+  unsigned linear = 0;
+  FiberState state = FiberState::Ready;
+  const char* what = nullptr;  // where it waits
+  const char* file = nullptr;
+  int line = 0;
+};
+
+// ---- one per OS thread: its fibers and the block it runs ------------------------------------
+struct Worker {
+  Context scheduler;
+  const void* scheduler_stack = nullptr;
+  std::size_t scheduler_stack_size = 0;
+  StackRegion stacks;
+  std::vector<Fiber> fibers;
+  std::vector<WarpState> warps;
+  std::vector<unsigned> queue;  // ready fibers, a ring of capacity fibers.size()
+  std::size_t queue_head = 0, queue_count = 0;
+  std::uint64_t rng = 0;  // non-zero: random order
+
+  const LaunchInfo* launch = nullptr;
+  unsigned threads = 0, exited = 0;
+  Fiber* current = nullptr;
+  // the block barrier
+  unsigned arrived = 0;
+  const char* barrier_what = nullptr;
+  const char* barrier_file = nullptr;
+  int barrier_line = 0;
+  int barrier_count = 0, barrier_result = 0;
+
+  bool fault = false;
+  char message[8192];
+
+  Worker() {
+    pthread_attr_t attributes;
+    if (pthread_getattr_np(pthread_self(), &attributes) == 0) {
+      void* low = nullptr;
+      std::size_t size = 0;
+      if (pthread_attr_getstack(&attributes, &low, &size) == 0) {
+        scheduler_stack = low;
+        scheduler_stack_size = size;
+      }
+      pthread_attr_destroy(&attributes);
+    }
+  }
+
+  void push(unsigned fiber) {
+    std::size_t tail = queue_head + queue_count;
+    if (tail >= queue.size()) tail -= queue.size();
+    queue[tail] = fiber;
+    ++queue_count;
+  }
+  Fiber* pop() {
+    if (queue_count == 0) return nullptr;
+    if (rng != 0 && queue_count > 1) {  // random order: swap a random entry to the head
+      rng ^= rng << 13;
+      rng ^= rng >> 7;
+      rng ^= rng << 17;
+      const std::size_t pick = (queue_head + rng % queue_count) % queue.size();
+      std::swap(queue[pick], queue[queue_head]);
+    }
+    const unsigned fiber = queue[queue_head];
+    if (++queue_head == queue.size()) queue_head = 0;
+    --queue_count;
+    return &fibers[fiber];
+  }
+};
+
+inline Worker& this_worker() {
+  static thread_local Worker worker;
+  return worker;
+}
+
+// ---- fiber stack overflow -------------------------------------------------------------
+// A CUDA thread that overflows its fiber stack hits a guard page. Unless the program has its
+// own SIGSEGV handler (ASan has one, and reports the overflow itself), a handler on an
+// alternate signal stack names the kernel and CG_CPU_STACK_KIB, then lets the signal kill the
+// process as before.
+inline void append_text(char* buffer, std::size_t size, std::size_t& used, const char* text) {
+  while (*text != '\0' && used + 1 < size) buffer[used++] = *text++;
+  buffer[used] = '\0';
+}
+
+inline void overflow_handler(int signal_number, siginfo_t* info, void*) {
+  Worker* w = tls_worker;
+  if (w != nullptr && info != nullptr && w->stacks.in_guard(info->si_addr)) {
+    char digits[24];
+    int n = 23;
+    digits[n] = '\0';
+    std::size_t kib = w->stacks.size() / 1024;
+    do {
+      digits[--n] = static_cast<char>('0' + kib % 10);
+      kib /= 10;
+    } while (kib != 0 && n > 0);
+    char text[512];
+    std::size_t used = 0;
+    append_text(text, sizeof text, used, "cuda_cpu: kernel ");
+    append_text(text, sizeof text, used, w->launch != nullptr ? w->launch->name : "?");
+    append_text(text, sizeof text, used, ": a CUDA thread overflowed its fiber stack; set CG_CPU_STACK_KIB above ");
+    append_text(text, sizeof text, used, digits + n);
+    append_text(text, sizeof text, used, "\n");
+    if (write(2, text, used) < 0) {
+    }
+  }
+  signal(signal_number, SIG_DFL);  // the faulting access repeats and ends the process
+}
+
+inline void prepare_overflow_report() {
+#if !CGCPU_ASAN
+  static const bool installed = [] {
+    struct sigaction old;
+    if (sigaction(SIGSEGV, nullptr, &old) != 0) return false;
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) return false;  // not ours to replace
+    struct sigaction mine;
+    std::memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = &overflow_handler;
+    mine.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&mine.sa_mask);
+    return sigaction(SIGSEGV, &mine, nullptr) == 0;
+  }();
+  if (!installed) return;
+  // This thread needs an alternate stack: the overflowing fiber's own is exhausted.
+  static thread_local std::unique_ptr<char[]> alternate;
+  if (alternate == nullptr) {
+    stack_t current;
+    if (sigaltstack(nullptr, &current) == 0 && (current.ss_flags & SS_DISABLE) != 0) {
+      const std::size_t size = 64 * 1024;
+      alternate.reset(new char[size]);
+      stack_t mine;
+      mine.ss_sp = alternate.get();
+      mine.ss_size = size;
+      mine.ss_flags = 0;
+      if (sigaltstack(&mine, nullptr) != 0) alternate.reset();
+    }
+  }
+#endif
+}
+
+inline std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// ---- messages ------------------------------------------------------------------------------
+inline std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string strformat(const char* fmt, ...) {
+  char buffer[1024];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof buffer, fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+inline std::string thread_text(const Worker& w, unsigned linear) {
+  const dim3 b = w.launch->block;
+  const unsigned x = linear % b.x, y = linear / b.x % b.y, z = linear / (b.x * b.y);
+  if (b.y == 1 && b.z == 1) return strformat("%u", x);
+  return strformat("(%u,%u,%u)", x, y, z);
+}
+
+// "threads 0-31, 64" from a sorted list of linear indices.
+inline std::string thread_list(const Worker& w, const std::vector<unsigned>& linear) {
+  std::string text = linear.size() == 1 ? "thread " : "threads ";
+  for (std::size_t i = 0; i < linear.size();) {
+    std::size_t j = i;
+    while (j + 1 < linear.size() && linear[j + 1] == linear[j] + 1) ++j;
+    if (i > 0) text += ", ";
+    text += thread_text(w, linear[i]);
+    if (j > i) text += "-" + thread_text(w, linear[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+inline std::string block_text(const Worker& w) {
+  const LaunchInfo& l = *w.launch;
+  return strformat("kernel %s, block (%u,%u,%u) of grid (%u,%u,%u), blockDim (%u,%u,%u)", l.name,
+                tls_block_idx.x, tls_block_idx.y, tls_block_idx.z, l.grid.x, l.grid.y, l.grid.z,
+                l.block.x, l.block.y, l.block.z);
+}
+
+// ---- switching -----------------------------------------------------------------------------
+inline void enter(Worker& w, Fiber& to) {
+  w.current = &to;
+  to.state = FiberState::Running;
+  tls_thread_idx = to.index;
+}
+
+// The current fiber waits (its state says for what): run the next ready fiber, or return to
+// the scheduler when none is ready (all done, or a deadlock).
+__attribute__((noinline)) inline void suspend(Worker& w) {
+  Fiber* self = w.current;
+  Fiber* next = w.pop();
+  if (next != nullptr) {
+    enter(w, *next);
+    context_switch(self->context, next->context, next->stack, next->stack_size);
+  } else {
+    w.current = nullptr;
+    context_switch(self->context, w.scheduler, w.scheduler_stack, w.scheduler_stack_size);
+  }
+  // resumed: whoever switched here has already set w.current and threadIdx
+}
+
+// A fault inside a fiber: the message (printf-style) goes to the scheduler, and the block is
+// abandoned. No heap memory may be left owned by the abandoned fiber's stack, so callers format
+// into char buffers, never into std::string temporaries that would outlive this call.
+[[noreturn]] __attribute__((noinline, format(printf, 2, 3))) inline void fiber_fault(Worker& w, const char* fmt, ...) {
+  int used;
+  {
+    const std::string where = block_text(w) +
+        (w.current != nullptr ? ", thread " + thread_text(w, w.current->linear) : std::string()) + ": ";
+    used = std::snprintf(w.message, sizeof w.message, "%s", where.c_str());
+  }
+  if (used < 0 || static_cast<std::size_t>(used) >= sizeof w.message) used = 0;
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(w.message + used, sizeof w.message - used, fmt, args);
+  va_end(args);
+  w.fault = true;
+  Fiber* self = w.current;
+  w.current = nullptr;
+  context_leave(self->context, w.scheduler, w.scheduler_stack, w.scheduler_stack_size);
+}
+
+inline Worker& device_worker(const char* what) {
+  Worker* w = tls_worker;
+  if (w == nullptr || w->current == nullptr) {
+    std::fprintf(stderr, "cuda_cpu: %s called outside a kernel\n", what);
+    std::abort();
+  }
+  return *w;
+}
+
+// ---- block barrier -----------------------------------------------------------------------
+// All threads of the block must arrive at the same barrier (same call site, same kind); a
+// thread arriving at a different one is a fault, and threads that exited or wait elsewhere
+// while others wait here are a deadlock, reported when no fiber can run.
+__attribute__((noinline)) inline int block_barrier(const char* what, int predicate, const char* file,
+                                                   int line) {
+  __asm__ volatile("" ::: "memory");
+  Worker& w = device_worker(what);
+  Fiber& self = *w.current;
+  if (w.arrived == 0) {
+    w.barrier_what = what;
+    w.barrier_file = file;
+    w.barrier_line = line;
+    w.barrier_count = 0;
+  } else if (w.barrier_line != line ||
+             (w.barrier_what != what && std::strcmp(w.barrier_what, what) != 0) ||
+             (w.barrier_file != file && std::strcmp(w.barrier_file, file) != 0)) {
+    char list[1024];
+    {
+      std::vector<unsigned> waiting;
+      for (const Fiber& f : w.fibers)
+        if (f.linear < w.threads && f.state == FiberState::AtBarrier) waiting.push_back(f.linear);
+      std::snprintf(list, sizeof list, "%s", thread_list(w, waiting).c_str());
+    }
+    fiber_fault(w, "divergent barriers: this thread reached %s (%s:%d) while %s wait at %s (%s:%d)", what, file,
+                line, list, w.barrier_what, w.barrier_file, w.barrier_line);
+  }
+  w.barrier_count += predicate != 0;
+  ++w.arrived;
+  if (w.arrived == w.threads) {
+    w.arrived = 0;
+    w.barrier_result = w.barrier_count;
+    for (unsigned i = 0; i < w.threads; ++i) {
+      Fiber& f = w.fibers[i];
+      if (f.state == FiberState::AtBarrier) {
+        f.state = FiberState::Ready;
+        w.push(i);
+      }
+    }
+  } else {
+    self.state = FiberState::AtBarrier;
+    self.what = what;
+    self.file = file;
+    self.line = line;
+    suspend(w);
+  }
+  __asm__ volatile("" ::: "memory");
+  return w.barrier_result;
+}
+
+// ---- warp collectives ----------------------------------------------------------------------
+// Completes the collective of `mask` if every lane it names that has not exited has posted it.
+// Lanes that exited (or do not exist) are not waited for: __syncwarp counts them as arrived,
+// and a shuffle that reads one gets an undefined value (all bits set).
+inline bool try_complete(Worker& w, WarpState& warp, std::uint32_t mask) {
+  const std::uint32_t need = mask & warp.present & ~warp.exited;
+  if (need == 0 || (warp.posted & need) != need) return false;
+  for (std::uint32_t m = need; m != 0; m &= m - 1) {
+    if (warp.post[__builtin_ctz(m)]->mask != mask) return false;  // some lane is in another one
+  }
+  const Post& lead = *warp.post[__builtin_ctz(need)];
+  for (std::uint32_t m = need; m != 0; m &= m - 1) {
+    const Post& p = *warp.post[__builtin_ctz(m)];
+    if (p.complete != lead.complete) {
+      fiber_fault(w, "mismatched warp collectives on mask 0x%08x: lane %d is at %s (%s:%d), lane %d at %s (%s:%d)",
+                  mask, __builtin_ctz(need), lead.what, lead.file, lead.line, __builtin_ctz(m), p.what, p.file,
+                  p.line);
+    }
+  }
+  lead.complete(w, warp, need);
+  warp.posted &= ~need;
+  for (std::uint32_t m = need; m != 0; m &= m - 1) {
+    const unsigned fiber = warp.first + static_cast<unsigned>(__builtin_ctz(m));
+    Fiber& f = w.fibers[fiber];
+    if (f.state == FiberState::AtWarp) {
+      f.state = FiberState::Ready;
+      w.push(fiber);
+    }
+  }
+  return true;
+}
+
+// Posts this lane's part of a collective, waits for the others, returns this lane's result.
+__attribute__((noinline)) inline std::uint64_t warp_collective(const Post& post) {
+  __asm__ volatile("" ::: "memory");
+  Worker& w = device_worker(post.what);
+  Fiber& self = *w.current;
+  const unsigned lane = self.linear % 32;
+  WarpState& warp = w.warps[self.linear / 32];
+  if (((post.mask >> lane) & 1u) == 0)
+    fiber_fault(w, "%s (%s:%d) with mask 0x%08x, which does not include this lane %u", post.what, post.file,
+                post.line, post.mask, lane);
+  warp.post[lane] = &post;  // lives on this lane's stack until it resumes
+  warp.posted |= 1u << lane;
+  if (!try_complete(w, warp, post.mask)) {
+    self.state = FiberState::AtWarp;
+    self.what = post.what;
+    self.file = post.file;
+    self.line = post.line;
+    suspend(w);
+  }
+  __asm__ volatile("" ::: "memory");
+  return warp.result[lane];
+}
+
+inline void require_whole_warp(Worker& w, const WarpState& warp, std::uint32_t lanes, const Post& p) {
+  if (lanes != 0xFFFFFFFFu || warp.present != 0xFFFFFFFFu) {
+    fiber_fault(w, "%s (%s:%d) needs all 32 lanes of the warp; lanes present and not exited: 0x%08x", p.what,
+                p.file, p.line, lanes);
+  }
+}
+
+// ---- the fibers' lives -------------------------------------------------------------------
+[[noreturn]] inline void fiber_finish(Worker& w) {
+  Fiber* self = w.current;
+  self->state = FiberState::Exited;
+  ++w.exited;
+  WarpState& warp = w.warps[self->linear / 32];
+  warp.exited |= 1u << (self->linear % 32);
+  // Lanes waiting for this one in a __syncwarp (or a shuffle) may now complete.
+  for (std::uint32_t m = warp.posted; m != 0; m &= m - 1) {
+    const int lane = __builtin_ctz(m);
+    if ((warp.posted >> lane) & 1u) try_complete(w, warp, warp.post[lane]->mask);
+  }
+  Fiber* next = w.pop();
+  if (next != nullptr) {
+    enter(w, *next);
+    context_leave(self->context, next->context, next->stack, next->stack_size);
+  }
+  w.current = nullptr;
+  context_leave(self->context, w.scheduler, w.scheduler_stack, w.scheduler_stack_size);
+}
+
+inline void fiber_main(void* argument) {
+  fiber_started();
+  Worker& w = *static_cast<Worker*>(argument);
+  w.launch->invoke(w.launch->self);
+  fiber_finish(w);
+}
+
+inline std::string deadlock_text(Worker& w) {
+  struct Group {
+    std::string what;
+    std::vector<unsigned> threads;
+  };
+  std::vector<Group> groups;
+  auto add = [&](const std::string& what, unsigned linear) {
+    for (Group& g : groups)
+      if (g.what == what) {
+        g.threads.push_back(linear);
+        return;
+      }
+    groups.push_back(Group{what, {linear}});
+  };
+  for (unsigned i = 0; i < w.threads; ++i) {
+    const Fiber& f = w.fibers[i];
+    switch (f.state) {
+      case FiberState::AtBarrier:
+        add(strformat("wait at %s (%s:%d)", f.what, f.file, f.line), i);
+        break;
+      case FiberState::AtWarp: {
+        const Post& p = *w.warps[i / 32].post[i % 32];
+        add(strformat("wait at %s (%s:%d) with mask 0x%08x (warp %u)", f.what, f.file, f.line, p.mask, i / 32), i);
+        break;
+      }
+      case FiberState::Exited:
+        add("have exited", i);
+        break;
+      default:
+        add("are runnable (scheduler error)", i);
+        break;
+    }
+  }
+  std::string text = block_text(w) + ": deadlock: ";
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (g > 0) text += "; ";
+    std::string list = thread_list(w, groups[g].threads);
+    std::string what = groups[g].what;
+    if (groups[g].threads.size() == 1 && what == "have exited") what = "has exited";
+    if (groups[g].threads.size() == 1 && what.compare(0, 5, "wait ") == 0) what = "waits" + what.substr(4);
+    text += list + " " + what;
+  }
+  return text;
+}
+
+// Runs block `linear_block` of `launch` on this OS thread, to completion (or a fault).
+inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
+  Worker& w = this_worker();
+  tls_worker = &w;
+  const dim3 b = launch.block, g = launch.grid;
+  const unsigned n = b.x * b.y * b.z;
+  if (w.fibers.size() < n) {
+    w.fibers.resize(n);
+    w.queue.resize(n);
+  }
+  w.stacks.ensure(w.fibers.size(), config().stack_bytes);
+  prepare_overflow_report();
+  const unsigned warps = (n + 31) / 32;
+  if (w.warps.size() < warps) w.warps.resize(warps);
+  for (unsigned i = 0; i < warps; ++i) {
+    WarpState& warp = w.warps[i];
+    warp.first = i * 32;
+    const unsigned lanes = std::min(32u, n - i * 32);
+    warp.present = lanes == 32 ? 0xFFFFFFFFu : ((1u << lanes) - 1u);
+    warp.exited = 0;
+    warp.posted = 0;
+  }
+  w.launch = &launch;
+  w.threads = n;
+  w.exited = 0;
+  w.arrived = 0;
+  w.fault = false;
+  w.queue_head = 0;
+  w.queue_count = 0;
+  const std::uint64_t seed = config().seed.load(std::memory_order_relaxed);
+  w.rng = seed == 0 ? 0 : (mix(seed ^ mix(launch.serial * 0x100000001B3ull + linear_block)) | 1u);
+
+  tls_block_idx = uint3{static_cast<unsigned>(linear_block % g.x),
+                        static_cast<unsigned>(linear_block / g.x % g.y),
+                        static_cast<unsigned>(linear_block / (static_cast<std::uint64_t>(g.x) * g.y))};
+  tls_block_dim = b;
+  tls_grid_dim = g;
+  unsigned char* shared = static_cast<unsigned char*>(::operator new(launch.shared, std::align_val_t(128)));
+  if (config().shared_fill >= 0 && launch.shared > 0) std::memset(shared, config().shared_fill & 255, launch.shared);
+  tls_dynamic_shared = shared;
+
+  for (unsigned i = 0; i < n; ++i) {
+    Fiber& f = w.fibers[i];
+    f.linear = i;
+    f.index = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
+    f.state = FiberState::Ready;
+    f.stack = w.stacks.stack(i);
+    f.stack_size = w.stacks.size();
+    // Start each fiber's frames at a different offset modulo 4 KiB: stacks a fixed stride apart
+    // would otherwise put every lane's frame in the same few cache sets, and a collective reads
+    // all 32 of them.
+    context_make(f.context, f.stack, f.stack_size - (i % 64) * 64, &fiber_main, &w);
+    w.push(i);
+  }
+  Fiber* first = w.pop();
+  enter(w, *first);
+  context_switch(w.scheduler, first->context, first->stack, first->stack_size);
+  // Back on the worker's own stack: every fiber has finished, or none can run, or a fault.
+  if (!w.fault && w.exited != n) {
+    std::snprintf(w.message, sizeof w.message, "%s", deadlock_text(w).c_str());
+    w.fault = true;
+  }
+  ::operator delete(shared, std::align_val_t(128));
+  tls_dynamic_shared = nullptr;
+  w.current = nullptr;
+  tls_worker = nullptr;
+}
+
+// ---- launching -----------------------------------------------------------------------------
+constexpr std::size_t kDefaultSharedLimit = 48 * 1024;      // without cudaFuncSetAttribute
+constexpr std::size_t kMaxSharedOptIn = 227 * 1024;         // H100 / H200: 232448 bytes
+
+inline std::mutex& attribute_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::unordered_map<const void*, std::size_t>& shared_limits() {
+  static std::unordered_map<const void*, std::size_t> limits;
+  return limits;
+}
+inline std::size_t shared_limit(const void* kernel) {
+  std::lock_guard<std::mutex> lock(attribute_mutex());
+  auto found = shared_limits().find(kernel);
+  return found == shared_limits().end() ? kDefaultSharedLimit : found->second;
+}
+
+inline bool stream_valid(cudaStream_t stream);  // runtime_api.h
+
+// The fault of the lowest-numbered block that faulted: blocks are handed out in order and a
+// fault only stops new ones from starting, so every lower block has run; the report does not
+// depend on the number of workers.
+struct LaunchFault {
+  std::mutex mutex;
+  bool any = false;
+  std::uint64_t block = 0;
+  std::string message;
+};
+
+struct BlockJob {
+  const LaunchInfo* launch;
+  LaunchFault* fault;
+};
+
+inline void run_block_job(void* context, std::uint64_t block) {
+  BlockJob& job = *static_cast<BlockJob*>(context);
+  run_block(*job.launch, block);
+  Worker& w = this_worker();
+  if (w.fault) {
+    std::lock_guard<std::mutex> lock(job.fault->mutex);
+    if (!job.fault->any || block < job.fault->block) {
+      job.fault->any = true;
+      job.fault->block = block;
+      job.fault->message = w.message;
+    }
+    pool().cancel();
+  }
+}
+
+inline std::atomic<std::uint64_t>& launch_serial() {
+  static std::atomic<std::uint64_t> serial{0};
+  return serial;
+}
+
+// Checks a launch as the CUDA runtime does, then runs it. Returns the launch's own error (the
+// configuration); a fault while running sets the sticky cudaErrorLaunchFailure.
+inline cudaError_t launch(LaunchInfo& info, const void* kernel) {
+  if (tls_worker != nullptr) {
+    std::fprintf(stderr, "cuda_cpu: kernel %s launched from device code (not supported)\n", info.name);
+    std::abort();
+  }
+  const cudaError_t sticky_now = sticky();
+  if (sticky_now != cudaSuccess) return record(sticky_now);
+  const dim3 b = info.block, g = info.grid;
+  const unsigned long long threads = static_cast<unsigned long long>(b.x) * b.y * b.z;
+  if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024 ||
+      g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+    return record(cudaErrorInvalidConfiguration);
+  if (info.shared > shared_limit(kernel)) return record(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(device_mutex());
+  info.serial = launch_serial().fetch_add(1);
+  LaunchFault fault;
+  BlockJob job{&info, &fault};
+  const std::uint64_t blocks = static_cast<std::uint64_t>(g.x) * g.y * g.z;
+  pool().parallel_for(blocks, &run_block_job, &job);
+  if (fault.any) {
+    std::fprintf(stderr, "cuda_cpu: %s\n", fault.message.c_str());
+    std::fflush(stderr);
+    if (config().abort_on_fault) std::abort();
+    int expected = cudaSuccess;
+    sticky_error.compare_exchange_strong(expected, cudaErrorLaunchFailure);
+    return record(cudaErrorLaunchFailure);
+  }
+  return cudaSuccess;
+}
+
+template <class T>
+inline T implicit_convert(T value) {  // copy-initialisation: the conversions a call allows
+  return value;
+}
+
+template <class... Params>
+class Launcher {
+ public:
+  typedef void (*Kernel)(Params...);
+  Launcher(Kernel kernel, const char* name, dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream)
+      : kernel_(kernel), name_(name), grid_(grid), block_(block), shared_(shared), stream_(stream) {}
+
+  template <class... Args>
+  void operator()(Args&&... args) const {
+    static_assert(sizeof...(Args) == sizeof...(Params), "a kernel launch passes one argument per parameter");
+    if (!stream_valid(stream_)) {
+      record(cudaErrorInvalidResourceHandle);
+      return;
+    }
+    Bound bound{kernel_, std::tuple<typename std::decay<Params>::type...>(
+                             implicit_convert<typename std::decay<Params>::type>(std::forward<Args>(args))...)};
+    LaunchInfo info{name_, grid_, block_, shared_, &Launcher::invoke, &bound, 0};
+    launch(info, reinterpret_cast<const void*>(kernel_));
+  }
+
+ private:
+  struct Bound {
+    Kernel kernel;
+    std::tuple<typename std::decay<Params>::type...> arguments;
+  };
+  static void invoke(const void* self) {
+    const Bound& bound = *static_cast<const Bound*>(self);
+    std::apply(bound.kernel, bound.arguments);  // every thread gets its own copies
+  }
+
+  Kernel kernel_;
+  const char* name_;
+  dim3 grid_, block_;
+  std::size_t shared_;
+  cudaStream_t stream_;
+};
+
+template <class... Params>
+inline Launcher<Params...> make_launcher(void (*kernel)(Params...), const char* name, dim3 grid, dim3 block,
+                                         std::size_t shared, cudaStream_t stream) {
+  return Launcher<Params...>(kernel, name, grid, block, shared, stream);
+}
+
+}  // namespace detail
+}  // namespace cgcpu
+
+// ---- what device code sees -------------------------------------------------------------------
+#define threadIdx (static_cast<const uint3&>(::cgcpu::detail::tls_thread_idx))
+#define blockIdx (static_cast<const uint3&>(::cgcpu::detail::tls_block_idx))
+#define blockDim (static_cast<const dim3&>(::cgcpu::detail::tls_block_dim))
+#define gridDim (static_cast<const dim3&>(::cgcpu::detail::tls_grid_dim))
+inline constexpr int warpSize = 32;
+
+// The launch and dynamic shared memory macros of the emitted file (its #ifndef keeps these).
+#define CG_LAUNCH(kernel, grid, block, shared, stream) \
+  ::cgcpu::detail::make_launcher(kernel, #kernel, grid, block, shared, stream)
+#define CG_DYNAMIC_SHARED(name) \
+  unsigned char* const name __attribute__((unused)) = ::cgcpu::detail::tls_dynamic_shared
+
+inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  ::cgcpu::detail::block_barrier("__syncthreads", 0, file, line);
+}
+inline int __syncthreads_count(int predicate, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::cgcpu::detail::block_barrier("__syncthreads_count", predicate, file, line);
+}
+inline int __syncthreads_and(int predicate, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::cgcpu::detail::block_barrier("__syncthreads_and", predicate, file, line) ==
+         static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
+}
+inline int __syncthreads_or(int predicate, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::cgcpu::detail::block_barrier("__syncthreads_or", predicate, file, line) != 0;
+}

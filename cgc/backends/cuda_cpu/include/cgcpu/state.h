@@ -1,0 +1,197 @@
+// cuda_cpu: configuration (environment), error state and the worker thread pool.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "types.h"
+
+namespace cgcpu {
+
+// ---- configuration, read once from the environment ------------------------------------------
+// CG_CPU_THREADS       OS worker threads (default: std::thread::hardware_concurrency()).
+// CG_CPU_STACK_KIB     stack of each CUDA thread's fiber (default 64, 256 under ASan).
+// CG_CPU_SCHEDULE_SEED 0 (default): a block's ready fibers run in order of their thread
+//                      index; any other value: in a pseudo-random order drawn from that seed
+//                      (and the launch and block), to shake out missing barriers.
+// CG_CPU_SHARED_FILL   byte that fills a block's dynamic shared memory before the block
+//                      starts (default 255: floats read before written are NaN); -1: none.
+// CG_CPU_ABORT         1: abort() on a kernel fault (deadlock, misused collective) instead of
+//                      failing the launch with a sticky cudaErrorLaunchFailure.
+struct Config {
+  unsigned threads = 1;
+  std::size_t stack_bytes = 64 * 1024;
+  int shared_fill = 255;
+  bool abort_on_fault = false;
+  std::atomic<std::uint64_t> seed{0};
+};
+
+namespace detail {
+inline long env_long(const char* name, long fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 0);
+  if (end == text || *end != '\0') {
+    std::fprintf(stderr, "cuda_cpu: ignoring %s=%s (not a number)\n", name, text);
+    return fallback;
+  }
+  return value;
+}
+}  // namespace detail
+
+inline Config& config() {
+  static Config* instance = [] {
+    Config* c = new Config;  // never freed: read by worker threads until the process ends
+    const unsigned cores = std::thread::hardware_concurrency();
+    long threads = detail::env_long("CG_CPU_THREADS", cores == 0 ? 1 : cores);
+    c->threads = threads < 1 ? 1u : (threads > 1024 ? 1024u : static_cast<unsigned>(threads));
+#if defined(__SANITIZE_ADDRESS__)
+    const long stack_default = 256;
+#else
+    const long stack_default = 64;
+#endif
+    long stack = detail::env_long("CG_CPU_STACK_KIB", stack_default);
+    if (stack < 16) stack = 16;
+    c->stack_bytes = static_cast<std::size_t>(stack) * 1024;
+    c->shared_fill = static_cast<int>(detail::env_long("CG_CPU_SHARED_FILL", 255));
+    c->abort_on_fault = detail::env_long("CG_CPU_ABORT", 0) != 0;
+    c->seed.store(static_cast<std::uint64_t>(detail::env_long("CG_CPU_SCHEDULE_SEED", 0)));
+    return c;
+  }();
+  return *instance;
+}
+
+// Emulator extension: the order in which ready fibers run (0: thread order; see Config).
+inline void set_schedule_seed(std::uint64_t seed) { config().seed.store(seed); }
+
+// ---- error state -------------------------------------------------------------------------
+namespace detail {
+// The last error of this host thread (cudaGetLastError clears it), and the sticky error a
+// faulting kernel leaves: as on a GPU, every later call returns it.
+inline thread_local cudaError_t tls_last_error = cudaSuccess;
+inline std::atomic<int> sticky_error{cudaSuccess};
+
+inline cudaError_t record(cudaError_t error) {
+  if (error != cudaSuccess) tls_last_error = error;
+  return error;
+}
+inline cudaError_t sticky() { return static_cast<cudaError_t>(sticky_error.load()); }
+}  // namespace detail
+
+// ---- the worker pool -------------------------------------------------------------------
+// parallel_for(count, fn, context) runs fn(context, i) for every i < count on the calling
+// thread and up to config().threads - 1 helper threads; each takes the next index in turn.
+// One job at a time (launches and products are serialised by the caller's lock).
+namespace detail {
+typedef void (*IndexFunction)(void* context, std::uint64_t index);
+
+class Pool {
+ public:
+  explicit Pool(unsigned helpers) {
+    for (unsigned i = 0; i < helpers; ++i) threads_.emplace_back([this, i] { loop(i); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  unsigned helpers() const { return static_cast<unsigned>(threads_.size()); }
+
+  void parallel_for(std::uint64_t count, IndexFunction fn, void* context) {
+    if (count == 0) return;
+    const std::uint64_t helpers_wanted = count - 1 < threads_.size() ? count - 1 : threads_.size();
+    if (helpers_wanted == 0) {
+      for (std::uint64_t i = 0; i < count; ++i) {
+        if (cancel_.load(std::memory_order_relaxed)) break;
+        fn(context, i);
+      }
+      cancel_.store(false);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn_ = fn;
+      context_ = context;
+      count_ = count;
+      next_.store(0);
+      participants_ = static_cast<unsigned>(helpers_wanted);
+      pending_ = participants_;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    cancel_.store(false);
+  }
+
+  // Stops handing out indices of the current job (a kernel faulted).
+  void cancel() { cancel_.store(true); }
+
+ private:
+  void work() {
+    for (;;) {
+      if (cancel_.load(std::memory_order_relaxed)) return;
+      const std::uint64_t i = next_.fetch_add(1);
+      if (i >= count_) return;
+      fn_(context_, i);
+    }
+  }
+  void loop(unsigned id) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (id >= participants_) continue;
+      }
+      work();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --pending_;
+      }
+      done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  bool stop_ = false;
+  std::uint64_t generation_ = 0;
+  unsigned participants_ = 0, pending_ = 0;
+  IndexFunction fn_ = nullptr;
+  void* context_ = nullptr;
+  std::uint64_t count_ = 0;
+  std::atomic<std::uint64_t> next_{0};
+  std::atomic<bool> cancel_{false};
+};
+
+inline Pool& pool() {
+  static Pool instance(config().threads - 1);
+  return instance;
+}
+
+// Launches, products and copies run one at a time (streams are synchronous on the CPU).
+inline std::recursive_mutex& device_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+}  // namespace detail
+}  // namespace cgcpu

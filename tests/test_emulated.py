@@ -1,0 +1,189 @@
+"""The emitted CUDA, run on the CPU (the emulated backend, cgc/backends/cuda/emulated.py):
+every kernel against its NumPy reference with its outputs poisoned, the whole step against
+the NumPy backend, and the standalone program replaying a dump.
+
+Tolerances, and why:
+- float32 (tiny32): 1e-4 relative (||a - b|| / ||b||). Both sides compute in float32 but
+  not in the same order: the kernels reduce with warp butterflies and per-block partials,
+  NumPy with pairwise sums; `__expf`/`exp2f` and `tanhf` are the C library's here, NumPy's
+  there. Measured differences are around 1e-6.
+- bfloat16 (tiny): 2e-2 relative per kernel output. Outputs stored in bfloat16 carry 8
+  bits of mantissa (a relative step of 2^-8 = 0.4%); a value computed in a different order
+  can land on the neighbouring bfloat16, and so can everything downstream of it.
+- the whole bfloat16 step: the loss within 1e-3 and gradients within 1e-2 relative, the
+  tolerances tests/test_reference.py justifies between this project's bfloat16 step and
+  PyTorch's.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from cgc.backends.cuda.emulated import COMPILER, FLAGS, HEADERS, build, compiler_missing
+from cgc.backends.data import Batches, load_corpus
+from cgc.backends.numerics import decode, storage_dtype
+from cgc.backends.training import train
+from cgc.checking.memory import storage_home
+from cgc.core.elements import element_bytes
+from cgc.pipeline import analyse, open_run
+
+from conftest import SCHEDULES
+from test_reference import BFLOAT16_TOLERANCES, relative
+
+PATH = str(SCHEDULES / "train.cg")
+WRITES = ("write", "readwrite", "accumulate")
+# An awkward shape: 3 sequences of 128, vocabulary 384, width 96 in 2 heads of 48, 3 layers.
+AWKWARD = {"cgBatch": 3, "cgContext": 128, "cgVocab": 384, "cgWidth": 96, "cgHeads": 2,
+           "cgLayers": 3}
+
+pytestmark = pytest.mark.skipif(compiler_missing() is not None,
+                                reason="needs the host C++ compiler (g++)")
+
+
+def pair(config: str, overrides=None, seed: int = 0):
+    frontend = analyse([PATH])
+    return (open_run("emulated", frontend, PATH, config, overrides or {}, seed),
+            open_run("numpy", frontend, PATH, config, overrides or {}, seed))
+
+
+def tokens(run, seed: int = 0):
+    program = run.program
+    return Batches(load_corpus(None), program.role("batch"), program.role("context"),
+                   seed).next()
+
+
+def written_view(memory, program, plan, binding, point, low):
+    view = binding.view
+    home, start = storage_home(program, plan, view.storage)
+    size = element_bytes(view.storage.element, low)
+    offset = view.offset.at(point) if hasattr(view.offset, "at") else int(view.offset)
+    return home, start + offset * size, (start + (offset + view.count) * size)
+
+
+# A vocabulary smaller than the loss kernel's block of 128 threads: threads that see no
+# logit merge a maximum of -inf (the merge once made that NaN).
+SMALL_VOCABULARY = {"cgVocab": 64, "cgThreads": 64}
+
+
+@pytest.mark.parametrize("config,overrides,tolerance", [
+    ("tiny32", None, 1e-4), ("tiny", None, 2e-2), ("tiny32", AWKWARD, 1e-4),
+    ("tiny32", SMALL_VOCABULARY, 1e-4)],
+    ids=["tiny32", "tiny", "tiny32-awkward", "tiny32-small-vocabulary"])
+def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overrides,
+                                                                   tolerance):
+    """Launch by launch through one step, from the same memory: the emulated kernel (its
+    outputs first filled with NaN, so that an element never written fails) against the
+    image's NumPy reference function."""
+    emulated, reference = pair(config, overrides)
+    ids, targets = tokens(reference)
+    vocab = reference.program.role("vocab")
+    ids, targets = ids % vocab, targets % vocab  # byte tokens, folded into a small vocabulary
+    reference.store(reference.program.role("ids"), ids)
+    reference.store(reference.program.role("targets"), targets)
+    program, plan, low = reference.program, reference.plan, reference.program.low
+    machine = reference.machine
+    checked = set()
+    for (launch, phase, point), call in zip(program.unrolled(), emulated.calls):
+        for name, memory in machine.memory.items():
+            emulated.memory[name][:memory.size] = memory
+        written = [b for b in launch.pointers if launch.image.pointers[b.index].access in WRITES]
+        for binding in written:
+            in_place = any(other.view.storage == binding.view.storage
+                           for other in launch.pointers if other is not binding)
+            if launch.image.pointers[binding.index].access == "write" and not in_place:
+                home, first, last = written_view(emulated.memory, program, plan, binding,
+                                                 point, low)
+                emulated.memory[home][first:last] = 0xFF  # NaN in float32 and bfloat16
+        call()
+        machine.launch(launch, phase, point)
+        for binding in written:
+            home, first, last = written_view(machine.memory, program, plan, binding, point, low)
+            where = f"{launch.image.name} pointer {binding.index} ({binding.view.label})"
+            element = binding.view.storage.element
+            dtype = storage_dtype(element, low)
+            ours = decode(emulated.memory[home][first:last].view(dtype), element, low)
+            theirs = decode(machine.memory[home][first:last].view(dtype), element, low)
+            if element == "int32":
+                assert (ours == theirs).all(), where
+                continue
+            assert np.isfinite(ours[np.isfinite(theirs)]).all(), f"{where}: not all written"
+            if np.linalg.norm(theirs) > 0:
+                assert relative(ours, theirs) <= tolerance, (where, relative(ours, theirs))
+            else:
+                assert np.abs(ours).max() <= tolerance, where
+        checked.add(launch.image.name)
+    assert len(checked) >= 19  # every kernel and product image of the step
+
+
+def test_the_float32_step_matches_the_numpy_backend():
+    emulated, reference = pair("tiny32", seed=3)
+    ids, targets = tokens(reference, 3)
+    ours, theirs = emulated.step(ids, targets).loss, reference.step(ids, targets).loss
+    assert abs(ours - theirs) <= 1e-4 * theirs
+    for role in ("gradients", "parameters", "state"):
+        mine, expected = emulated.bank_values(role), reference.bank_values(role)
+        for name, values in expected.items():
+            if np.linalg.norm(values) > 0:
+                assert relative(mine[name], values) <= 1e-4, (role, name)
+
+
+def test_ten_float32_steps_follow_the_numpy_backend():
+    emulated, reference = pair("tiny32", seed=1)
+    losses = []
+    for run in (emulated, reference):
+        losses.append(train(run, Batches(load_corpus(None), 4, 64, 1), 10,
+                            out=io.StringIO()).losses)
+    assert relative(np.array(losses[0]), np.array(losses[1])) <= 1e-4
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_the_bfloat16_step_matches_the_numpy_backend():
+    emulated, reference = pair("tiny", seed=2)
+    ids, targets = tokens(reference, 2)
+    ours, theirs = emulated.step(ids, targets).loss, reference.step(ids, targets).loss
+    assert abs(ours - theirs) <= BFLOAT16_TOLERANCES["loss"] * theirs
+    mine, expected = emulated.bank_values("gradients"), reference.bank_values("gradients")
+    for name, values in expected.items():
+        assert relative(mine[name], values) <= BFLOAT16_TOLERANCES["gradient"], name
+
+
+def test_the_host_program_and_launch_by_launch_agree_bit_for_bit():
+    """cg_step (the emitted host program) and the backend's own launches of the same
+    kernels are the same computation."""
+    first, second = pair("tiny")[0], pair("tiny")[0]
+    second.through_host_program = False
+    ids, targets = tokens(first)
+    assert first.step(ids, targets).loss == second.step(ids, targets).loss
+    for name in first.memory:
+        assert (first.memory[name] == second.memory[name]).all(), name
+
+
+@pytest.mark.parametrize("config,tolerance", [("tiny32", 1e-5), ("tiny", 1e-5)])
+def test_the_standalone_program_replays_a_dump(config, tolerance, tmp_path):
+    """The emitted file's own main, built for the host, replays a dumped run and prints the
+    losses the emulated backend computed."""
+    emulated = open_run("emulated", analyse([PATH]), PATH, config, {}, 0)
+    result = train(emulated, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(),
+                   dump=str(tmp_path / "dump"))
+    program = build(emulated.emitted.text, f"standalone-{config}",
+                    flags=("-std=c++17", "-O2", "-pthread", "-w"))
+    printed = subprocess.run([str(program), str(tmp_path / "dump"), "2"], capture_output=True,
+                             text=True, check=True, timeout=300).stdout
+    losses = [float(x) for x in re.findall(r"loss (\S+)", printed)]
+    assert len(losses) == 2
+    for ours, theirs in zip(losses, result.losses):
+        assert abs(ours - theirs) <= tolerance * theirs, (losses, result.losses)
+
+
+def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = '#include <cuda_runtime.h>\nextern "C" int answer() { return 42; }\n'
+    first = build(source, "probe")
+    assert build(source, "probe") == first
+    assert build(source + "// changed\n", "probe") != first
+    assert HEADERS.is_dir() and COMPILER and "-shared" in FLAGS
