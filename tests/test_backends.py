@@ -160,3 +160,16 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_the_step(name):
     assert all((before[k] == after[k]).all() for k in before)  # nothing ran
     targets[3] = -1  # an ignored row is fine
     assert np.isfinite(run.step(ids, targets).loss)
+
+
+def test_the_emulated_backend_without_a_host_compiler_says_so_in_one_sentence(monkeypatch):
+    from cgc.backends import cuda
+    from cgc.backends.base import Unavailable
+    from cgc.backends.cuda import emulated
+    monkeypatch.setattr(emulated, "COMPILER", "g++-that-is-not-installed")
+    with pytest.raises(Unavailable) as error:
+        choose("emulated")
+    message = str(error.value)
+    assert message.count(".") <= 1 and "g++-that-is-not-installed" in message
+    assert "apt-get install g++" in message
+    del cuda
