@@ -160,3 +160,69 @@ def test_every_pointer_a_template_accesses_with_wide_vectors_is_declared_aligned
                 missing.append(f"{image.name}.{pointer.name}")
     assert missing == []
     assert program.images["cgImageGelu"].alignments  # the scan is not vacuous
+
+
+# ---- what the kernels assume, proved (false accepts an adversarial review found) ---------
+
+def test_removing_the_optimizer_step_advance_is_refused(schedules):
+    """AdamW reads the step counter; without the launch that advances it, the whole step
+    reads it before writing it (it was a run-time 'internal error' before)."""
+    edit(schedules / "optimizer.cg",
+         "(cgThen\n        (cgLaunch cgImageStepAdvance 1 1 1 (cgPointer (cgArgument 0) "
+         "cgOptimizerStep cgNoSlots))\n        (cgThen (cgAdamMatrix cgEmbeddingEntry)",
+         "(cgThen cgNothing\n        (cgThen (cgAdamMatrix cgEmbeddingEntry)")
+    messages = errors_of(schedules / "train.cg")
+    assert any("reads the step buffer 'cgOptimizerStep' through pointer 5 'step', but nothing "
+               "earlier in the step 'cgTrainStep' writes it" in m for m in messages), messages
+    assert len([m for m in messages if "cgOptimizerStep" in m]) == 1  # said once
+
+
+def test_a_layer_norm_reading_a_buffer_nothing_wrote_is_refused(schedules):
+    edit(schedules / "library.cg", "(cgLayerNorm cgFinalHalf cgFinalStatistics (cgBoundary cgLayers)",
+         "(cgLayerNorm cgFinalHalf cgFinalStatistics cgFinalGradient")
+    messages = errors_of(schedules / "train.cg")
+    assert any("reads the step buffer 'cgFinalGradient'" in m for m in messages), messages
+
+
+def test_the_read_before_write_rule_needs_the_whole_step(schedules):
+    """A part of the step (backward.cg alone) reads what the forward wrote: it is not the
+    step, so the rule does not apply; the whole step passes it."""
+    assert checked(SCHEDULES / "backward.cg", "tiny")[2] == []
+    assert checked(SCHEDULES / "train.cg", "tiny")[2] == []
+
+
+@pytest.mark.parametrize("image,pattern", [
+    ("cgImageAttention", r"(\(cgLaunch cgImageAttention )\(naturalDivideUnchecked cgContext "
+                         r"cgAttentionTile\)"),
+    ("cgImageAttentionBackward", r"(\(cgLaunch cgImageAttentionBackward\s+)\(naturalDivideUnchecked "
+                                 r"cgContext cgAttentionTile\)"),
+    ("cgImageLayerNormParameterGradients", r"(\(cgLaunch cgImageLayerNormParameterGradients\s+)"
+                                           r"\(naturalDivideCeiling \(naturalMultiply 2 cgWidth\) 256\)"),
+])
+def test_a_grid_of_one_block_that_leaves_outputs_unwritten_is_refused(schedules, image, pattern):
+    """On a GPU only the first tile would be computed; the NumPy machine, which ignores
+    these grids, computes the same loss: only the checker can see it."""
+    path = schedules / "library.cg"
+    text, count = re.subn(pattern, r"\g<1>1", path.read_text())
+    assert count >= 1, "the launch no longer matches: update the test"
+    path.write_text(text)
+    messages = errors_of(schedules / "train.cg", "gpt2")
+    assert any(f"'{image}' must cover all of" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("cgHeads=7", "the model requires (naturalMultiply cgHeads cgHeadWidth) (763) to be equal "
+                  "to cgWidth (768)"),
+    ("cgHeads=128", "the model requires cgHeadWidth (6) to be a multiple of 16"),
+    ("cgWidth=65", "the model requires cgWidth (65) to be a multiple of 8"),
+    ("cgWidth=66", "the model requires cgWidth (66) to be a multiple of 8"),
+])
+def test_constants_the_kernels_cannot_take_are_refused(setting, expected):
+    name, value = setting.split("=")
+    path = SCHEDULES / "train.cg"
+    with pytest.raises(CompileError) as error:
+        checked(path, "gpt2", **{name: int(value)})
+    messages = [d.message for d in error.value.diagnostics]
+    assert expected in messages, messages
+    notes = [n.message for d in error.value.diagnostics for n in d.notes]
+    assert f"in config 'gpt2' with --set {setting}" in notes

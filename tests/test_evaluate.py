@@ -119,3 +119,44 @@ def test_a_zero_repeat_is_a_warning_and_no_launch(tmp_path):
     assert launches(program) == []
     (warning,) = program.warnings
     assert warning.message == "this repeat runs zero times"
+
+
+def test_a_definition_that_doubles_itself_is_refused_within_a_second(tmp_path):
+    """60 lines of `def dK = (cgThen dK-1 dK-1)` would be 2^60 launches: evaluation stops at
+    the documented limit, in bounded time and memory, with a diagnostic at the definition."""
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+    lines = [f'import "{ROOT / "tests" / "diagnostics" / "_base.cg"}"',
+             "def d0 : Schedule = (cgPhase cgPhaseWork (cgCopy cgA (cgItem cgB 0)))"]
+    lines += [f"def d{k} : Schedule = (cgThen d{k - 1} d{k - 1})" for k in range(1, 61)]
+    path = tmp_path / "doubling.cg"
+    path.write_text("\n".join(lines) + "\n")
+    probe = ("import resource, sys; from cgc.cli import main; status = main(sys.argv[1:]); "
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(status)")
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", probe, "check", str(path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 1, result.stderr
+    assert "this schedule holds 131,072 launches, more than cgc's limit of 100,000" in \
+        result.stderr
+    assert elapsed < 5 and int(result.stdout.split()[-1]) < 400_000  # KiB: under 400 MB
+    del resource
+
+
+def test_a_repeat_that_would_make_too_many_launches_is_refused(tmp_path):
+    from conftest import ROOT
+    path = tmp_path / "long.cg"
+    path.write_text(f'import "{ROOT / "tests" / "diagnostics" / "_base.cg"}"\n'
+                    "def cgStep : Schedule = (cgPhase cgPhaseWork (nvidiaAffineLaunchRepeat "
+                    "20000000 (lambda unrestricted i : Nat . (cgCopy cgA (cgItem cgB 0)))))\n")
+    import pytest
+    from cgc.core.diagnostics import CompileError
+    with pytest.raises(CompileError) as error:
+        evaluate(analyse([str(path)]), str(path))
+    assert "makes 20,000,000 launches, more than cgc's limit of 10,000,000" in \
+        error.value.diagnostics[0].message

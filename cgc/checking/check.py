@@ -59,6 +59,42 @@ class Checker:
         self.check_phases()
         for launch, phase, loops in self.program.launches():
             self.check_launch(launch, phase, loops)
+        if self.program.roles.get("step") == self.program.entry:
+            self.check_reads_follow_writes()
+
+    # ---- the whole step ------------------------------------------------------------
+
+    def check_reads_follow_writes(self) -> None:
+        """In the whole step (the `step` role), no launch reads a step buffer or an arena
+        slot that nothing earlier in the step wrote: such a read sees the previous step's
+        leftovers or another arena slot's bytes. The buffers the runtime fills before each
+        step (the `ids` and `targets` roles) count as written; a read-modify-write
+        (readwrite, accumulate) is the kernel's own business (state kept across steps, such
+        as the optimizer's step counter, or a sum into zeroed memory). A repeat's body is
+        taken once, in order: its first iteration sees only what came before it."""
+        roles = self.program.roles
+        written = {self.program.storages[roles[r]].name for r in ("ids", "targets") if r in roles}
+        for launch, _, _ in self.program.launches():
+            image = launch.image
+            for binding in launch.pointers:
+                parameter = image.pointers.get(binding.index)
+                storage = binding.view.storage
+                if parameter is None or parameter.access != "read" or \
+                        storage.kind not in ("buffer", "arena") or storage.name in written:
+                    continue
+                kind = "step buffer" if storage.kind == "buffer" else "arena slot"
+                self.error(launch, f"'{image.name}' reads the {kind} '{storage.name}' through "
+                                   f"pointer {binding.index} '{parameter.name}', but nothing "
+                                   f"earlier in the step '{self.program.entry}' writes it",
+                           binding.span,
+                           Note(f"'{self.program.entry}' is the whole step (its `step` role): "
+                                "every value it reads it must first write, but for the ids "
+                                "and targets the runtime gives it"))
+                written.add(storage.name)  # said once
+            for binding in launch.pointers:
+                parameter = image.pointers.get(binding.index)
+                if parameter is not None and parameter.access in WRITES:
+                    written.add(binding.view.storage.name)
 
     # ---- declarations ------------------------------------------------------------
 
@@ -243,6 +279,14 @@ class Checker:
                                f"'{parameter.name}'{_where(loops, at_largest)}, but "
                                f"'{view.label}' holds {view.count} ({view.storage.element}"
                                f"[{view.count}])", binding.span,
+                       Note(f"the extent of '{parameter.name}' is declared here", parameter.span))
+        elif parameter.index in launch.image.covers and smallest < view.count:
+            self.error(launch, f"'{launch.image.name}' must cover all of '{view.label}' "
+                               f"through pointer {parameter.index} '{parameter.name}', but this "
+                               f"grid reaches only {smallest} of its {view.count} elements"
+                               f"{_where(loops, at_smallest)}", binding.span,
+                       Note(f"'{launch.image.name}' says so with (covers ...) here",
+                            launch.image.covers[parameter.index]),
                        Note(f"the extent of '{parameter.name}' is declared here", parameter.span))
         elif parameter.access == "write" and smallest < view.count:
             self.report.warning(

@@ -52,6 +52,7 @@ class Image:
     span: Span
     doc: str | None
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
+    covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
 
     def __hash__(self) -> int:
         return hash(self.name)

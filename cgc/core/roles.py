@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Role:
     name: str
-    kind: str  # buffer | Nat
+    kind: str  # buffer | Nat | Schedule
     element: str | None  # a buffer's element type
     kernel_constant: str | None  # its C name in the kernels, for a Nat
     meaning: str
@@ -34,6 +34,9 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("heads", "Nat", None, "kHeads", "attention heads"),
     Role("headWidth", "Nat", None, "kHeadWidth", "width of one attention head"),
     Role("attentionTile", "Nat", None, "kAttentionTile", "query rows per attention block"),
+    Role("step", "Schedule", None, None,
+         "the whole training step: nothing in it may read a step buffer or arena slot before "
+         "it writes it"),
 )}
 
 KERNEL_CONSTANTS = {role.kernel_constant: role.name for role in ROLES.values()

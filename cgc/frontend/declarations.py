@@ -51,6 +51,7 @@ class ImageDeclaration:
     span: Span
     doc: str | None
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
+    covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
 
 
 @dataclass
@@ -259,6 +260,7 @@ class _Elaborator:
             "scalar": (3, 4, "(scalar INDEX NAME TYPE [DEFAULT])"),
             "alias": (2, 2, "(alias POINTER POINTER)"),
             "aligned": (2, 64, "(aligned BYTES POINTER ...)"),
+            "covers": (1, 64, "(covers POINTER ...)"),
         }
         clauses = list(self.clauses(declaration, allowed))
         scalar_names = [c.arguments[1].text for k, c in clauses
@@ -298,6 +300,11 @@ class _Elaborator:
                 pair = [_natural(a, self.report, "an aliased pointer index") for a in arguments]
                 if None not in pair:
                     record.aliases.add(frozenset(pair))
+            elif keyword == "covers":
+                for argument in arguments:
+                    index = _natural(argument, self.report, "a covered pointer index")
+                    if index is not None:
+                        record.covers[index] = clause.span
             elif keyword == "aligned":
                 size = _natural(arguments[0], self.report, "an alignment in bytes")
                 if size is not None and (size == 0 or size & (size - 1) or size > 256):
@@ -320,6 +327,14 @@ class _Elaborator:
             if index not in record.pointers:
                 self.report.error(f"(aligned ...) names pointer {index}, which image '{name}' "
                                   "does not declare", span)
+        for index, span in record.covers.items():
+            pointer = record.pointers.get(index)
+            if pointer is None:
+                self.report.error(f"(covers ...) names pointer {index}, which image '{name}' "
+                                  "does not declare", span)
+            elif pointer.access == "read" or pointer.extent is None:
+                self.report.error(f"(covers ...) names pointer {index} '{pointer.name}', which "
+                                  "the image does not write with a declared extent", span)
         self.result.images[name] = record
 
     def constant(self, declaration: Declaration) -> None:
@@ -377,7 +392,7 @@ class _Elaborator:
                 continue
             if len(clause.arguments) != 1:
                 self.report.error(f"({role} NAME) names exactly one "
-                                  f"{'buffer' if ROLES[role].kind == 'buffer' else 'constant'}",
+                                  f"{ {'buffer': 'buffer', 'Nat': 'constant'}.get(ROLES[role].kind, 'schedule')}",
                                   clause.span)
                 continue
             if role in self.result.roles:
@@ -387,6 +402,13 @@ class _Elaborator:
                 continue
             value = clause.arguments[0]
             self.term(value, declaration.name.text)
+            if ROLES[role].kind == "Schedule":
+                target = self.scope.declarations.get(value.text) if isinstance(value, Name) \
+                    else None
+                if target is None or target.kind != "def":
+                    self.report.error(f"role '{role}' names a schedule definition "
+                                      f"({ROLES[role].meaning})", value.span)
+                    continue
             if ROLES[role].kind == "buffer":
                 target = self.scope.declarations.get(value.text) if isinstance(value, Name) \
                     else None

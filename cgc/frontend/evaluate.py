@@ -31,6 +31,10 @@ LOG2_E = 1.4426950408889634
 BANK_ALIGNMENT = 64
 # Beyond this many iterations a non-affine extent is not enumerated (the checker says so).
 ENUMERATION_LIMIT = 100_000
+# The most launches a program may hold (a repeat's body counted once) and make (unrolled):
+# GPT-2 small's step holds 57 and makes 409; these bound evaluation's memory and time.
+LAUNCH_LIMIT = 100_000
+UNROLLED_LIMIT = 10_000_000
 
 
 class _Poison:
@@ -41,6 +45,13 @@ class _Poison:
 
 
 POISON = _Poison()
+
+
+class Schedule(tuple):
+    """A schedule's nodes, and how many launches it holds and makes (see Evaluator.schedule)."""
+
+    launches = 0
+    unrolled = 0
 
 
 @dataclass(frozen=True)
@@ -245,7 +256,9 @@ class Evaluator:
         values, spans = {}, {}
         for role, binding in self.declarations.roles.items():
             spans[role] = binding.span
-            if ROLES[role].kind == "buffer":
+            if ROLES[role].kind == "Schedule":
+                values[role] = binding.value.text  # a definition's name: not evaluated here
+            elif ROLES[role].kind == "buffer":
                 storage = self.storage_of(self.declarations.storages[binding.value.text], None)
                 if storage is None:
                     continue
@@ -384,13 +397,17 @@ class Evaluator:
         return float(value)
 
     def _cgThen(self, values, spans, span, trace):
-        return values[0] + values[1]
+        first, second = values
+        return self.schedule(first + second, first.launches + second.launches,
+                             first.unrolled + second.unrolled, span)
 
     def _cgNothing(self, values, spans, span, trace):
-        return ()
+        return Schedule(())
 
     def _cgPhase(self, values, spans, span, trace):
-        return (PhaseRegion(values[0].name, values[1], span),)
+        body = values[1]
+        return self.schedule((PhaseRegion(values[0].name, body, span),), body.launches,
+                             body.unrolled, span)
 
     def _cgLaunch(self, values, spans, span, trace):
         image, gx, gy, gz, slots = values
@@ -398,7 +415,8 @@ class Evaluator:
         scalars = tuple(b for b in slots.bindings if isinstance(b, ScalarBinding))
         record = self.image(image.name)
         extents = self.extents(record, (gx, gy, gz), scalars)
-        return (Launch(record, (gx, gy, gz), pointers, scalars, span, trace, extents),)
+        return self.schedule((Launch(record, (gx, gy, gz), pointers, scalars, span, trace,
+                                     extents),), 1, 1, span)
 
     # ---- images and extents ------------------------------------------------------
 
@@ -423,7 +441,7 @@ class Evaluator:
             scalars[index] = ScalarParameter(index, s.name, s.type, default, s.span)
         record = Image(name, block, declaration.library, pointers, scalars,
                        frozenset(declaration.aliases), declaration.span, declaration.doc,
-                       dict(declaration.alignments))
+                       dict(declaration.alignments), dict(declaration.covers))
         self.images[name] = record
         return record
 
@@ -502,11 +520,26 @@ class Evaluator:
         self.repeat_spans.add(span)
         if count == 0:
             self.report.warning("this repeat runs zero times", spans[0])
-            return ()
+            return Schedule(())
         result = self.apply(body, Affine.of(variable), spans[1], span, trace)
         if result is POISON:
             return POISON
-        return (Repeat(variable, result, span),)
+        return self.schedule((Repeat(variable, result, span),), result.launches,
+                             result.unrolled * count, span)
+
+    def schedule(self, nodes: tuple, launches: int, unrolled: int, span: Span) -> "Schedule":
+        """A schedule value, with its size: the launches it holds (a repeat's body once)
+        and the launches it makes (unrolled). Either past its limit is an error here, long
+        before the program would fill memory (a definition that doubles itself 60 times)."""
+        if launches > LAUNCH_LIMIT or unrolled > UNROLLED_LIMIT:
+            what, limit, count = (("holds", LAUNCH_LIMIT, launches) if launches > LAUNCH_LIMIT
+                                  else ("makes", UNROLLED_LIMIT, unrolled))
+            raise EvaluationError(
+                f"this schedule {what} {count:,} launches, more than cgc's limit of "
+                f"{limit:,} (a definition that repeats itself? a repeat too long?)", span)
+        result = Schedule(nodes)
+        result.launches, result.unrolled = launches, unrolled
+        return result
 
     def _cgPointer(self, values, spans, span, trace):
         index, view, rest = values

@@ -80,10 +80,15 @@ def layer_norm_backward_add(k: Kernel) -> None:
 
 
 def layer_norm_parameter_gradients(k: Kernel) -> None:
+    """A thread a column of [dgamma | dbeta]: the grid's threads own the first columns."""
     blocks, width = int(k.scalars["blocks"]), _width(k)
     partials = k.pointers["partials"].read(0, blocks * 2 * width).reshape(blocks, 2 * width)
-    k.pointers["gradientGamma"].accumulate(0, partials[:, :width].sum(axis=0, dtype=F32))
-    k.pointers["gradientBeta"].accumulate(0, partials[:, width:].sum(axis=0, dtype=F32))
+    sums = partials.sum(axis=0, dtype=F32)
+    columns = min(k.grid[0] * k.block[0], 2 * width)
+    if columns > 0:
+        k.pointers["gradientGamma"].accumulate(0, sums[:min(columns, width)])
+    if columns > width:
+        k.pointers["gradientBeta"].accumulate(0, sums[width:columns])
 
 
 def _operands(k: Kernel, transposed: bool, weight: bool):
@@ -149,6 +154,28 @@ class _Heads:
         q, key, v = (parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
         return _rotate(q, self.cos, self.sin), _rotate(key, self.cos, self.sin), v
 
+    def write_owned(self, k: Kernel, name: str, values: np.ndarray, head_columns) -> None:
+        """Writes, of [rows, columns] values, what the grid's blocks own, as the kernels do:
+        the rows of the first gridX tiles of each of gridZ sequences, and of each row the
+        columns `head_columns(h)` of the first gridY heads. A grid short of the context or
+        of the heads leaves the rest unwritten (the checker refuses it: (covers ...))."""
+        tile = int(k.constants["attentionTile"])
+        rows = min(k.grid[0] * tile, self.context)
+        mask = np.zeros(values.shape[1], dtype=bool)
+        for head in range(min(k.grid[1], self.heads)):
+            mask[head_columns(head)] = True
+        pointer, columns = k.pointers[name], values.shape[1]
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+        runs = list(zip(edges[::2], edges[1::2]))
+        for sequence in range(self.sequences):
+            first = sequence * self.context
+            if runs == [(0, columns)]:
+                pointer.write(first * columns, values[first:first + rows])
+                continue
+            for row in range(first, first + rows):
+                for start, stop in runs:
+                    pointer.write(row * columns + start, values[row, start:stop])
+
     def merge(self, x: np.ndarray) -> np.ndarray:
         """[sequences, heads, T, D] to [rows, W]."""
         return x.transpose(0, 2, 1, 3).reshape(self.rows, self.width)
@@ -162,9 +189,6 @@ class _Heads:
         return np.exp(scores - lse).astype(F32), lse
 
 
-# The attention kernels compute every row and head of the grid's sequences (gridZ): the
-# reference does not model a grid with too few query tiles (gridX) or heads (gridY), which
-# stays inside the declared extents and so is a question of coverage, not of safety.
 
 
 def attention(k: Kernel) -> None:
@@ -172,9 +196,12 @@ def attention(k: Kernel) -> None:
     qkv = k.pointers["qkv"].read(0, heads.rows * 3 * heads.width)
     q, key, v = heads.split(qkv.reshape(heads.rows, 3 * heads.width))
     probabilities, lse = heads.probabilities(q, key)
-    k.pointers["output"].write(0, heads.merge(np.matmul(probabilities, v, dtype=F32)))
+    width = heads.head_width
+    heads.write_owned(k, "output", heads.merge(np.matmul(probabilities, v, dtype=F32)),
+                      lambda h: slice(h * width, (h + 1) * width))
     # lse[row, head], rows in order
-    k.pointers["lse"].write(0, lse[..., 0].transpose(0, 2, 1))
+    heads.write_owned(k, "lse", lse[..., 0].transpose(0, 2, 1).reshape(heads.rows, -1),
+                      lambda h: slice(h, h + 1))
 
 
 def attention_delta(k: Kernel) -> None:
@@ -204,7 +231,9 @@ def attention_backward(k: Kernel) -> None:
     dq = _rotate(dq, heads.cos, heads.sin, inverse=True)
     dkey = _rotate(dkey, heads.cos, heads.sin, inverse=True)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
-    k.pointers["gradientQkv"].write(0, merged)
+    d = heads.head_width
+    heads.write_owned(k, "gradientQkv", merged,
+                      lambda h: np.r_[[p * width + h * d + i for p in range(3) for i in range(d)]])
 
 
 _GELU = F32(math.sqrt(2.0 / math.pi))

@@ -366,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamWMatrix(float* __re
                               partialCount, copy);
 }
 
-// cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ).
+// cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
 // Causal attention with rotary positions, flash style: a block per (query tile, head,
 // sequence); 4 warps of 16 query rows each. Key tiles stream through shared memory with an
 // online softmax, so the T x T scores never reach global memory. Products on the tensor
