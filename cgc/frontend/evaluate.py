@@ -172,6 +172,7 @@ class Evaluator:
         self.repeat_spans: set[Span] = set()
         self.layouts: dict[str, tuple[dict[str, int], int]] = {}
         self.images: dict[str, Image] = {}
+        self.failed_storages: set[str] = set()
 
     # ---- globals -----------------------------------------------------------------
 
@@ -221,10 +222,13 @@ class Evaluator:
         key = f"{bank}.{declaration.name}" if bank else declaration.name
         if key in self.storages:
             return self.storages[key]
+        if declaration.name in self.failed_storages:
+            return None  # its error is reported once, at its declaration
         count = self.natural_constant(declaration.count, f"the element count of '{declaration.name}'")
         stack = (self.natural_constant(declaration.stack, f"the stack of '{declaration.name}'")
                  if declaration.stack is not None else None)
         if count is None or (declaration.stack is not None and stack is None):
+            self.failed_storages.add(declaration.name)
             return None
         if bank is not None:
             bank_declaration = self.declarations.banks[bank]
