@@ -431,7 +431,16 @@ def _run(args) -> int:
               file=sys.stderr)
         return EXIT_DIAGNOSTICS
     except RunFault as error:
-        print(f"cgc: error: the step failed on the {backend} backend: {error}", file=sys.stderr)
+        if error.span is not None:  # a diagnostic at the launch, with the calls to it
+            from .core.diagnostics import Diagnostic, Note
+            notes = tuple(Note("required from the call here", span)
+                          for span in reversed(error.trace))
+            print(render_all([Diagnostic("error", f"the step failed on the {backend} "
+                                                  f"backend: {error}", error.span, notes)]),
+                  file=sys.stderr)
+        else:
+            print(f"cgc: error: the step failed on the {backend} backend: {error}",
+                  file=sys.stderr)
         return EXIT_DIAGNOSTICS
     finally:
         _STEPPING.clear()

@@ -173,3 +173,26 @@ def test_the_emulated_backend_without_a_host_compiler_says_so_in_one_sentence(mo
     assert message.count(".") <= 1 and "g++-that-is-not-installed" in message
     assert "apt-get install g++" in message
     del cuda
+
+
+def test_a_run_time_fault_is_a_diagnostic_at_the_launch(monkeypatch, capsys, tmp_path):
+    """A schedule the checker never saw (the checker is bypassed here) faults on the
+    machine: the run says where, as a diagnostic, exit 1, no traceback."""
+    from cgc import pipeline
+    from cgc.backends.numpy import machine as machine_module
+    original = machine_module.Machine._launch
+
+    def faulty(self, launch, phase, point):
+        if launch.image.name == "cgImageGelu":
+            raise machine_module.Fault("bounds", "pointer 0 'output' touches elements 0 .. 9, "
+                                                 "outside the 8 of its buffer")
+        return original(self, launch, phase, point)
+
+    monkeypatch.setattr(machine_module.Machine, "_launch", faulty)
+    status = main(["run", str(SCHEDULES / "train.cg"), "--backend", "numpy", "--steps", "1"])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err and "internal error" not in err
+    assert re.search(r"library\.cg:\d+:\d+: error: the step failed on the numpy backend: "
+                     r"pointer 0 'output' touches", err), err
+    assert "note: required from the call here" in err
+    del pipeline

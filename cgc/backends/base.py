@@ -45,7 +45,11 @@ class StepResult:
 
 class RunFault(Exception):
     """A step went wrong on a backend (an access outside a buffer, a failed launch): the
-    message names the launch and, where the backend knows them, its .cg line and slot."""
+    message names the launch and the slot; `span` and `trace`, where the backend knows them,
+    the launch's .cg line and the calls that led there."""
+
+    span = None
+    trace: tuple = ()
 
 
 class DataError(ValueError):

@@ -145,6 +145,14 @@ class Machine:
                 trace.append((launch.image.name, phase, start, time.perf_counter()))
 
     def launch(self, launch: Launch, phase: str | None, point: dict) -> None:
+        try:
+            self._launch(launch, phase, point)
+        except Fault as fault:
+            if fault.span is None:  # where in the schedule: for the diagnostic
+                fault.span, fault.trace = launch.span, launch.trace
+            raise
+
+    def _launch(self, launch: Launch, phase: str | None, point: dict) -> None:
         image = launch.image
         where = f"launch {self.launch_count} of '{image.name}' ({launch.span})"
         self.launch_count += 1
