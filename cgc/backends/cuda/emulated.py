@@ -14,10 +14,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +45,11 @@ SANITIZER_FLAGS = ("-std=c++17", "-O1", "-g", "-pthread", "-w", "-fsanitize=addr
 SANITIZER_ENVIRONMENT = {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
                          "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
 RED_ZONE = 256  # bytes after every step buffer and arena slot in the sanitizer build
+# Racecheck: ThreadSanitizer, told about every fiber and about CUDA's barriers by the headers
+# (cgc/backends/cuda_cpu/README.md, "Racecheck"); its reports are read back into Race values.
+RACECHECK_FLAGS = ("-std=c++17", "-O1", "-g", "-pthread", "-w", "-fsanitize=thread")
+RACECHECK_ENVIRONMENT = {"TSAN_OPTIONS": "halt_on_error=0:atexit_sleep_ms=0:report_signal_unsafe=0:"
+                                         "exitcode=66"}
 
 
 class BuildFailed(RunFault):
@@ -117,7 +125,13 @@ def driver_source(program, plan, emitted_text: str) -> str:
               "int cg_emulated_step() { cg_step(cudaStream_t{}); "
               "return static_cast<int>(cudaGetLastError()); }",
               "const char* cg_emulated_error_string(int e) { "
-              "return cudaGetErrorString(static_cast<cudaError_t>(e)); }", ""]
+              "return cudaGetErrorString(static_cast<cudaError_t>(e)); }",
+              # Emulator extensions: the fibers' order at barriers, block sampling.
+              "void cg_emulated_set_schedule_seed(unsigned long long seed) { "
+              "cgcpu::set_schedule_seed(seed); }",
+              "void cg_emulated_set_blocks(const long long* blocks, int count) { "
+              "cgcpu::set_block_sample(blocks, count < 0 ? 0 : static_cast<std::size_t>(count)); }",
+              ""]
     used = sorted({launch.image.name: launch.image
                    for launch, _, _ in program.launches()}.items())
     constants = dict(program.kernel_constants())
@@ -144,12 +158,17 @@ def driver_source(program, plan, emitted_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def standalone(program, sanitize: bool = False) -> Path:
+def standalone(program, sanitize: bool = False, racecheck: bool = False) -> Path:
     """The emitted file's own program (its main replays a `cgc run --dump` folder), built
-    for the host; with `sanitize`, under ASan and UBSan, with red zones between buffers."""
+    for the host; with `sanitize`, under ASan and UBSan, with red zones between buffers; with
+    `racecheck`, under ThreadSanitizer, with its barriers numbered (number_barriers) so that
+    CG_CPU_DISABLE_BARRIER can skip one of them."""
     from ...checking.memory import plan_memory
     plan = plan_memory(program, red_zone=RED_ZONE if sanitize else 0)
     text = emit_program(program, plan).text
+    if racecheck:
+        return build(number_barriers(text)[0], f"standalone-racecheck-{program.config}",
+                     flags=RACECHECK_FLAGS)
     if sanitize:
         return build(text, f"standalone-sanitized-{program.config}", flags=SANITIZER_FLAGS)
     return build(text, f"standalone-{program.config}", flags=STANDALONE_FLAGS)
@@ -161,6 +180,285 @@ def replay(binary: Path, dump: str, steps: int, timeout: float = 600):
     result = subprocess.run([str(binary), dump, str(steps)], capture_output=True, text=True,
                             env=environment, timeout=timeout)
     return result.returncode, result.stdout, result.stderr
+
+
+# ---- racecheck -------------------------------------------------------------------------
+
+_BARRIER = re.compile(r"\b(__syncthreads|__syncwarp)\(\);")
+_FUNCTION = re.compile(r"^(?:extern \"C\" )?(?:__global__|__device__)\b")
+
+
+@dataclass(frozen=True)
+class BarrierSite:
+    """A `__syncthreads();` or `__syncwarp();` call in the emitted file: its number (the
+    value of CG_CPU_DISABLE_BARRIER that skips it), the function it is in (a kernel, or a
+    device function of common.cuh), and its line."""
+
+    number: int
+    kind: str
+    function: str
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"#{self.number} {self.kind} in {self.function} (line {self.line}: {self.text})"
+
+
+def number_barriers(text: str) -> tuple[str, list[BarrierSite]]:
+    """The emitted file with each barrier call `B();` rewritten as
+    `if (!::cgcpu::barrier_disabled(N)) B();` (on the same line), and the sites in order."""
+    sites: list[BarrierSite] = []
+    function = "?"
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if _FUNCTION.match(line):
+            names = [n for n in re.findall(r"(\w+)\(", line) if n != "__launch_bounds__"]
+            function = names[0] if names else function
+        if "__syncthreads();" not in line and "__syncwarp();" not in line:
+            continue
+
+        def replace(match: re.Match) -> str:
+            number = len(sites)
+            sites.append(BarrierSite(number, match.group(1), function, index + 1, line.strip()))
+            return f"if (!::cgcpu::barrier_disabled({number})) {match.group(1)}();"
+
+        lines[index] = _BARRIER.sub(replace, line)
+    return "\n".join(lines), sites
+
+
+@dataclass(frozen=True)
+class RaceAccess:
+    """One side of a race: the CUDA thread (or OS thread) and what it did."""
+
+    thread: str          # TSan's name for it: "cgImageLayerNorm block (3,0,0) thread 37"
+    access: str          # "read" or "write"
+    size: int
+    lines: tuple = ()    # its stack's lines in the emitted file, innermost first
+
+    @property
+    def line(self) -> int | None:
+        return self.lines[0] if self.lines else None
+
+    @property
+    def kernel(self) -> str | None:
+        found = re.match(r"(\S+) block \(", self.thread)
+        return found.group(1) if found else None
+
+    @property
+    def block(self) -> tuple | None:
+        found = re.search(r" block \((\d+),(\d+),(\d+)\)", self.thread)
+        return tuple(int(x) for x in found.groups()) if found else None
+
+    @property
+    def index(self) -> int | tuple | None:
+        """threadIdx: an int for a one-dimensional block, else (x, y, z)."""
+        found = re.search(r" thread (\(?[\d,]+\)?)$", self.thread)
+        if not found:
+            return None
+        text = found.group(1)
+        return tuple(int(x) for x in text.strip("()").split(",")) if "(" in text else int(text)
+
+
+@dataclass(frozen=True)
+class Race:
+    """A racecheck report: `access` and an earlier `previous` access by another thread to the
+    same bytes, with no barrier between them. `memory` is "dynamic shared" (offset from the
+    block's dynamic shared memory), "static shared" (`variable`, the __shared__ variable, and
+    the offset in it), "global" (offset in a cudaMalloc allocation of `variable` bytes) or
+    "other"; "report" for a TSan report that is not a data race (`variable` says which)."""
+
+    memory: str
+    variable: str | None
+    offset: int | None
+    access: RaceAccess | None
+    previous: RaceAccess | None
+    text: str = field(repr=False, default="")
+
+    @property
+    def kernel(self) -> str | None:
+        return self.access.kernel if self.access is not None else None
+
+    @property
+    def block(self) -> tuple | None:
+        return self.access.block if self.access is not None else None
+
+    @property
+    def threads(self) -> tuple:
+        return (self.access.index if self.access else None,
+                self.previous.index if self.previous else None)
+
+    @property
+    def lines(self) -> tuple:
+        return (self.access.line if self.access else None,
+                self.previous.line if self.previous else None)
+
+    def __str__(self) -> str:
+        if self.memory == "report":
+            return f"ThreadSanitizer: {self.variable}"
+        where = {"dynamic shared": "dynamic shared memory",
+                 "static shared": f"__shared__ {self.variable}",
+                 "global": f"global memory (an allocation of {self.variable} bytes)",
+                 }.get(self.memory, "memory")
+        a, b = self.access, self.previous
+        return (f"race in {a.kernel or a.thread}, block {a.block}: {a.access} of {a.size} bytes by "
+                f"thread {a.index} (line {a.line}) and earlier {b.access} of {b.size} bytes by "
+                f"{'thread ' + str(b.index) if b.kernel == a.kernel else b.thread} (line {b.line}),"
+                f" at {where} offset {self.offset}")
+
+
+@dataclass
+class RacecheckResult:
+    races: list
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def faults(self) -> list[str]:
+        """The emulator's own fault reports (deadlocks, misused collectives)."""
+        return [line for line in self.stderr.splitlines()
+                if line.startswith("cuda_cpu: kernel ")]
+
+
+@lru_cache(maxsize=8)
+def _tls_symbols(binary: str, stamp: float) -> tuple[int | None, list]:
+    """The anchor's offset and every TLS symbol (offset, size, name) of a racecheck build."""
+    listing = subprocess.run(["readelf", "-sW", binary], capture_output=True, text=True).stdout
+    anchor, symbols = None, []
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) < 8 or parts[3] != "TLS":
+            continue
+        value, size, name = int(parts[1], 16), int(parts[2], 0), parts[7]
+        if name == "_ZN5cgcpu6detail20tls_racecheck_anchorE":
+            anchor = value
+        symbols.append((value, size, name))
+    return anchor, symbols
+
+
+def _demangle(name: str) -> str:
+    try:
+        done = subprocess.run(["c++filt", name], capture_output=True, text=True)
+        return done.stdout.strip() or name
+    except OSError:
+        return name
+
+
+def _static_shared(binary: Path, delta: int) -> tuple[str | None, int | None]:
+    """The thread-local symbol (mangled) at `delta` bytes from the anchor, and the offset."""
+    anchor, symbols = _tls_symbols(str(binary), binary.stat().st_mtime)
+    if anchor is None:
+        return None, None
+    at = anchor + delta
+    for value, size, name in symbols:
+        if value <= at < value + max(size, 1):
+            return name, at - value
+    return None, None
+
+
+_HOOK = re.compile(r"cuda_cpu racecheck: (\w+)(?:\+(\d+))? (\S+) (read|write) (\d+) "
+                   r"(read|write|\?) (\d+) \[(.*)\] \[(.*)\]$")
+_ACCESS = re.compile(r"^  (?:Previous )?(?:[Aa]tomic )?([Rr]ead|[Ww]rite) of size \d+ at ")
+_FRAME = re.compile(r"^    #\d+ .* (\S+):(\d+)(?::\d+)? \(")
+
+
+def _emitted_lines(report: list[str], emitted_name: str) -> list[tuple]:
+    """The lines in the emitted file of each access's stack (innermost first), in order."""
+    found: list[list] = []
+    inside = False
+    for line in report:
+        if _ACCESS.match(line):
+            found.append([])
+            inside = True
+            continue
+        if not inside:
+            continue
+        if not line.startswith("    #"):
+            inside = False
+            continue
+        frame = _FRAME.match(line)
+        if frame and Path(frame.group(1)).name == emitted_name:
+            found[-1].append(int(frame.group(2)))
+    return [tuple(lines) for lines in found]
+
+
+def parse_racecheck(stderr: str, binary: Path | None = None,
+                    emitted_name: str | None = None) -> list[Race]:
+    """The races of a racecheck run's standard error: ThreadSanitizer's reports, each followed
+    by the line the headers' report hook adds (cgcpu/racecheck.h). `binary` (its symbol table)
+    names static __shared__ variables; `emitted_name`, the file name the build compiled, picks
+    each access's lines in it. Races on the initialisation guard of a __shared__ variable of
+    class type are an artefact of the emulation, and left out."""
+    races: list[Race] = []
+    report: list[str] = []
+    for line in stderr.splitlines():
+        if not line.startswith("cuda_cpu racecheck: "):
+            report.append(line)
+            continue
+        text = "\n".join(report)
+        start = text.rfind("WARNING: ThreadSanitizer:")
+        text = text[start:] if start >= 0 else text
+        report = []
+        if line.startswith("cuda_cpu racecheck: other ") and "[" not in line:
+            races.append(Race("report", line.split(" other ", 1)[1], None, None, None, text))
+            continue
+        hook = _HOOK.match(line)
+        if hook is None:
+            continue
+        kind, size, where, first, first_size, second, second_size, name, previous = hook.groups()
+        lines = _emitted_lines(text.splitlines(), emitted_name) if emitted_name else []
+        lines += [(), ()]
+        variable, offset = None, None
+        if kind == "dynamic":
+            memory, offset = "dynamic shared", int(where)
+        elif kind == "global":
+            memory, variable, offset = "global", size, int(where)
+        elif kind == "tls":
+            variable, offset = _static_shared(binary, int(where)) if binary else (None, None)
+            if variable is not None and variable.startswith("_ZGV"):
+                # The guard of a __shared__ variable's dynamic initialisation (a class type):
+                # __shared__ is a function-local thread_local here, initialised once per
+                # worker by whichever CUDA thread comes first; a GPU initialises nothing.
+                continue
+            memory = "static shared" if variable else "other"
+            variable = _demangle(variable) if variable else None
+        else:
+            memory = "other"
+        races.append(Race(memory, variable, offset,
+                          RaceAccess(name, first, int(first_size), lines[0]),
+                          RaceAccess(previous, second, int(second_size), lines[1]), text))
+    return races
+
+
+def racecheck_run(program, dump: str, steps: int = 1, disabled_barrier: int | None = None,
+                  seed: int | None = None, blocks: str | None = None, threads: int | None = None,
+                  timeout: float = 600) -> RacecheckResult:
+    """The emitted program replaying `steps` steps of a dump under ThreadSanitizer (the
+    racecheck build of standalone), with barrier site `disabled_barrier` skipped, the fibers
+    in the order of schedule `seed`, only the linear `blocks` of each launch (CG_CPU_BLOCKS,
+    e.g. "0,1,-1") and `threads` workers; its races, exit status and output."""
+    binary = standalone(program, racecheck=True)
+    environment = {**os.environ, **RACECHECK_ENVIRONMENT}
+    for name, value in (("CG_CPU_DISABLE_BARRIER", disabled_barrier),
+                        ("CG_CPU_SCHEDULE_SEED", seed), ("CG_CPU_BLOCKS", blocks),
+                        ("CG_CPU_THREADS", threads)):
+        environment.pop(name, None)
+        if value is not None:
+            environment[name] = str(value)
+    result = subprocess.run([str(binary), dump, str(steps)], capture_output=True, text=True,
+                            env=environment, timeout=timeout)
+    emitted_name = f"standalone-racecheck-{program.config}.cpp"
+    return RacecheckResult(parse_racecheck(result.stderr, binary, emitted_name),
+                           result.returncode, result.stdout, result.stderr)
+
+
+def racecheck(program, dump: str, steps: int = 1, disabled_barrier: int | None = None,
+              **options) -> list[Race]:
+    """CUDA's racecheck on the CPU: the races ThreadSanitizer finds between the CUDA threads
+    of a block (and between blocks) while the emitted program replays `steps` steps of a
+    `cgc run --dump` folder; with `disabled_barrier`, barrier site N (number_barriers) is
+    skipped. Options as racecheck_run's."""
+    return racecheck_run(program, dump, steps, disabled_barrier, **options).races
 
 
 class EmulatedRun(Run):
@@ -201,6 +499,22 @@ class EmulatedRun(Run):
     @staticmethod
     def problems(program):
         return image_problems(program)
+
+    # ---- emulator controls ----------------------------------------------------------
+
+    def set_schedule_seed(self, seed: int) -> None:
+        """The order in which a block's ready CUDA threads run (0: thread order; else a
+        pseudo-random order drawn from the seed, the launch and the block), for every later
+        launch of this run (CG_CPU_SCHEDULE_SEED)."""
+        self.library.cg_emulated_set_schedule_seed(ctypes.c_ulonglong(seed))
+
+    def set_blocks(self, blocks=None) -> None:
+        """Block sampling: every later launch runs only these linear block indices (negative:
+        from the end of its grid; those outside the grid are skipped); None runs every block
+        again (CG_CPU_BLOCKS)."""
+        values = [int(b) for b in blocks] if blocks is not None else []
+        array = (ctypes.c_longlong * max(len(values), 1))(*values)
+        self.library.cg_emulated_set_blocks(array, ctypes.c_int(len(values)))
 
     def _check(self, status: int, where: str) -> None:
         if status != 0:

@@ -22,3 +22,4 @@
 #include "scheduler.h"
 #include "warp.h"
 #include "runtime_api.h"
+#include "racecheck.h"

@@ -138,7 +138,10 @@ struct GemmJob {
 
 constexpr int kGemmRows = 4;  // rows of C computed together, sharing each row of op(B)
 
-inline void gemm_rows(void* context, std::uint64_t group) {
+// Racecheck checks kernels; a product is the emulator's own computation: not instrumented (for
+// speed) and its callees ignored.
+CGCPU_NO_TSAN inline void gemm_rows(void* context, std::uint64_t group) {
+  TsanIgnore ignore;
   const GemmJob& job = *static_cast<const GemmJob*>(context);
   const int first = static_cast<int>(group) * kGemmRows;
   const int rows = job.m - first < kGemmRows ? job.m - first : kGemmRows;
@@ -247,6 +250,7 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   std::lock_guard<std::recursive_mutex> device(device_mutex());
+  TsanIgnore ignore;
   // op(A) as m x k and op(B) as k x n, row-major float.
   std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n);
   for (int i = 0; i < m; ++i)

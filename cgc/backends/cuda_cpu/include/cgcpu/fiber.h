@@ -26,6 +26,23 @@
 #define CGCPU_ASAN 0
 #endif
 
+// ThreadSanitizer (the racecheck build, -fsanitize=thread): every CUDA thread is a TSan fiber
+// and every switch tells TSan, without synchronising (__tsan_switch_to_fiber_no_sync): the
+// happens-before edges between CUDA threads are the ones scheduler.h and warp.h declare for
+// barriers, __syncwarp, block start and block end (README.md, "Racecheck").
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define CGCPU_TSAN 1
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#else
+#define CGCPU_TSAN 0
+#endif
+// Not instrumented by TSan: the functions a fiber never returns from (its entry, its exit, a
+// switch away for good, a fault), which must not push frames on the shadow stack of a fiber
+// the next block reuses; the annotations themselves; the emulator's own hot loops.
+#define CGCPU_NO_TSAN __attribute__((no_sanitize_thread))
+
 #if defined(__x86_64__) && !defined(CG_CPU_UCONTEXT)
 #define CGCPU_ASM_SWITCH 1
 #else
@@ -105,7 +122,50 @@ struct Context {
   ucontext_t uc;
   bool made = false;
 #endif
+  void* tsan = nullptr;  // the TSan fiber (or the OS thread's own context) that runs it
 };
+
+// ---- ThreadSanitizer annotations (no-ops in other builds) ------------------------------------
+// The emulator's own bookkeeping (the scheduler's queues, the warp's posts, threadIdx, the
+// fibers' states) is written by whichever CUDA thread happens to run the scheduler: those
+// writes are hidden from TSan (ignored), so that only the kernel's own accesses are checked.
+CGCPU_NO_TSAN inline void tsan_ignore_begin() {
+#if CGCPU_TSAN
+  __tsan_ignore_thread_begin();
+#endif
+}
+CGCPU_NO_TSAN inline void tsan_ignore_end() {
+#if CGCPU_TSAN
+  __tsan_ignore_thread_end();
+#endif
+}
+CGCPU_NO_TSAN inline void tsan_release(void* object) {
+#if CGCPU_TSAN
+  __tsan_release(object);
+#else
+  (void)object;
+#endif
+}
+CGCPU_NO_TSAN inline void tsan_acquire(void* object) {
+#if CGCPU_TSAN
+  __tsan_acquire(object);
+#else
+  (void)object;
+#endif
+}
+struct TsanIgnore {  // the emulator's bookkeeping in a scope
+  TsanIgnore() { tsan_ignore_begin(); }
+  ~TsanIgnore() { tsan_ignore_end(); }
+  TsanIgnore(const TsanIgnore&) = delete;
+  TsanIgnore& operator=(const TsanIgnore&) = delete;
+};
+CGCPU_NO_TSAN inline void tsan_switch(const Context& to) {
+#if CGCPU_TSAN
+  if (to.tsan != nullptr) __tsan_switch_to_fiber(to.tsan, __tsan_switch_to_fiber_no_sync);
+#else
+  (void)to;
+#endif
+}
 
 typedef void (*FiberEntry)(void*);
 
@@ -165,7 +225,11 @@ __attribute__((noinline)) inline void context_switch(Context& from, Context& to,
   (void)to_size;
 #endif
 #if CGCPU_ASM_SWITCH
-  cgcpu_fiber_switch(&from.sp, to.sp);
+  void* const target = to.sp;  // read as this context's, before TSan is told of the switch
+#endif
+  tsan_switch(to);
+#if CGCPU_ASM_SWITCH
+  cgcpu_fiber_switch(&from.sp, target);
 #else
   if (swapcontext(&from.uc, &to.uc) != 0) die("swapcontext failed");
 #endif
@@ -176,7 +240,7 @@ __attribute__((noinline)) inline void context_switch(Context& from, Context& to,
 }
 
 // Leaves a context for good (a fiber that has finished or is abandoned).
-[[noreturn]] __attribute__((noinline)) inline void context_leave(Context& from, Context& to,
+[[noreturn]] __attribute__((noinline)) CGCPU_NO_TSAN inline void context_leave(Context& from, Context& to,
                                                                  const void* to_stack,
                                                                  std::size_t to_size) {
 #if CGCPU_ASAN
@@ -185,6 +249,7 @@ __attribute__((noinline)) inline void context_switch(Context& from, Context& to,
   (void)to_stack;
   (void)to_size;
 #endif
+  tsan_switch(to);
 #if CGCPU_ASM_SWITCH
   cgcpu_fiber_switch(&from.sp, to.sp);
 #else

@@ -67,6 +67,7 @@ struct Post {
   int layout;
   const char* file;
   int line;
+  int orders_memory;  // __syncwarp: the lanes' accesses before it happen before those after it
 };
 
 struct WarpState {
@@ -76,6 +77,7 @@ struct WarpState {
   unsigned first = 0;         // linear index of lane 0
   const Post* post[32];      // each waiting lane's operands, on its own stack
   std::uint64_t result[32];
+  unsigned sync_generation = 0;  // __syncwarp completions (racecheck: which sync object)
 };
 
 enum class FiberState : unsigned char { Ready, Running, AtBarrier, AtWarp, Exited };
@@ -90,6 +92,23 @@ struct Fiber {
   const char* what = nullptr;  // where it waits
   const char* file = nullptr;
   int line = 0;
+  int tsan_ignores = 0;  // racecheck: the emulator's bookkeeping scopes this fiber is inside
+};
+
+// The emulator's bookkeeping in a CUDA thread (racecheck): hidden from TSan, and counted, so
+// that a thread a fault abandons inside it can be cleaned up (run_block).
+struct FiberIgnore {
+  explicit FiberIgnore(Fiber& fiber) : fiber(fiber) {
+    tsan_ignore_begin();
+    ++fiber.tsan_ignores;
+  }
+  ~FiberIgnore() {
+    --fiber.tsan_ignores;
+    tsan_ignore_end();
+  }
+  FiberIgnore(const FiberIgnore&) = delete;
+  FiberIgnore& operator=(const FiberIgnore&) = delete;
+  Fiber& fiber;
 };
 
 // ---- one per OS thread: its fibers and the block it runs ------------------------------------
@@ -113,6 +132,17 @@ struct Worker {
   const char* barrier_file = nullptr;
   int barrier_line = 0;
   int barrier_count = 0, barrier_result = 0;
+  unsigned barrier_generation = 0;  // completed barriers (racecheck: which sync object)
+
+  // ThreadSanitizer's synchronisation objects (only their addresses matter; README.md,
+  // "Racecheck"): block start (the worker releases, each CUDA thread acquires as it starts),
+  // block end (each CUDA thread releases as it exits, the worker acquires), the block barrier
+  // and each warp's __syncwarp (arrivals release, departures acquire). A barrier's object
+  // alternates with its generation: a thread that has left barrier g and arrived at g + 1
+  // must not hand its new accesses to a thread still leaving g.
+  char tsan_block_start = 0, tsan_block_end = 0;
+  char tsan_barrier[2] = {0, 0};
+  char tsan_warp[32][2] = {};
 
   bool fault = false;
   char message[8192];
@@ -293,7 +323,9 @@ __attribute__((noinline)) inline void suspend(Worker& w) {
 // A fault inside a fiber: the message (printf-style) goes to the scheduler, and the block is
 // abandoned. No heap memory may be left owned by the abandoned fiber's stack, so callers format
 // into char buffers, never into std::string temporaries that would outlive this call.
-[[noreturn]] __attribute__((noinline, format(printf, 2, 3))) inline void fiber_fault(Worker& w, const char* fmt, ...) {
+[[noreturn]] __attribute__((noinline, format(printf, 2, 3))) CGCPU_NO_TSAN inline void fiber_fault(Worker& w, const char* fmt, ...) {
+  tsan_ignore_begin();  // this fiber is abandoned; run_block gives its slot a fresh TSan fiber
+  if (w.current != nullptr) ++w.current->tsan_ignores;
   int used;
   {
     const std::string where = block_text(w) +
@@ -329,6 +361,9 @@ __attribute__((noinline)) inline int block_barrier(const char* what, int predica
   __asm__ volatile("" ::: "memory");
   Worker& w = device_worker(what);
   Fiber& self = *w.current;
+  FiberIgnore ignore(self);
+  char* const sync = &w.tsan_barrier[w.barrier_generation & 1];
+  tsan_release(sync);  // this thread's accesses so far happen before every thread's after it
   if (w.arrived == 0) {
     w.barrier_what = what;
     w.barrier_file = file;
@@ -351,6 +386,7 @@ __attribute__((noinline)) inline int block_barrier(const char* what, int predica
   ++w.arrived;
   if (w.arrived == w.threads) {
     w.arrived = 0;
+    ++w.barrier_generation;
     w.barrier_result = w.barrier_count;
     for (unsigned i = 0; i < w.threads; ++i) {
       Fiber& f = w.fibers[i];
@@ -366,6 +402,7 @@ __attribute__((noinline)) inline int block_barrier(const char* what, int predica
     self.line = line;
     suspend(w);
   }
+  tsan_acquire(sync);
   __asm__ volatile("" ::: "memory");
   return w.barrier_result;
 }
@@ -390,6 +427,7 @@ inline bool try_complete(Worker& w, WarpState& warp, std::uint32_t mask) {
     }
   }
   lead.complete(w, warp, need);
+  if (lead.orders_memory) ++warp.sync_generation;
   warp.posted &= ~need;
   for (std::uint32_t m = need; m != 0; m &= m - 1) {
     const unsigned fiber = warp.first + static_cast<unsigned>(__builtin_ctz(m));
@@ -403,12 +441,17 @@ inline bool try_complete(Worker& w, WarpState& warp, std::uint32_t mask) {
 }
 
 // Posts this lane's part of a collective, waits for the others, returns this lane's result.
+// Racecheck: only __syncwarp orders memory (a shuffle, vote or WMMA operation does not, as on a
+// GPU); the operands and results travel through the emulator's bookkeeping, hidden from TSan.
 __attribute__((noinline)) inline std::uint64_t warp_collective(const Post& post) {
   __asm__ volatile("" ::: "memory");
   Worker& w = device_worker(post.what);
   Fiber& self = *w.current;
+  FiberIgnore ignore(self);
   const unsigned lane = self.linear % 32;
   WarpState& warp = w.warps[self.linear / 32];
+  char* const sync = post.orders_memory ? &w.tsan_warp[self.linear / 32][warp.sync_generation & 1] : nullptr;
+  if (sync != nullptr) tsan_release(sync);
   if (((post.mask >> lane) & 1u) == 0)
     fiber_fault(w, "%s (%s:%d) with mask 0x%08x, which does not include this lane %u", post.what, post.file,
                 post.line, post.mask, lane);
@@ -421,8 +464,51 @@ __attribute__((noinline)) inline std::uint64_t warp_collective(const Post& post)
     self.line = post.line;
     suspend(w);
   }
+  if (sync != nullptr) tsan_acquire(sync);
   __asm__ volatile("" ::: "memory");
   return warp.result[lane];
+}
+
+#if CGCPU_TSAN
+extern "C" {
+void __tsan_read2(void* address);
+void __tsan_read4(void* address);
+void __tsan_write2(void* address);
+void __tsan_write4(void* address);
+}
+#endif
+
+// Racecheck: the memory accesses a WMMA load or store makes for the whole warp (the last lane
+// to arrive does the copy, hidden from TSan) are declared to TSan afterwards, each element's by
+// the lane that owns it in the fragment: lane (r % 8) * 4 + (c % 8) / 2 for element (r, c) of
+// the tile, the accumulator layout of mma.m16n8k16. A load and a store of one tile thus agree on
+// which lane touches each element, as on a GPU (a warp may load a tile, multiply and store it
+// back with no __syncwarp), while an element one lane stored and another lane reads (or a tile
+// the warp loads while another lane writes it) is a race unless a barrier separates them.
+CGCPU_NO_TSAN inline void tsan_tile_access(Worker& w, const WarpState& warp, const void* memory, std::size_t ldm,
+                                           bool row, int rows, int cols, std::size_t element, bool write) {
+#if CGCPU_TSAN
+  void* const self = w.current->context.tsan;
+  char* const base = static_cast<char*>(const_cast<void*>(memory));
+  for (int lane = 0; lane < 32; ++lane) {
+    __tsan_switch_to_fiber(w.fibers[warp.first + lane].context.tsan, __tsan_switch_to_fiber_no_sync);
+    __tsan_ignore_thread_end();  // the lane waits in the collective, ignoring: check these
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        if ((r % 8) * 4 + (c % 8) / 2 != lane) continue;
+        const std::size_t at = row ? static_cast<std::size_t>(r) * ldm + c : static_cast<std::size_t>(c) * ldm + r;
+        void* const address = base + at * element;
+        if (element == 2)
+          write ? __tsan_write2(address) : __tsan_read2(address);
+        else
+          write ? __tsan_write4(address) : __tsan_read4(address);
+      }
+    __tsan_ignore_thread_begin();
+  }
+  __tsan_switch_to_fiber(self, __tsan_switch_to_fiber_no_sync);
+#else
+  (void)w, (void)warp, (void)memory, (void)ldm, (void)row, (void)rows, (void)cols, (void)element, (void)write;
+#endif
 }
 
 inline void require_whole_warp(Worker& w, const WarpState& warp, std::uint32_t lanes, const Post& p) {
@@ -433,8 +519,11 @@ inline void require_whole_warp(Worker& w, const WarpState& warp, std::uint32_t l
 }
 
 // ---- the fibers' lives -------------------------------------------------------------------
-[[noreturn]] inline void fiber_finish(Worker& w) {
+[[noreturn]] CGCPU_NO_TSAN inline void fiber_finish(Worker& w) {
+  tsan_ignore_begin();
+  tsan_release(&w.tsan_block_end);  // kernel end: everything this thread did, to the worker
   Fiber* self = w.current;
+  ++self->tsan_ignores;
   self->state = FiberState::Exited;
   ++w.exited;
   WarpState& warp = w.warps[self->linear / 32];
@@ -447,15 +536,20 @@ inline void require_whole_warp(Worker& w, const WarpState& warp, std::uint32_t l
   Fiber* next = w.pop();
   if (next != nullptr) {
     enter(w, *next);
+    --self->tsan_ignores;
+    tsan_ignore_end();  // the TSan fiber is reused by the next block, not ignoring
     context_leave(self->context, next->context, next->stack, next->stack_size);
   }
   w.current = nullptr;
+  --self->tsan_ignores;
+  tsan_ignore_end();
   context_leave(self->context, w.scheduler, w.scheduler_stack, w.scheduler_stack_size);
 }
 
-inline void fiber_main(void* argument) {
+CGCPU_NO_TSAN inline void fiber_main(void* argument) {
   fiber_started();
   Worker& w = *static_cast<Worker*>(argument);
+  tsan_acquire(&w.tsan_block_start);  // block start: what the host did before the launch
   w.launch->invoke(w.launch->self);
   fiber_finish(w);
 }
@@ -505,16 +599,40 @@ inline std::string deadlock_text(Worker& w) {
   return text;
 }
 
+#if CGCPU_TSAN
+// Ends an abandoned TSan fiber's `ignores` (TSan dies when a fiber ends ignoring), destroys it
+// and creates a fresh one in its place; `self` is the calling OS thread's own context.
+// What it did before it was abandoned is released to `end` (the block end), as at its exit.
+CGCPU_NO_TSAN inline void tsan_replace_fiber(void*& fiber, int ignores, void* self, void* end) {
+  __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+  __tsan_release(end);
+  for (int i = 0; i < ignores; ++i) __tsan_ignore_thread_end();
+  __tsan_switch_to_fiber(self, __tsan_switch_to_fiber_no_sync);
+  __tsan_destroy_fiber(fiber);
+  fiber = __tsan_create_fiber(0);
+}
+#endif
+
 // Runs block `linear_block` of `launch` on this OS thread, to completion (or a fault).
 inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
+  TsanIgnore ignore;
   Worker& w = this_worker();
   tls_worker = &w;
   const dim3 b = launch.block, g = launch.grid;
   const unsigned n = b.x * b.y * b.z;
   if (w.fibers.size() < n) {
+    const std::size_t had = w.fibers.size();
     w.fibers.resize(n);
     w.queue.resize(n);
+#if CGCPU_TSAN
+    for (std::size_t i = had; i < n; ++i) w.fibers[i].context.tsan = __tsan_create_fiber(0);
+#else
+    (void)had;
+#endif
   }
+#if CGCPU_TSAN
+  w.scheduler.tsan = __tsan_get_current_fiber();
+#endif
   w.stacks.ensure(w.fibers.size(), config().stack_bytes);
   prepare_overflow_report();
   const unsigned warps = (n + 31) / 32;
@@ -558,15 +676,36 @@ inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
     // all 32 of them.
     context_make(f.context, f.stack, f.stack_size - (i % 64) * 64, &fiber_main, &w);
     w.push(i);
+#if CGCPU_TSAN
+    // Reports name the CUDA thread: "cgImageLayerNorm block (3,0,0) thread 37".
+    char name[160];
+    std::snprintf(name, sizeof name, "%s block (%u,%u,%u) thread %s", launch.name, tls_block_idx.x, tls_block_idx.y,
+                  tls_block_idx.z, thread_text(w, i).c_str());
+    __tsan_set_fiber_name(f.context.tsan, name);
+#endif
   }
+  tsan_release(&w.tsan_block_start);
   Fiber* first = w.pop();
   enter(w, *first);
   context_switch(w.scheduler, first->context, first->stack, first->stack_size);
   // Back on the worker's own stack: every fiber has finished, or none can run, or a fault.
+  tsan_acquire(&w.tsan_block_end);
   if (!w.fault && w.exited != n) {
     std::snprintf(w.message, sizeof w.message, "%s", deadlock_text(w).c_str());
     w.fault = true;
   }
+#if CGCPU_TSAN
+  // A thread that never exited (a fault, a deadlock) is left inside the emulator's bookkeeping,
+  // ignoring, with frames on TSan's shadow stack: its slot gets a fresh TSan fiber.
+  for (unsigned i = 0; i < n; ++i) {
+    Fiber& f = w.fibers[i];
+    if (f.state != FiberState::Exited || f.tsan_ignores != 0) {
+      tsan_replace_fiber(f.context.tsan, f.tsan_ignores, w.scheduler.tsan, &w.tsan_block_end);
+      f.tsan_ignores = 0;
+    }
+  }
+  tsan_acquire(&w.tsan_block_end);
+#endif
   ::operator delete(shared, std::align_val_t(128));
   tls_dynamic_shared = nullptr;
   w.current = nullptr;
@@ -606,10 +745,12 @@ struct LaunchFault {
 struct BlockJob {
   const LaunchInfo* launch;
   LaunchFault* fault;
+  const std::uint64_t* sample;  // the blocks to run (block sampling), or null: all of them
 };
 
-inline void run_block_job(void* context, std::uint64_t block) {
+inline void run_block_job(void* context, std::uint64_t index) {
   BlockJob& job = *static_cast<BlockJob*>(context);
+  const std::uint64_t block = job.sample != nullptr ? job.sample[index] : index;
   run_block(*job.launch, block);
   Worker& w = this_worker();
   if (w.fault) {
@@ -646,9 +787,25 @@ inline cudaError_t launch(LaunchInfo& info, const void* kernel) {
   std::lock_guard<std::recursive_mutex> lock(device_mutex());
   info.serial = launch_serial().fetch_add(1);
   LaunchFault fault;
-  BlockJob job{&info, &fault};
+  BlockJob job{&info, &fault, nullptr};
   const std::uint64_t blocks = static_cast<std::uint64_t>(g.x) * g.y * g.z;
-  pool().parallel_for(blocks, &run_block_job, &job);
+  // Block sampling (CG_CPU_BLOCKS, cgcpu::set_block_sample): the listed blocks that exist, in
+  // increasing order, each once.
+  std::vector<std::uint64_t> sample;
+  {
+    Config& c = config();
+    std::lock_guard<std::mutex> lock(c.blocks_mutex);
+    for (long long listed : c.blocks) {
+      const long long block = listed < 0 ? static_cast<long long>(blocks) + listed : listed;
+      if (block >= 0 && static_cast<std::uint64_t>(block) < blocks) sample.push_back(static_cast<std::uint64_t>(block));
+    }
+    if (!c.blocks.empty()) {
+      std::sort(sample.begin(), sample.end());
+      sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
+      job.sample = sample.data();
+    }
+  }
+  pool().parallel_for(job.sample != nullptr ? sample.size() : blocks, &run_block_job, &job);
   if (fault.any) {
     std::fprintf(stderr, "cuda_cpu: %s\n", fault.message.c_str());
     std::fflush(stderr);

@@ -25,12 +25,21 @@ namespace cgcpu {
 //                      starts (default 255: floats read before written are NaN); -1: none.
 // CG_CPU_ABORT         1: abort() on a kernel fault (deadlock, misused collective) instead of
 //                      failing the launch with a sticky cudaErrorLaunchFailure.
+// CG_CPU_BLOCKS        a comma-separated list of linear block indices (negative: from the
+//                      end, -1 the last block): every launch runs only those of its blocks
+//                      that exist (block sampling; unset or empty: every block).
+// CG_CPU_DISABLE_BARRIER  a barrier site number: cgcpu::barrier_disabled(n) is true for it
+//                      (the racecheck campaign's hook; default -1, none).
 struct Config {
   unsigned threads = 1;
   std::size_t stack_bytes = 64 * 1024;
   int shared_fill = 255;
   bool abort_on_fault = false;
   std::atomic<std::uint64_t> seed{0};
+  std::atomic<long> disabled_barrier{-1};
+  // Block sampling: written by the host between launches (under the device lock).
+  std::mutex blocks_mutex;
+  std::vector<long long> blocks;
 };
 
 namespace detail {
@@ -64,6 +73,20 @@ inline Config& config() {
     c->shared_fill = static_cast<int>(detail::env_long("CG_CPU_SHARED_FILL", 255));
     c->abort_on_fault = detail::env_long("CG_CPU_ABORT", 0) != 0;
     c->seed.store(static_cast<std::uint64_t>(detail::env_long("CG_CPU_SCHEDULE_SEED", 0)));
+    c->disabled_barrier.store(detail::env_long("CG_CPU_DISABLE_BARRIER", -1));
+    if (const char* text = std::getenv("CG_CPU_BLOCKS")) {
+      for (const char* at = text; *at != '\0';) {
+        char* end = nullptr;
+        const long long block = std::strtoll(at, &end, 0);
+        if (end == at) {
+          std::fprintf(stderr, "cuda_cpu: ignoring CG_CPU_BLOCKS=%s (not a list of numbers)\n", text);
+          c->blocks.clear();
+          break;
+        }
+        c->blocks.push_back(block);
+        at = *end == ',' ? end + 1 : end;
+      }
+    }
     return c;
   }();
   return *instance;
@@ -71,6 +94,21 @@ inline Config& config() {
 
 // Emulator extension: the order in which ready fibers run (0: thread order; see Config).
 inline void set_schedule_seed(std::uint64_t seed) { config().seed.store(seed); }
+
+// Emulator extension: every later launch runs only these linear block indices (negative: from
+// the end of the grid; indices outside the grid are skipped); count 0 runs every block again.
+inline void set_block_sample(const long long* blocks, std::size_t count) {
+  Config& c = config();
+  std::lock_guard<std::mutex> lock(c.blocks_mutex);
+  c.blocks.assign(blocks, blocks + count);
+}
+
+// Emulator extension, the racecheck campaign's hook: the emitted file's barriers, numbered and
+// rewritten as `if (!cgcpu::barrier_disabled(n)) __syncthreads();`, skip barrier site n.
+inline void set_disabled_barrier(long site) { config().disabled_barrier.store(site); }
+inline bool barrier_disabled(long site) {
+  return site == config().disabled_barrier.load(std::memory_order_relaxed);
+}
 
 // ---- error state -------------------------------------------------------------------------
 namespace detail {

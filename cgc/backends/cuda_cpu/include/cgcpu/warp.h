@@ -153,8 +153,12 @@ inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = 32, con
                                                             line);
 }
 
+// The one warp collective that orders memory (racecheck: the lanes' accesses before it happen
+// before theirs after it).
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  cgcpu::detail::warp_collective(cgcpu::detail::make_post(&cgcpu::detail::complete_sync, "__syncwarp", mask, file, line));
+  cgcpu::detail::Post p = cgcpu::detail::make_post(&cgcpu::detail::complete_sync, "__syncwarp", mask, file, line);
+  p.orders_memory = 1;
+  cgcpu::detail::warp_collective(p);
 }
 
 inline unsigned __ballot_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),

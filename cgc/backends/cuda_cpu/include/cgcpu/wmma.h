@@ -15,6 +15,8 @@
 // adding the products one at a time in order of k. Products of bfloat16 are exact in float, so
 // only the additions round. Tensor cores add differently (README.md).
 // CUDA's requirements are checked: the pointer 32-byte aligned, ldm a multiple of 16 bytes.
+// Racecheck (a ThreadSanitizer build): the copy is hidden from TSan, then each element's access
+// is declared as made by the lane that owns the element (scheduler.h: tsan_tile_access).
 #pragma once
 
 #include <cstdint>
@@ -123,14 +125,17 @@ inline void complete_load(Worker& w, WarpState& warp, std::uint32_t lanes) {
   require_aligned(w, lead, lead.a, sizeof(T));
   const T* memory = static_cast<const T*>(lead.a);
   const bool row = kAccumulator ? lead.layout == mem_row_major : kRowMajor;
+  const std::size_t ldm = lead.ldm;
   Fragment tile;
   // Element (r, c) of the tile: row-major memory keeps r's row at r * ldm; column-major keeps
   // column c at c * ldm. (matrix_b is K x N; its "rows" are k.)
   for (int r = 0; r < Fragment::rows; ++r)
     for (int c = 0; c < Fragment::cols; ++c)
-      tile.x[r * Fragment::cols + c] =
-          row ? memory[static_cast<std::size_t>(r) * lead.ldm + c] : memory[static_cast<std::size_t>(c) * lead.ldm + r];
+      tile.x[r * Fragment::cols + c] = row ? memory[static_cast<std::size_t>(r) * ldm + c] : memory[static_cast<std::size_t>(c) * ldm + r];
   for (int lane = 0; lane < 32; ++lane) std::memcpy(warp.post[lane]->d, &tile, sizeof tile);
+  // Racecheck: each lane's share of the reads, as that lane's (nothing but a __syncwarp orders
+  // them after the other lanes' accesses).
+  cgcpu::detail::tsan_tile_access(w, warp, memory, ldm, row, Fragment::rows, Fragment::cols, sizeof(T), false);
 }
 
 template <class Fragment, class T>
@@ -143,11 +148,14 @@ inline void complete_store(Worker& w, WarpState& warp, std::uint32_t lanes) {
   const Fragment& tile = *static_cast<const Fragment*>(lead.a);
   T* memory = static_cast<T*>(lead.d);
   const bool row = lead.layout == mem_row_major;
+  const std::size_t ldm = lead.ldm;
   for (int r = 0; r < Fragment::rows; ++r)
     for (int c = 0; c < Fragment::cols; ++c) {
-      const std::size_t at = row ? static_cast<std::size_t>(r) * lead.ldm + c : static_cast<std::size_t>(c) * lead.ldm + r;
+      const std::size_t at = row ? static_cast<std::size_t>(r) * ldm + c : static_cast<std::size_t>(c) * ldm + r;
       memory[at] = tile.x[r * Fragment::cols + c];
     }
+  // Racecheck: each lane's share of the writes, as that lane's.
+  cgcpu::detail::tsan_tile_access(w, warp, memory, ldm, row, Fragment::rows, Fragment::cols, sizeof(T), true);
 }
 
 template <class D, class A, class B, class C>

@@ -1,0 +1,343 @@
+"""Full-size index arithmetic: every kernel image of the step at GPT-2 small's shape (config
+gpt2: vocabulary 50304, width 768, 12 heads, 8 sequences of 1024 rows; one layer, to bound
+memory: `cgc check --memory --config gpt2 --set cgLayers=1` plans 4.9 GiB, which the emulated
+run and the numpy machine each hold), on real-size buffers, where 32-bit overflow and grid
+edges show up. Running every block is too slow on a CPU, so each kernel runs a sample of its
+blocks (block sampling, EmulatedRun.set_blocks): the first, the last and three random ones.
+
+For each non-library image, its first launch of the step:
+- its inputs get fresh random data (seeded; ids and targets inside the vocabulary; values in
+  ranges where exp cannot overflow), the same in the emulated memory and the numpy machine's;
+  a kernel whose blocks each own a part of the launch (a row, 32 rows, a sequence, 2048
+  elements: PARTITIONS) gets data only in the parts its sampled blocks own;
+- its write-only outputs are poisoned (all bits set: NaN, or -1) in the emulated memory;
+- the sampled blocks run in the emulator; the image's numpy reference runs on the sampled
+  blocks' parts (a sub-launch of one part, with the grid cut to it), or on the whole launch
+  for the small images that are not partitioned;
+- every element the sampled blocks wrote (not poison) must be one the blocks own (OWNED) and
+  every element they own must be written: a write anywhere else (an index that overflowed
+  into another row) or a part left unwritten fails; the owned elements equal the reference's
+  (TOLERANCE by storage type). Outputs the kernel reads too (accumulate, readwrite, in place)
+  are compared on the owned elements, and must be unchanged everywhere else.
+The cuBLAS products are the emulator's own CPU code (and compared in tests/test_emulated.py).
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from cgc.backends.cuda.emulated import compiler_missing
+from cgc.backends.numerics import decode, encode, storage_dtype
+from cgc.backends.numpy.machine import Kernel, Pointer
+from cgc.checking.memory import storage_home
+from cgc.core.elements import concrete, element_bytes
+from cgc.pipeline import analyse, open_run
+
+from conftest import SCHEDULES
+
+PATH = str(SCHEDULES / "train.cg")
+CONFIG, OVERRIDES = "gpt2", {"cgLayers": 1}
+RANDOM_BLOCKS = 3
+# Element-wise, relative to the largest magnitude compared (np.isclose's rtol and atol): a
+# bfloat16 output carries 8 bits (2^-8 = 0.4% a step; a value computed in another order can
+# land on the next one); float32 outputs computed in another order (warp butterflies, partial
+# sums) from the same inputs differ in the last bits.
+TOLERANCE = {"low": 2e-2, "float32": 2e-4}
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(compiler_missing() is not None,
+                                 reason="needs the host C++ compiler (g++)")]
+
+
+@dataclass
+class Partition:
+    """How a launch splits into parts that blocks own: the part is the block's index along
+    grid `axis`; `per_part` gives each partitioned pointer's elements per part (the others
+    are read whole); `count`: an element-wise kernel's elements per block (its `count` scalar
+    is re-based to the part)."""
+
+    axis: int
+    per_part: dict = field(default_factory=dict)
+    count: int | None = None
+
+
+def partitions(c) -> dict:
+    W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
+    rows32 = 32 * W
+    return {
+        "cgImageEmbedding": Partition(0, {"output": W, "ids": 1}),
+        "cgImageLayerNorm": Partition(0, {"output": W, "statistics": 2, "input": W}),
+        "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * 3 * W}),
+        "cgImageAttentionBackward": Partition(2, {"gradientQkv": T * 3 * W, "qkv": T * 3 * W,
+                                                  "gradientOutput": T * W, "lse": T * H,
+                                                  "delta": T * H}),
+        "cgImageAttentionDelta": Partition(0, {"delta": H, "output": W, "gradientOutput": W}),
+        "cgImageGelu": Partition(0, {"output": 2048, "input": 2048}, 2048),
+        "cgImageGeluBackward": Partition(0, {"gradientPre": 2048, "gradientAct": 2048,
+                                             "pre": 2048}, 2048),
+        "cgImageCastDown": Partition(0, {"output": 2048, "input": 2048}, 2048),
+        "cgImageZero": Partition(0, {"output": 1024}, 1024),
+        "cgImageLoss": Partition(0, {"loss": 1, "correct": 1, "logits": V, "targets": 1}),
+        "cgImageCrossEntropyBackward": Partition(0, {"logitsGradient": V, "logits": V,
+                                                     "loss": 1, "correct": 1, "targets": 1}),
+        "cgImageLayerNormBackward": Partition(0, {"gradientInput": rows32, "gradientOutput":
+                                                  rows32, "input": rows32, "statistics": 64,
+                                                  "partials": 2 * W}),
+        "cgImageLayerNormBackwardAdd": Partition(0, {"gradientInput": rows32, "gradientOutput":
+                                                     rows32, "input": rows32, "residual": rows32,
+                                                     "statistics": 64, "partials": 2 * W}),
+        "cgImageAdamWMatrix": Partition(0, {"parameter": 1024, "gradient": 1024,
+                                            "moment1": 1024, "moment2": 1024, "copy": 1024},
+                                        1024),
+    }
+
+
+def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, int]]:
+    """The element ranges of `pointer`'s view that block `block` of the launch writes."""
+    x, y, z = block
+    W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
+    D, tile = W // H, c["attentionTile"]
+
+    def elementwise(per):
+        return [(x * per, min((x + 1) * per, int(scalars["count"])))]
+
+    def rows(first, count, width, columns=None):
+        columns = columns or [(0, width)]
+        return [(r * width + a, r * width + b) for r in range(first, first + count)
+                for a, b in columns]
+
+    attention_rows = (z * T + x * tile, tile)
+    if image == "cgImageAttention":
+        return {"output": rows(*attention_rows, W, [(y * D, (y + 1) * D)]),
+                "lse": rows(*attention_rows, H, [(y, y + 1)])}[pointer]
+    if image == "cgImageAttentionBackward":
+        heads = [(p * W + y * D, p * W + (y + 1) * D) for p in range(3)]  # dq, dk, dv
+        return rows(*attention_rows, 3 * W, heads)
+    if image == "cgImageCrossEntropyBackward":
+        return [(x * V + y * 128, x * V + min((y + 1) * 128, V))]
+    if image == "cgImageLayerNormParameterGradients":
+        first, last = x * 256, (x + 1) * 256
+        if pointer == "gradientBeta":
+            first, last = first - W, last - W
+        first, last = max(first, 0), min(last, W)
+        return [(first, last)] if first < last else []
+    if image == "cgImageScatter":
+        share = -(-V // grid[0])
+        first, last = x * share, min((x + 1) * share, V)
+        return [(first * W, last * W)] if first < last else []
+    per_row = {"cgImageEmbedding": {"output": W},
+               "cgImageLayerNorm": {"output": W, "statistics": 2},
+               "cgImageAttentionDelta": {"delta": H}, "cgImageLoss": {"loss": 1, "correct": 1},
+               "cgImageSquareSum": {"partials": 1}, "cgImageStepAdvance": {"step": 1},
+               "cgImageLayerNormBackward": {"gradientInput": 32 * W, "partials": 2 * W},
+               "cgImageLayerNormBackwardAdd": {"gradientInput": 32 * W, "partials": 2 * W}}
+    if image in per_row:
+        n = per_row[image][pointer]
+        return [(x * n, (x + 1) * n)]
+    per_block = {"cgImageGelu": 2048, "cgImageGeluBackward": 2048, "cgImageCastDown": 2048,
+                 "cgImageZero": 1024, "cgImageAdamWMatrix": 1024, "cgImageAdamW": 1024}
+    return elementwise(per_block[image])
+
+
+# ---- data ------------------------------------------------------------------------------
+
+def values_for(name: str, count: int, rng, c) -> np.ndarray:
+    """Fresh inputs for a pointer, by what it holds."""
+    V = c["vocab"]
+    if name in ("ids", "targets"):
+        return rng.integers(0, V, count).astype(np.int32)
+    if name == "step":
+        return rng.integers(1, 20, count).astype(np.int32)
+    if name == "correct":
+        return rng.integers(0, 2, count).astype(np.int32)
+    if name == "statistics":  # (mean, rstd) pairs
+        pairs = np.stack([rng.normal(0, 0.1, count // 2), rng.uniform(0.5, 2, count // 2)], 1)
+        return pairs.reshape(-1).astype(np.float32)
+    uniform = {"gamma": (0.5, 1.5), "lse": (2, 8), "loss": (5, 12), "moment2": (0, 1e-4),
+               "normPartials": (0, 1e-3)}
+    if name in uniform:
+        return rng.uniform(*uniform[name], count).astype(np.float32)
+    scale = {"qkv": 0.5, "logits": 2.0, "delta": 0.1, "beta": 0.1, "moment1": 1e-2,
+             "gradient": 1e-2, "parameter": 0.02, "table": 0.02, "partials": 1.0}.get(name, 1.0)
+    return rng.normal(0, scale, count).astype(np.float32)
+
+
+class Memory:
+    """A bound pointer's view, raw (storage dtype), in one memory (emulated or numpy)."""
+
+    def __init__(self, program, plan, low):
+        self.program, self.plan, self.low = program, plan, low
+
+    def raw(self, memory: dict, bound) -> np.ndarray:
+        view = bound.view
+        home, start = storage_home(self.program, self.plan, view.storage)
+        dtype = storage_dtype(view.storage.element, self.low)
+        size = np.dtype(dtype).itemsize
+        whole = memory[home][start:start + view.storage.count * size].view(dtype)
+        return whole[bound.offset:bound.offset + view.count]
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    return array.view({2: np.uint16, 4: np.uint32}[array.dtype.itemsize])
+
+
+def _indices(ranges) -> np.ndarray:
+    if not ranges:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
+
+
+# ---- the test -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs():
+    frontend = analyse([PATH])
+    emulated = open_run("emulated", frontend, PATH, CONFIG, OVERRIDES, 0)
+    reference = open_run("numpy", frontend, PATH, CONFIG, OVERRIDES, 0)
+    yield emulated, reference
+    emulated.set_blocks(None)
+
+
+def sample(total: int, rng) -> list[int]:
+    """The first and the last block, and RANDOM_BLOCKS others, as linear indices."""
+    between = range(1, total - 1)
+    chosen = rng.choice(len(between), size=min(RANDOM_BLOCKS, len(between)), replace=False) \
+        if len(between) else []
+    return sorted({0, total - 1, *(between[int(i)] for i in chosen)})
+
+
+def _sub_launch(machine, launch, bound, partition, part):
+    """The image's reference on part `part` alone: its partitioned pointers cut to the part
+    and the grid to one block along the partition's axis."""
+    image = launch.image
+    scalars = {s.parameter.name: s.value for s in bound.scalars}
+    if partition.count is not None:
+        scalars["count"] = int(scalars["count"]) - part * partition.count
+    grid = list(bound.grid)
+    grid[partition.axis] = 1
+    pointers = {}
+    for b in bound.pointers:
+        parameter, view = b.parameter, b.view
+        array = machine.storage_array(view)[b.offset:b.offset + view.count]
+        n = partition.per_part.get(parameter.name)
+        if n is not None:
+            array = array[part * n:(part + 1) * n]
+        home, base = machine.home(view)
+        item = element_bytes(view.storage.element, machine.low)
+        pointers[parameter.name] = Pointer(f"{image.name} part {part}", parameter.index,
+                                           parameter.name, parameter.access, parameter.element,
+                                           machine.low, array, None, home, base, item)
+    machine.kernels[image.name](Kernel(pointers, scalars, tuple(grid), image.block or (1, 1, 1),
+                                       machine.constants))
+
+
+def test_sampled_blocks_of_every_kernel_at_full_size(runs):
+    emulated, reference = runs
+    program, plan, low = reference.program, reference.plan, reference.program.low
+    machine = reference.machine
+    c = dict(machine.constants)
+    c.setdefault("attentionTile", program.role("attentionTile"))
+    parts_of = partitions(c)
+    memory = Memory(program, plan, low)
+    rng = np.random.default_rng(20240611)
+    checked, report = [], []
+    seen = set()
+    for (launch, phase, point), call in zip(program.unrolled(), emulated.calls):
+        image = launch.image
+        if image.library is not None or image.name in seen:
+            continue
+        seen.add(image.name)
+        bound = launch.arguments(point)
+        grid = tuple(int(g) for g in bound.grid)
+        blocks = sample(grid[0] * grid[1] * grid[2], rng)
+        coordinates = [(b % grid[0], b // grid[0] % grid[1], b // (grid[0] * grid[1]))
+                       for b in blocks]
+        partition = parts_of.get(image.name)
+        parts = sorted({xyz[partition.axis] for xyz in coordinates}) if partition else None
+        scalars = {s.parameter.name: s.value for s in bound.scalars}
+        access = {b.parameter.name: b.parameter.access for b in bound.pointers}
+        views = {}
+        for b in bound.pointers:  # in place: one view bound to two pointers
+            views.setdefault((b.view.label, b.offset), []).append(b.parameter.name)
+        in_place = {n for names in views.values() if len(names) > 1 for n in names}
+
+        # Inputs: the same fresh values on both sides (only the sampled parts if partitioned).
+        filled = set()
+        before = {}
+        for b in bound.pointers:
+            name = b.parameter.name
+            if access[name] == "write" and name not in in_place:
+                continue
+            if (b.view.label, b.offset) in filled:
+                continue
+            filled.add((b.view.label, b.offset))
+            ours, theirs = memory.raw(emulated.memory, b), memory.raw(machine.memory, b)
+            n = partition.per_part.get(name) if partition else None
+            spans = [(p * n, min((p + 1) * n, len(ours))) for p in parts] if n else [(0, len(ours))]
+            for first, last in spans:
+                values = values_for(name, last - first, rng, c)
+                encoded = encode(values, b.view.storage.element, low)
+                ours[first:last] = encoded
+                theirs[first:last] = encoded
+        for b in bound.pointers:
+            name = b.parameter.name
+            if access[name] == "read":
+                continue
+            if access[name] == "write" and name not in in_place:
+                memory.raw(emulated.memory, b).view(np.uint8)[:] = 0xFF  # poison
+            else:
+                before[name] = memory.raw(emulated.memory, b).copy()
+
+        emulated.set_blocks(blocks)
+        call()
+        emulated.set_blocks(None)
+        if partition is None:
+            machine.launch(launch, phase, point)
+        else:
+            for part in parts:
+                _sub_launch(machine, launch, bound, partition, part)
+
+        for b in bound.pointers:
+            name = b.parameter.name
+            if access[name] == "read":
+                continue
+            where = f"{image.name} {name} (grid {grid}, blocks {blocks})"
+            ours = memory.raw(emulated.memory, b)
+            expected = _indices(sorted(r for xyz in coordinates
+                                       for r in owned(image.name, name, xyz, grid, scalars, c)))
+            expected = np.unique(expected)
+            if name in before:
+                written = np.flatnonzero(bits(ours) != bits(before[name]))
+            else:
+                written = np.flatnonzero(bits(ours) != np.iinfo(bits(ours).dtype).max)
+            stray = np.setdiff1d(written, expected)
+            assert stray.size == 0, f"{where}: wrote {stray.size} elements it does not own, " \
+                                    f"first {stray[:5]}"
+            if name not in before:
+                missing = np.setdiff1d(expected, written)
+                assert missing.size == 0, f"{where}: left {missing.size} of its " \
+                                          f"{expected.size} elements unwritten, first {missing[:5]}"
+            element = b.view.storage.element
+            got = decode(ours[expected], element, low)
+            want = decode(memory.raw(machine.memory, b)[expected], element, low)
+            if element == "int32":
+                assert np.array_equal(got, want), where
+                report.append(f"{image.name:36} {name:16} {expected.size:9} elements, exact")
+                continue
+            tolerance = TOLERANCE["low" if concrete(element, low).name == "bfloat16" else "float32"]
+            scale = float(np.abs(want).max()) if want.size else 0.0
+            close = np.isclose(got, want, rtol=tolerance, atol=tolerance * max(scale, 1e-30))
+            worst = float(np.abs(got - want).max() / max(scale, 1e-30)) if want.size else 0.0
+            assert close.all(), f"{where}: {np.count_nonzero(~close)} of {want.size} differ; " \
+                                f"worst {worst:.2e} of the largest"
+            report.append(f"{image.name:36} {name:16} {expected.size:9} elements, "
+                          f"worst {worst:.1e}")
+        checked.append(image.name)
+        before.clear()
+        gc.collect()
+    print("\n" + "\n".join(report))
+    assert len(checked) >= 19, checked  # every kernel image of the step

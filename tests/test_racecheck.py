@@ -1,0 +1,260 @@
+"""Racecheck on the CPU: CUDA's racecheck, done with ThreadSanitizer's fiber API
+(cgc/backends/cuda_cpu/README.md, "Racecheck"; cgc/backends/cuda/emulated.py: racecheck).
+
+Every CUDA thread is a TSan fiber; the only happens-before edges between them are CUDA's:
+__syncthreads, __syncwarp, block start and block end. So a write by one thread and an access
+by another with no barrier between them is reported, whatever order the fibers happened to
+run in, with the kernel, the shared-memory offset and both threads.
+
+- A C++ program with a race on purpose in each of four kernels (two writers of one static
+  __shared__ word, a write and a read of dynamic shared memory, a shuffle taken for a barrier,
+  a WMMA store read back without __syncwarp) and clean kernels beside them.
+- The tiny step (bfloat16, with WMMA; and float32) has no race.
+- The barrier campaign: every __syncthreads and __syncwarp of the emitted file (attention,
+  attention backward, loss, scatter, and block_sum and layer_norm_backward_rows of
+  common.cuh, which the layer-norm, square-sum and AdamW kernels call) is removed in turn,
+  from ONE racecheck build (cgcpu::barrier_disabled), and the removal is reported as a race
+  naming a kernel that runs that barrier, except for the barriers listed in REDUNDANT, each
+  with the reason it guards nothing. The campaign runs the tiny model with a context of 128
+  (two attention tiles a sequence, so the barriers that guard a tile's reuse guard something)
+  on the first two blocks of every launch (CG_CPU_BLOCKS: block sampling).
+- Three scheduling seeds (the order of the fibers at every barrier) give the same bits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cgc.backends.cuda.emit import emit_program
+from cgc.backends.cuda.emulated import (HEADERS, RACECHECK_ENVIRONMENT, RACECHECK_FLAGS,
+                                        BuildFailed, build, compiler_missing, number_barriers,
+                                        parse_racecheck, racecheck_run, standalone)
+from cgc.backends.data import Batches, load_corpus
+from cgc.backends.training import train
+from cgc.checking.memory import plan_memory
+from cgc.pipeline import analyse, evaluate, open_run
+
+from conftest import SCHEDULES
+
+PATH = str(SCHEDULES / "train.cg")
+UNIT = HEADERS.parent / "tests" / "racecheck.cu"
+CAMPAIGN = ("tiny", {"cgContext": 128})
+SAMPLE = "0,1"  # the blocks of every launch the campaign runs (attention: tiles 0 and 1)
+TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4}  # the loss against the numpy run's (relative)
+
+# The kernels that run the barriers of each function of the emitted file.
+KERNELS_OF = {
+    "block_sum": {"cgImageLayerNorm", "cgImageSquareSum", "cgImageAdamW", "cgImageAdamWMatrix"},
+    "layer_norm_backward_rows": {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"},
+}
+# Every function whose barriers the campaign must reach (at least one site each).
+COVERED = {"cgImageAttention", "cgImageAttentionBackward", "cgImageLoss", "block_sum",
+           "layer_norm_backward_rows"}
+
+# Barriers whose removal changes nothing, by (function, index among its barriers, from 0),
+# and why. Not removed from the templates here: reported.
+REDUNDANT = {
+    ("cgImageAttention", 4):
+        "attention.cu.j2, the second __syncwarp of the row loop (after lane 0 updates "
+        "row_sum[r] and row_max[r]): the next iteration touches only row r + 1 (s, p, o, "
+        "row_max and row_sum of r + 1), and row_sum[r] and row_max[r] are read again only "
+        "after the __syncwarp that ends the key tile (or the __syncthreads that starts the "
+        "next one); the first __syncwarp of the loop already orders the p and o writes before "
+        "the P V product",
+}
+
+
+def _racecheck_available() -> str | None:
+    if compiler_missing() is not None:
+        return compiler_missing()
+    try:
+        build('#include <cstdio>\nint main() { std::puts("ok"); }\n', "tsan-probe",
+              flags=RACECHECK_FLAGS)
+    except BuildFailed as error:
+        return f"g++ cannot build with -fsanitize=thread: {str(error)[-300:]}"
+    return None
+
+
+_MISSING = _racecheck_available()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+
+
+def _dump(folder: Path, config: str, overrides: dict) -> str:
+    run = open_run("numpy", analyse([PATH]), PATH, config, overrides, 0)
+    program = run.program
+    train(run, Batches(load_corpus(None), program.role("batch"), program.role("context"), 0), 1,
+          out=io.StringIO(), dump=str(folder))
+    return str(folder)
+
+
+class Setup:
+    """The racecheck builds (in parallel) and the dumps they replay."""
+
+    def __init__(self, folder: Path):
+        frontend = analyse([PATH])
+        self.programs = {
+            "tiny": evaluate(frontend, PATH, config="tiny"),
+            "tiny32": evaluate(frontend, PATH, config="tiny32"),
+            "campaign": evaluate(frontend, PATH, config=CAMPAIGN[0], overrides=CAMPAIGN[1]),
+        }
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            self.unit = pool.submit(build, UNIT.read_text(), "racecheck-unit",
+                                    RACECHECK_FLAGS, (f"-I{UNIT.parent}",))
+            binaries = {name: pool.submit(standalone, program, racecheck=True)
+                        for name, program in self.programs.items()}
+            self.dumps = {"tiny": _dump(folder / "tiny", "tiny", {}),
+                          "tiny32": _dump(folder / "tiny32", "tiny32", {}),
+                          "campaign": _dump(folder / "campaign", *CAMPAIGN)}
+            for future in [self.unit, *binaries.values()]:
+                future.result()
+        self.unit = self.unit.result()
+
+    def run(self, name: str, **options):
+        return racecheck_run(self.programs[name], self.dumps[name], **options)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> Setup:
+    return Setup(tmp_path_factory.mktemp("racecheck"))
+
+
+def _source_line(text: str, fragment: str) -> int:
+    return next(i + 1 for i, line in enumerate(text.splitlines()) if fragment in line)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_known_race_is_reported_with_both_threads_and_the_offset(setup, seed):
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith("CG_CPU_")}
+    environment.update(RACECHECK_ENVIRONMENT, CG_CPU_THREADS="2", CG_CPU_SCHEDULE_SEED=str(seed))
+    done = subprocess.run([str(setup.unit)], capture_output=True, text=True, env=environment,
+                          timeout=120)
+    assert "racecheck: ok" in done.stdout, done.stdout + done.stderr[-3000:]
+    races = parse_racecheck(done.stderr, setup.unit, "racecheck-unit.cpp")
+    by_kernel = {race.kernel: race for race in races}
+    assert set(by_kernel) == {"racy_two_writers", "racy_dynamic",
+                              "racy_shuffle_is_not_a_barrier", "racy_wmma_store_then_read"}, \
+        "\n".join(map(str, races))
+    assert done.returncode == 66  # ThreadSanitizer's exit status when it reported
+    source = UNIT.read_text()
+
+    two = by_kernel["racy_two_writers"]
+    assert two.memory == "static shared" and two.variable.endswith("::word"), two
+    assert two.offset == 8 and two.block == (0, 0, 0)  # word[2]
+    assert set(two.threads) == {3, 17}
+    assert two.access.access == two.previous.access == "write"
+    assert set(two.lines) == {_source_line(source, "word[2] = threadIdx.x")}
+
+    dynamic = by_kernel["racy_dynamic"]
+    assert dynamic.memory == "dynamic shared" and dynamic.offset == 40, dynamic  # words[10]
+    assert set(dynamic.threads) == {5, 9}
+    sides = {dynamic.access.access: dynamic.access, dynamic.previous.access: dynamic.previous}
+    assert sides["write"].index == 5 and sides["read"].index == 9
+    assert sides["write"].line == _source_line(source, "words[10] = 1")
+    assert sides["read"].line == _source_line(source, "out[blockIdx.x] = words[10]")
+
+    shuffle = by_kernel["racy_shuffle_is_not_a_barrier"]
+    assert set(shuffle.threads) == {0, 1} and shuffle.memory == "static shared", shuffle
+
+    wmma = by_kernel["racy_wmma_store_then_read"]
+    assert {wmma.access.access, wmma.previous.access} == {"read", "write"}, wmma
+    assert wmma.threads[0] != wmma.threads[1] and wmma.variable.endswith("::tile"), wmma
+    assert "by thread" in str(two) and "offset 8" in str(two)
+
+
+@pytest.mark.parametrize("config", ["tiny", "tiny32"])
+def test_the_tiny_step_has_no_race(setup, config):
+    """The whole step, every block of every launch, two workers: no report of any kind (and
+    the loss of the numpy run that made the dump)."""
+    result = setup.run(config, threads=2)
+    assert result.races == [], "\n".join(map(str, result.races[:10]))
+    assert result.status == 0 and "ThreadSanitizer" not in result.stderr, result.stderr[-3000:]
+    loss = float(re.search(r"loss (\S+)", result.stdout).group(1))
+    expected = json.loads((Path(setup.dumps[config]) / "run.json").read_text())["losses"][0]
+    assert abs(loss - expected) <= TOLERANCE[config] * expected, (loss, expected)
+
+
+def _outcome(result, baseline) -> str:
+    if result.faults or result.status not in (0, 66):
+        return "fault"
+    if result.races:
+        return "race"
+    if result.stdout != baseline.stdout:
+        return "wrong result"
+    return "redundant"
+
+
+def test_removing_any_barrier_is_reported(setup):
+    program = setup.programs["campaign"]
+    _, sites = number_barriers(emit_program(program, plan_memory(program)).text)
+    functions = {site.function for site in sites}
+    assert COVERED <= functions, functions
+    baseline = setup.run("campaign", blocks=SAMPLE, threads=1)
+    assert baseline.races == [] and baseline.status == 0, baseline.stderr[-3000:]
+
+    def removal(site):
+        return site, setup.run("campaign", blocks=SAMPLE, threads=1, disabled_barrier=site.number)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(removal, sites))
+
+    ordinal: dict[str, int] = {}
+    table, problems = [], []
+    for site, result in results:
+        key = (site.function, ordinal.setdefault(site.function, 0))
+        ordinal[site.function] += 1
+        outcome = _outcome(result, baseline)
+        kernels = sorted({race.kernel for race in result.races})
+        table.append(f"{site.number:3} {site.function:26} #{key[1]} line {site.line:4} "
+                     f"{site.kind:14} {outcome:12} {', '.join(kernels)}")
+        if key in REDUNDANT:
+            if outcome != "redundant":
+                problems.append(f"{site}: listed as redundant, but {outcome}")
+            continue
+        if outcome != "race":
+            problems.append(f"{site}: {outcome}, no race reported\n{result.stderr[-2000:]}")
+            continue
+        allowed = KERNELS_OF.get(site.function, {site.function})
+        if not set(kernels) <= allowed:
+            problems.append(f"{site}: races in {kernels}, expected only {sorted(allowed)}")
+        for race in result.races:
+            if race.memory not in ("dynamic shared", "static shared") or race.offset is None:
+                problems.append(f"{site}: not a shared-memory race: {race}")
+            if race.threads[0] is None or race.threads[0] == race.threads[1]:
+                problems.append(f"{site}: a race needs two threads: {race}")
+    print("\nbarrier campaign (tiny, context 128, blocks " + SAMPLE + "):\n" + "\n".join(table))
+    assert not problems, "\n".join(problems) + "\n" + "\n".join(table)
+    # The redundant barriers, again in a shuffled order: still nothing to report.
+    for (function, index) in REDUNDANT:
+        site = [s for s in sites if s.function == function][index]
+        for seed in (1,):
+            again = setup.run("campaign", blocks=SAMPLE, threads=1, seed=seed,
+                              disabled_barrier=site.number)
+            assert again.races == [] and again.stdout == baseline.stdout, (site, seed)
+
+
+def test_three_schedule_seeds_give_the_same_bits():
+    """The tiny step (bfloat16, WMMA) with the fibers woken at every barrier and collective in
+    three pseudo-random orders: every byte of every allocation is the same."""
+    frontend = analyse([PATH])
+    memories = []
+    for seed in (1, 2, 3):
+        run = open_run("emulated", frontend, PATH, "tiny", {}, 0)
+        run.set_schedule_seed(seed)
+        program = run.program
+        ids, targets = Batches(load_corpus(None), program.role("batch"),
+                               program.role("context"), 0).next()
+        run.step(ids, targets)
+        memories.append({name: memory.copy() for name, memory in run.memory.items()})
+    for other in memories[1:]:
+        for name, memory in memories[0].items():
+            assert np.array_equal(memory, other[name]), name
