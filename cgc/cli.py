@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import stat
 import sys
 import threading
 import time
@@ -47,11 +48,17 @@ def _readable(paths, folders: bool = False) -> None:
     source: a diagnostic at the import.)"""
     for path in paths:
         try:
-            if not folders or not os.path.isdir(path):
-                with open(path, "rb"):
-                    pass
-            elif not os.access(path, os.R_OK | os.X_OK):
-                raise PermissionError(13, "Permission denied")
+            mode = os.stat(path).st_mode
+            if stat.S_ISDIR(mode):
+                if not folders:
+                    raise IsADirectoryError(21, "Is a directory")
+                if not os.access(path, os.R_OK | os.X_OK):
+                    raise PermissionError(13, "Permission denied")
+            elif not stat.S_ISREG(mode):
+                raise _PathError(f"cannot read {path}: not a regular file (a FIFO, device or "
+                                 "socket is never read)")
+            else:  # opened without blocking, never read here
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
         except OSError as error:
             raise _PathError(f"cannot read {path}: {error.strerror or error}") from None
 
@@ -166,8 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "kernel's NumPy semantics, every access checked against its declared "
                     "extent and its buffer) on the CPU; it is the ground truth the GPU is "
                     "compared with. Tokens are bytes (the tiny configuration's vocabulary is "
-                    "256) of the --data files, or by default of the Python standard library's "
-                    "own source files.")
+                    "256) of the --data files, or by default of the corpus shipped with cgc "
+                    "(cgc/backends/corpus.txt: cgc's own Python and Markdown sources, frozen; the "
+                    "same bytes on every machine).")
     run.add_argument("file", metavar="FILE", help="a .cg schedule file (schedules/train.cg: "
                                                   "the whole step)")
     _add_program_options(run, several_configs=False)
@@ -180,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, metavar="S",
                      help="seeds the parameters and the choice of windows (default 0)")
     run.add_argument("--data", nargs="+", metavar="PATH",
-                     help="text files or folders to take byte tokens from (default: the Python "
-                          "standard library's source files)")
+                     help="text files or folders to take byte tokens from (default: the corpus "
+                          "shipped with cgc, cgc/backends/corpus.txt)")
     run.add_argument("--dump", metavar="DIR",
                      help="write the run for replay: configuration, tokens, every entry before "
                           "and after the first step, its gradients, the losses "
@@ -328,25 +336,30 @@ def _cg_files(paths: list[str]) -> list[str]:
 
 
 def _fmt(args) -> int:
-    from .core.diagnostics import CompileError as Broken
-    from .tools.format import format_text
+    from .core.diagnostics import CompileError as Broken, Diagnostic
+    from .frontend.load import SourceError, read_source
+    from .tools.format import NotWritable, format_text, replace_file
     changed, problems = [], []
     files = _cg_files(args.files)
     for path in files:
         try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
+            text = read_source(path)
             formatted = format_text(text, path)
         except OSError as error:
-            raise _PathError(f"cannot read {path}: {error.strerror}") from None
+            raise _PathError(f"cannot read {path}: {error.strerror or error}") from None
+        except SourceError as error:  # not a regular file, too large, not UTF-8
+            problems.append(Diagnostic("error", f"cannot read '{path}': {error}", None))
+            continue
         except Broken as error:
             problems.extend(error.diagnostics)
             continue
         if formatted != text:
             changed.append(path)
             if not args.check:
-                with open(path, "w", encoding="utf-8") as handle:
-                    handle.write(formatted)
+                try:  # a temporary file renamed onto the file: never half written
+                    replace_file(path, formatted)
+                except NotWritable as error:
+                    raise _PathError(f"cannot write {path}: {error}") from None
     if problems:
         print(render_all(problems), file=sys.stderr)
         return EXIT_DIAGNOSTICS

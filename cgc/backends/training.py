@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import sys
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.diagnostics import CompileError, Diagnostic
 from .base import Run
 
 
@@ -61,6 +64,8 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
     """Runs `steps` steps. `trace` gets the first step's per-launch times; `dump` the run
     for replay (docs/dump-format.md)."""
     result = Training()
+    if dump:
+        check_dump_folder(dump)  # before the steps, not after them
     all_ids, all_targets = [], []
     before = run.bank_values("parameters") if dump else None
     first = None
@@ -85,20 +90,118 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         out.flush()
     if dump and result.losses:
         write_dump(dump, run, result.losses, np.stack(all_ids), np.stack(all_targets), before,
-                   *first, run.bank_values("parameters"))
+                   *first, run.bank_values("parameters"),
+                   corpus_sha256=_corpus_sha256(batches))
     return result
 
 
+def _corpus_sha256(batches) -> str | None:
+    from .data import sha256_of
+    corpus = getattr(batches, "corpus", None)
+    return sha256_of(corpus) if corpus is not None else None
+
+
+DUMP_FORMAT = "cgc-dump-1"
+
+
+class DumpError(CompileError):
+    """A dump folder cgc will not write over: told as an error (exit 1), before the steps."""
+
+    def __init__(self, message: str):
+        super().__init__([Diagnostic("error", message, None)])
+        self.message = message
+
+
+def _is_dump(folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
+            return json.load(handle).get("format") == DUMP_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_dump_folder(folder: str) -> None:
+    """A dump may go where nothing is, into an empty folder, or over an earlier dump (a
+    folder whose run.json says cgc-dump-1), which it replaces whole; anything else is
+    refused (DumpError), so that --dump never deletes what cgc did not write."""
+    if not os.path.lexists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise DumpError(f"--dump {folder}: it exists and is not a folder; give a new folder, "
+                        "an empty one, or an earlier dump's")
+    try:
+        empty = not os.listdir(folder)
+    except OSError as error:
+        raise DumpError(f"--dump {folder}: {error.strerror or error}") from None
+    if not empty and not _is_dump(folder):
+        raise DumpError(f"--dump {folder}: the folder holds files that are not a cgc dump "
+                        f"(no run.json of format {DUMP_FORMAT}); cgc replaces only an "
+                        "earlier dump: give a new folder, or an empty one")
+
+
 def write_dump(folder: str, run: Run, losses, ids, targets, before, gradients, after,
-               final) -> None:
-    os.makedirs(folder, exist_ok=True)
+               final, corpus_sha256: str | None = None) -> None:
+    """Writes the dump into a temporary folder beside `folder`, every file flushed to the
+    disk, then renames it into place: `folder` is never seen half written. An earlier dump
+    there is renamed aside first and deleted after (a crash between the two renames leaves
+    no `folder`, and the earlier dump as `.NAME.*.cgc-old` beside it)."""
+    check_dump_folder(folder)
+    target = os.path.realpath(folder)  # a link to a dump: the dump it points to
+    parent, name = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".{name}.{secrets.token_hex(6)}.cgc-tmp")
+    os.mkdir(staging)  # as any new folder (the umask's mode), unlike mkdtemp's 0700
+    try:
+        _write_dump_files(staging, run, losses, ids, targets, before, gradients, after, final,
+                          corpus_sha256)
+        _install(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _install(staging: str, target: str) -> None:
+    if os.path.isdir(target) and os.listdir(target):  # an earlier dump: checked above
+        aside = staging.removesuffix(".cgc-tmp") + ".cgc-old"
+        os.rename(target, aside)
+        os.rename(staging, target)
+        _sync(os.path.dirname(target))
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(staging, target)  # onto nothing, or onto an empty folder
+        _sync(os.path.dirname(target))
+
+
+def _sync(path: str) -> None:
+    """Flushes a file, or a folder's entries, to the disk (where the system allows it)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _save(path: str, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:
+        np.save(handle, array)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradients, after,
+                      final, corpus_sha256: str | None) -> None:
     program = run.program
     entries = {entry.name: {"count": entry.count, "items": entry.stack, "matrix": entry.matrix}
                for entry in program.entries}
     constants = {name: (value if isinstance(value, (int, float)) else float(value))
                  for name, value in program.constants.items()}
     manifest = {
-        "format": "cgc-dump-1",
+        "format": DUMP_FORMAT,
         "backend": run.name,
         "config": program.config,
         "low": program.low,
@@ -108,17 +211,22 @@ def write_dump(folder: str, run: Run, losses, ids, targets, before, gradients, a
         "steps": len(losses),
         "losses": losses,
         "entries": entries,
+        "corpus_sha256": corpus_sha256,
     }
-    with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    np.save(os.path.join(folder, "ids.npy"), ids.astype(np.int32))
-    np.save(os.path.join(folder, "targets.npy"), targets.astype(np.int32))
+    _save(os.path.join(folder, "ids.npy"), ids.astype(np.int32))
+    _save(os.path.join(folder, "targets.npy"), targets.astype(np.int32))
     for name, values in (("before", before), ("gradients", gradients), ("after", after),
                          ("final", final)):
         os.makedirs(os.path.join(folder, name), exist_ok=True)
         for entry, array in values.items():
-            np.save(os.path.join(folder, name, f"{entry}.npy"), array.astype(np.float32))
+            _save(os.path.join(folder, name, f"{entry}.npy"), array.astype(np.float32))
+        _sync(os.path.join(folder, name))
+    with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    _sync(folder)
 
 
 def summary(training: Training) -> str:

@@ -57,6 +57,17 @@ class _UsageError(Exception):
         self.token = token
 
 
+# An integer literal has at most this many digits (10^30 is far past any size a schedule
+# names; Python itself refuses to read an int of more than 4,300 digits). A longer one is an
+# error at the literal.
+MAX_LITERAL_DIGITS = 30
+
+
+class _LiteralError(Exception):
+    def __init__(self, token):
+        self.token = token
+
+
 class _SyntaxError(Exception):
     """The offending token (None for a character no terminal matches) and what was expected."""
 
@@ -394,14 +405,20 @@ def _build_name(source, children):
     return _name(source, children[0])
 
 
+def _literal_value(token) -> int:
+    if len(token[_TEXT].lstrip("+-")) > MAX_LITERAL_DIGITS:
+        raise _LiteralError(token)
+    return int(token[_TEXT])
+
+
 def _build_natural(source, children):
     token = children[0]
-    return Natural(int(token[_TEXT]), _span(source, token, token))
+    return Natural(_literal_value(token), _span(source, token, token))
 
 
 def _build_integer(source, children):
     token = children[0]
-    return Integer(int(token[_TEXT]), _span(source, token, token))
+    return Integer(_literal_value(token), _span(source, token, token))
 
 
 def _build_floating(source, children):
@@ -606,6 +623,11 @@ def _parse_range(source: Source, start: int, end: int, report: Reporter):
         notes = did_you_mean(token[_TEXT], USAGES)
         report.error(f"unknown usage annotation '{token[_TEXT]}': expected linear, affine or "
                      "unrestricted", Span(source, token[_START], token[_END]), *notes)
+    except _LiteralError as error:
+        token = error.token
+        digits = len(token[_TEXT].lstrip("+-"))
+        report.error(f"this integer literal has {digits:,} digits; a literal may have at most "
+                     f"{MAX_LITERAL_DIGITS}", Span(source, token[_START], token[_END]))
     except _SyntaxError as error:
         _explain(error, source, start, end, report)
     return None

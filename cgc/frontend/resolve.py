@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .builtins import ELEMENT_NAMES, GRID_NAMES, PRIMITIVES, RESERVED, TYPE_NAMES
-from ..core.diagnostics import Note, Reporter, closest
+from ..core.diagnostics import Budget, Note, Reporter, Suggester, best_match
 from .syntax import Apply, Arrow, Declaration, Lambda, Module, Name, Term
 
 
@@ -19,6 +19,19 @@ class Scope:
                 self._declare(declaration)
         # name -> names of global declarations it refers to (for cycles and evaluation order)
         self.references: dict[str, set[str]] = {}
+        # Did-you-mean: the declarations indexed at the first unknown name, not listed again
+        # for each; one budget for every suggestion of this compilation.
+        self._budget = Budget()
+        self._globals: Suggester | None = None
+        self._types = Suggester([*TYPE_NAMES, *ELEMENT_NAMES], self._budget)
+
+    def _suggest(self, text: str, local_names, grid: bool) -> str | None:
+        """The closest declaration, built-in, binder in scope (or grid name), as difflib
+        would choose it over all of them."""
+        if self._globals is None:
+            self._globals = Suggester([*self.declarations, *PRIMITIVES], self._budget)
+        return best_match(text, self._globals, local_names, GRID_NAMES if grid else (),
+                          budget=self._budget)
 
     def _declare(self, declaration: Declaration) -> None:
         name = declaration.name.text
@@ -37,9 +50,8 @@ class Scope:
     def of_kind(self, kind: str) -> list[Declaration]:
         return [d for d in self.order if d.kind == kind]
 
-    def _unknown(self, name: Name, local_names, what: str, candidates) -> None:
+    def _unknown(self, name: Name, local_names, what: str, suggestion: str | None) -> None:
         notes = ()
-        suggestion = closest(name.text, list(candidates) + list(local_names))
         if suggestion in local_names:
             notes = (Note(f"did you mean the binder '{suggestion}'?"),)
         elif suggestion in self.declarations:
@@ -68,8 +80,7 @@ class Scope:
                 if text in TYPE_NAMES or text in ELEMENT_NAMES:
                     self.report.error(f"'{text}' is a type, not a value", node.span)
                     continue
-                extra = GRID_NAMES if grid else ()
-                self._unknown(node, local, "name", [*self.declarations, *PRIMITIVES, *extra])
+                self._unknown(node, local, "name", self._suggest(text, local, grid))
             elif isinstance(node, Apply):
                 stack.append((node.function, local))
                 stack.extend((argument, local) for argument in node.arguments)
@@ -87,7 +98,7 @@ class Scope:
             node = stack.pop()
             if isinstance(node, Name):
                 if node.text not in TYPE_NAMES and node.text not in ELEMENT_NAMES:
-                    self._unknown(node, (), "type", [*TYPE_NAMES, *ELEMENT_NAMES])
+                    self._unknown(node, (), "type", self._types.closest(node.text))
             elif isinstance(node, Apply):
                 stack.append(node.function)
                 stack.extend(node.arguments)

@@ -4,21 +4,30 @@ One page per .cg file: its declarations (kind, type, rendered documentation) and
 source, highlighted (the Pygments lexer of cgc/highlight.py), with line numbers and every
 use of a declared name linked to where it is declared, in whatever file. An index lists
 every declaration. No scripts and no network: types show on hover (title attributes).
+
+Documentation comments are Markdown without raw HTML: a tag written in one is shown as
+text, never copied into the page (no `<script>`, no `onerror=`), and a link or image whose
+target has a scheme other than http, https or mailto (`javascript:`, `data:`, `vbscript:`)
+loses its target. Everything else on a page is escaped where it is written.
 """
 
 from __future__ import annotations
 
 import html
 import os
+import re
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 import markdown
+from markdown.treeprocessors import Treeprocessor
 from pygments import lex
 from pygments.token import Token
 
 from ..frontend.api import Frontend
+from ..frontend.load import read_source
 from .highlight import CgLexer
 from ..resources import data_dir
 from ..frontend.syntax import Apply, Declaration, Lambda, Name
@@ -38,6 +47,50 @@ def _css_class(kind) -> str:
         if kind in token:
             return name
     return ""
+
+
+_SAFE_SCHEMES = {"http", "https", "mailto"}
+_SCHEME = re.compile(r"([a-z][a-z0-9+.\-]*):")
+_IGNORED_IN_SCHEMES = re.compile(r"[\x00-\x20\x7f]+")  # browsers skip these in a scheme
+
+
+def safe_target(target: str) -> bool:
+    """Whether a link target is relative or names a harmless scheme. What a browser reads
+    is what is checked: entities decoded, blanks and control characters dropped, any case."""
+    text = _IGNORED_IN_SCHEMES.sub("", html.unescape(target)).lower()
+    found = _SCHEME.match(text)
+    return found is None or found.group(1) in _SAFE_SCHEMES
+
+
+class _DropUnsafeTargets(Treeprocessor):
+    """Removes href and src attributes a browser would run (javascript:, data:, ...)."""
+
+    def run(self, root):
+        for element in root.iter():
+            for attribute in ("href", "src"):
+                target = element.get(attribute)
+                if target is not None and not safe_target(target):
+                    del element.attrib[attribute]
+        return None
+
+
+def _markdown() -> markdown.Markdown:
+    """Markdown with raw HTML shown as text, and no unsafe link targets."""
+    renderer = markdown.Markdown(output_format="html")
+    renderer.preprocessors.deregister("html_block")
+    renderer.inlinePatterns.deregister("html")
+    renderer.treeprocessors.register(_DropUnsafeTargets(renderer), "cgc_unsafe_targets", 1)
+    return renderer
+
+
+def render_markdown(text: str) -> str:
+    renderer = _markdown()
+    return renderer.convert(text)
+
+
+def _url(page: str) -> str:
+    """A page's file name as it goes into an href: URL-quoted, then escaped for HTML."""
+    return html.escape(urllib.parse.quote(page))
 
 
 @dataclass
@@ -76,7 +129,7 @@ class Documenter:
 
     def link(self, name: str) -> str:
         declaration = self.scope.declarations[name]
-        return f"{self.pages[declaration.span.path]}#{name}"
+        return f"{_url(self.pages[declaration.span.path])}#{name}"
 
     def references(self, declaration: Declaration) -> dict[int, str]:
         """Offsets of the names in a declaration that refer to global declarations."""
@@ -106,7 +159,7 @@ class Documenter:
                 self._collect(part, bound, found)
 
     def page(self, module) -> Page:
-        source = Path(module.path).read_text(encoding="utf-8")
+        source = read_source(module.path)  # as it was loaded: a regular file, UTF-8
         page = Page(module.path, self.pages[module.path])
         targets: dict[int, str] = {}
         anchors: dict[int, str] = {}
@@ -117,7 +170,7 @@ class Documenter:
             page.declarations.append({
                 "name": name, "kind": declaration.kind, "line": declaration.span.line,
                 "type": self.describe(name) if name in self.scope.declarations else "",
-                "doc": markdown.markdown(declaration.doc or "", output_format="html")})
+                "doc": render_markdown(declaration.doc or "")})
         parts, offset = [], 0
         for kind, text in lex(source, CgLexer()):
             css = _css_class(kind)
@@ -141,9 +194,12 @@ class Documenter:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
-                              undefined=jinja2.StrictUndefined, autoescape=False,
-                              trim_blocks=True, lstrip_blocks=True)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=True,
+        lstrip_blocks=True)
+    environment.filters["url"] = _url  # a page name in an href
+    return environment
 
 
 def write_documentation(frontend: Frontend, folder: str) -> list[str]:
