@@ -534,3 +534,18 @@ def test_the_first_loss_is_a_constant_of_the_version():
     assert f"of cgc's own sources (corpus.txt, sha256 {CORPUS_SHA256[:12]})" in result.stderr
     first = float(re.search(r"loss (\d+\.\d+) ", result.stdout).group(1))
     assert first == FIRST_LOSS, result.stdout
+
+
+def test_a_fifo_on_the_command_line_is_refused_without_waiting(tmp_path):
+    import os
+    import threading
+
+    from cgc.cli import main
+    fifo = tmp_path / "pipe.cg"
+    os.mkfifo(fifo)
+    result = []
+    worker = threading.Thread(target=lambda: result.append(main(["check", str(fifo)])),
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    assert result == [2], "cgc waited on a FIFO named on the command line"
