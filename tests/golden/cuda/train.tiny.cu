@@ -419,11 +419,12 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(__nv_bfloat16
       p[r * T + lane + 32] = from_float<low_t>(pb);
       for (int d = lane; d < D; d += 32) o[r * D + d] *= correction;
       __syncwarp();
+      // No __syncwarp here: the next row touches only its own s, p, o and statistics, and
+      // row r's are read again only after the __syncwarp below (racecheck shows it).
       if (lane == 0) {
         row_sum[r] = row_sum[r] * correction + sum;
         row_max[r] = new_max;
       }
-      __syncwarp();
     }
     warp_mma<true, true, D, T>(p + top * T, T, v, D, o + top * D, D, true);  // O += P V
     __syncwarp();
