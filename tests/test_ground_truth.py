@@ -1,0 +1,97 @@
+"""The static checker against two ground truths (scripts/checker_vs_ground_truth.py --all):
+the bounds-checked NumPy machine, and the emitted kernels on the CPU under AddressSanitizer
+and UndefinedBehaviorSanitizer (scripts/ground_truth_emulated.py). A CI-sized slice of the
+campaign whose whole run, and its table, are in docs/checker.md: the unmutated schedules run
+clean on both, known-bad mutants fault on both (naming the kernel), and a few hundred
+mutants and random schedules give no false accept."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from cgc.backends.cuda.emulated import compiler_missing
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import checker_vs_ground_truth as campaign  # noqa: E402
+import ground_truth_emulated as gt2  # noqa: E402
+
+pytestmark = pytest.mark.skipif(compiler_missing() is not None,
+                                reason="needs the host C++ compiler (g++)")
+
+
+@pytest.fixture(scope="module")
+def lane():
+    """A lane of the campaign on the sanitized kernels of config tiny, cgBatch 1."""
+    program = campaign.base_program(campaign.OVERRIDES)
+    libraries = {repr(gt2.library_key(program)): gt2.build_library(program)}
+    judged = campaign.Lane(seed=0, pairs=0, libraries=libraries, emulated=True, budget=120,
+                           threads=2)
+    yield judged
+    judged.close()
+
+
+def judge(lane, schedule: str, description: str | None = None) -> dict:
+    entry = dict(campaign.SCHEDULES)[schedule]
+    index = -1
+    if description is not None:
+        found = [i for i, m in enumerate(lane.mutants[schedule])
+                 if m.description.startswith(description)]
+        assert found, f"no mutant '{description}' of {schedule}: update the test"
+        index = found[0]
+    case = campaign.Case(0, schedule, entry, "test", description or "unmutated", index)
+    return lane.judge(case)
+
+
+@pytest.mark.parametrize("schedule", [s for s, _ in campaign.SCHEDULES])
+def test_every_unmutated_schedule_is_accepted_and_clean_on_both_ground_truths(lane, schedule):
+    record = judge(lane, schedule)
+    assert record["verdict"] == "accepted", record
+    assert record["gt1"] == "safe", record
+    assert record["gt2"] == "clean", record  # no report, and no NaN reaches the results
+
+
+def test_a_grid_one_block_too_large_faults_on_both_naming_the_kernel(lane):
+    record = judge(lane, "train.cg", "grid x +1 in cgLayerNorm at")
+    assert record["verdict"] == "rejected" and record["rules"] == ["bounds"], record
+    assert record["gt1"] == "faulted" and record["gt1_why"].startswith("bounds"), record
+    assert record["gt2"] == "faulted", record
+    assert "AddressSanitizer" in record["gt2_why"] and "cgImageLayerNorm" in record["gt2_why"]
+
+
+def test_a_product_into_a_buffer_one_element_short_faults_on_both(lane):
+    """cuBLAS (emulated) writes the logits one element past the shrunk buffer: the view is
+    all that is addressable while the launch runs."""
+    record = judge(lane, "train.cg", "size of cgLogits -1")
+    assert record["verdict"] == "rejected" and "bounds" in record["rules"], record
+    assert record["gt1"] == "faulted", record
+    assert record["gt2"] == "faulted" and "AddressSanitizer" in record["gt2_why"], record
+
+
+def test_an_unbound_pointer_has_no_c_program(lane):
+    record = judge(lane, "backward.cg", "pointer 1 dropped in cgBackward")
+    assert record["verdict"] == "rejected" and "not bound" in record["rules"], record
+    assert record["gt1"] == "faulted" and record["gt2"] == "refused", record
+
+
+def test_a_slice_of_the_campaign_has_no_false_accepts():
+    """Mutants of every kind and schedule and random schedules against the NumPy machine,
+    a sample of them against the sanitized kernels too."""
+    out = io.StringIO()
+    summary = campaign.campaign(seed=1, limit=300, randoms=40, constants=0, pairs=40, jobs=2,
+                                emulated_limit=100, budget=120, out=out)
+    text = out.getvalue()
+    print(text)
+    assert summary["errors"] == 0, text
+    assert summary["false accepts"] == 0, text
+    kinds = summary["by kind"]
+    assert set(kinds) >= {"grid", "binding", "removed", "reordered", "storage", "combined",
+                          "random"}, text
+    accepted = sum(row.get("accepted", 0) for row in kinds.values())
+    gt1 = sum(row.get("gt1 fault", 0) for row in kinds.values())
+    gt2_faults = sum(row.get("gt2 fault", 0) for row in kinds.values())
+    assert accepted >= 60 and gt1 >= 60 and gt2_faults >= 20, text
