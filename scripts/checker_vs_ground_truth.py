@@ -545,27 +545,27 @@ def requirements_off():
         Evaluator.check_requirements = original
 
 
+def front_end(modules, source, entry, config, overrides):
+    """The front end on loaded modules: the evaluated program, or CompileError."""
+    report = Reporter()
+    scope = Scope(modules, report)
+    declarations = elaborate(scope, report)
+    TypeChecker(scope, declarations, report).check_all()
+    report.raise_if_errors()
+    return evaluate_program(scope, declarations, source, entry, config, overrides, report)
+
+
 def evaluate_variant(modules, source, entry, config, overrides):
     """(program or None, checker verdict, rules, first message, warned?)."""
-    report = Reporter()
     try:
-        scope = Scope(modules, report)
-        declarations = elaborate(scope, report)
-        TypeChecker(scope, declarations, report).check_all()
-        report.raise_if_errors()
-        program = evaluate_program(scope, declarations, source, entry, config, overrides, report)
+        program = front_end(modules, source, entry, config, overrides)
     except CompileError as error:
         errors = [d.message for d in error.diagnostics if d.severity == "error"]
         rules = sorted({rule_of(m) for m in errors})
         if rules == ["requirement"]:
             with requirements_off():
-                report = Reporter()
-                scope = Scope(modules, report)
-                declarations = elaborate(scope, report)
-                TypeChecker(scope, declarations, report).check_all()
                 try:
-                    program = evaluate_program(scope, declarations, source, entry, config,
-                                               overrides, report)
+                    program = front_end(modules, source, entry, config, overrides)
                 except CompileError:
                     return None, "front end", rules, errors[0], False
             return program, "rejected", rules, errors[0], False
@@ -625,13 +625,8 @@ def ground_truth_1(program, parameters=None) -> tuple[str, str]:
 
 def judge(modules: list[Module]) -> tuple[str, str]:
     """(checker verdict, ground truth) for one variant of the backward campaign (run())."""
-    report = Reporter()
     try:
-        scope = Scope(modules, report)
-        declarations = elaborate(scope, report)
-        TypeChecker(scope, declarations, report).check_all()
-        report.raise_if_errors()
-        program = evaluate_program(scope, declarations, SOURCE, ENTRY, CONFIG, OVERRIDES, report)
+        program = front_end(modules, SOURCE, ENTRY, CONFIG, OVERRIDES)
     except CompileError as error:
         return "front end", error.diagnostics[0].message
     check_report = Reporter()

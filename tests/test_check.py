@@ -216,6 +216,11 @@ def test_a_grid_of_one_block_that_leaves_outputs_unwritten_is_refused(schedules,
     ("cgHeads=128", "the model requires cgHeadWidth (6) to be a multiple of 16"),
     ("cgWidth=65", "the model requires cgWidth (65) to be a multiple of 8"),
     ("cgWidth=66", "the model requires cgWidth (66) to be a multiple of 8"),
+    # the attention templates static_assert a tile of 64: NVRTC would refuse the file
+    ("cgAttentionTile=32", "the model requires cgAttentionTile (32) to be equal to 64"),
+    ("cgAttentionTile=0", "role 'attentionTile' must be a positive natural, found 0"),
+    # the scatter keeps a step's ids in 48 KB of shared memory
+    ("cgBatch=16", "the model requires cgSeq (16384) to be at most 12288"),
 ])
 def test_constants_the_kernels_cannot_take_are_refused(setting, expected):
     name, value = setting.split("=")

@@ -82,3 +82,22 @@ def test_the_checker_has_no_false_accepts_on_500_variants_of_the_backward_schedu
     assert table["accepted but faulted (FALSE ACCEPT)"] == 0, out.getvalue()
     assert table["accepted and safe"] > 50 and table["rejected, and the machine faults"] > 50
     assert table["fault extent"] == 0, "a kernel touched memory past its declared extent"
+
+
+def test_adamw_over_negative_norm_partials_computes_as_the_kernel_does(tmp_path):
+    """Norm partials bound to the logits (a wrong binding the checker accepts: the logits are
+    written before) sum below zero. sqrtf gives NaN on a GPU and fminf ignores it, so the
+    kernel clips by 1; the reference once raised Python's "math domain error" instead."""
+    import shutil
+    for source in SCHEDULES.glob("*.cg"):
+        shutil.copy(source, tmp_path / source.name)
+    optimizer = tmp_path / "optimizer.cg"
+    text = optimizer.read_text()
+    assert text.count("(cgArgument 4) cgGradientNormPartials") == 2, "update the test"
+    optimizer.write_text(text.replace("(cgArgument 4) cgGradientNormPartials",
+                                      "(cgArgument 4) cgLogits"))
+    path = str(tmp_path / "train.cg")
+    run = open_run("numpy", analyse([path]), path, "tiny", {}, seed=0)
+    batches = Batches(load_corpus(None), run.constants["cgBatch"], run.constants["cgContext"], 0)
+    losses = train(run, batches, 2, out=io.StringIO()).losses
+    assert len(losses) == 2 and all(np.isfinite(losses)), losses

@@ -20,8 +20,10 @@ from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
 from ..core.elements import element_bytes
 from ..core.ir import (
-    Image, Launch, PointerBinding, PointerParameter, Program, Repeat, extreme_point,
+    BindingError, Image, Launch, PointerBinding, PointerParameter, Program, Repeat, concrete,
+    extreme_point,
 )
+from ..core.roles import flowing
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -31,6 +33,77 @@ BLOCK_LIMITS = (1024, 1024, 64)
 # to the optimizer, gradients to the backward pass.
 STAGE_ROLES = {"forward": (), "data": (), "backward": ("gradients",),
                "optimizer": ("parameters", "state", "copies")}
+# The read-before-write rule follows every iteration while a step makes at most this many
+# launches; past it, each launch is taken once with its whole views (docs/checker.md).
+UNROLL_FOR_READS = 200_000
+
+
+def _reach(launch: Launch, parameter: PointerParameter, view, point) -> tuple[int, int]:
+    """The elements of a view's storage a launch's pointer reaches at one iteration (the
+    whole view when the iteration is unknown or the extent cannot be computed)."""
+    if point is None:
+        return 0, view.storage.count
+    offset = concrete(view.offset, point)
+    extent = launch.extents.get(parameter.index)
+    try:
+        reach = view.count if extent is None else min(extent.at(point), view.count)
+    except BindingError:
+        reach = view.count
+    return offset, offset + max(reach, 0)
+
+
+def _elements(storage, low: int, high: int) -> str:
+    """'Elements low..high-1 of ' a storage, by stack item where it is a stack; nothing when
+    they are all of it."""
+    if (low, high) == (0, storage.count):
+        return ""
+    return _range(storage, low, high) + " of "
+
+
+def _pronoun(storage, low: int, high: int) -> str:
+    return "it" if _range(storage, low, high).startswith(("item ", "element ")) or \
+        (low, high) == (0, storage.count) else "them"
+
+
+def _range(storage, low: int, high: int) -> str:
+    if storage.stack and low % storage.item_count == 0 and high % storage.item_count == 0:
+        first, last = low // storage.item_count, high // storage.item_count - 1
+        return f"item {first}" if first == last else f"items {first} to {last}"
+    if high - low == 1:
+        return f"element {low}"
+    return f"elements {low} to {high - 1}"
+
+
+class Intervals:
+    """A union of half-open ranges of elements, kept sorted and disjoint."""
+
+    def __init__(self):
+        self.ranges: list[tuple[int, int]] = []
+
+    def add(self, low: int, high: int) -> None:
+        if low >= high:
+            return
+        merged = []
+        for a, b in self.ranges:
+            if b < low or a > high:
+                merged.append((a, b))
+            else:
+                low, high = min(a, low), max(b, high)
+        merged.append((low, high))
+        self.ranges = sorted(merged)
+
+    def first_gap(self, low: int, high: int) -> tuple[int, int] | None:
+        """The first range inside [low, high) that no added range covers, if any."""
+        position = low
+        for a, b in self.ranges:
+            if b <= position:
+                continue
+            if a > position:
+                return position, min(a, high)
+            position = b
+            if position >= high:
+                return None
+        return (position, high) if position < high else None
 
 
 def _where(variables: tuple[LoopVariable, ...], values: dict[LoopVariable, int]) -> str:
@@ -65,36 +138,72 @@ class Checker:
     # ---- the whole step ------------------------------------------------------------
 
     def check_reads_follow_writes(self) -> None:
-        """In the whole step (the `step` role), no launch reads a step buffer or an arena
-        slot that nothing earlier in the step wrote: such a read sees the previous step's
-        leftovers or another arena slot's bytes. The buffers the runtime fills before each
-        step (the `ids` and `targets` roles) count as written; a read-modify-write
-        (readwrite, accumulate) is the kernel's own business (state kept across steps, such
-        as the optimizer's step counter, or a sum into zeroed memory). A repeat's body is
-        taken once, in order: its first iteration sees only what came before it."""
-        roles = self.program.roles
-        written = {self.program.storages[roles[r]].name for r in ("ids", "targets") if r in roles}
-        for launch, _, _ in self.program.launches():
+        """In the whole step (the `step` role), no launch reads elements of a step buffer or
+        an arena slot that nothing earlier in the step wrote: such a read sees the previous
+        step's leftovers or another arena slot's bytes. Tracked element by element, over the
+        step unrolled (every iteration of every repeat, each stack item apart), as far as
+        each write's grid reaches. What the runtime gives the step (roles that flow in: the
+        ids and targets) counts as written; what it takes from the step (roles that flow
+        out: the loss) must be written whole by the end. A read-modify-write (readwrite,
+        accumulate) is the kernel's own business (state kept across steps, such as the
+        optimizer's step counter, or a sum into zeroed memory)."""
+        program, roles = self.program, self.program.roles
+        step = program.entry
+        written: dict[str, Intervals] = {}
+        for role in flowing("in"):
+            if role in roles:
+                storage = program.storages[roles[role]]
+                written.setdefault(storage.name, Intervals()).add(0, storage.count)
+        reported: set[str] = set()
+        rule = Note(f"'{step}' is the whole step (its `step` role): every value it reads it "
+                    "must first write, but for what the runtime gives it (the "
+                    f"{' and '.join(f'`{r}`' for r in flowing('in'))} roles)")
+        unrolled = program.unrolled() if program.launches_made() <= UNROLL_FOR_READS \
+            else ((launch, phase, None) for launch, phase, _ in program.launches())
+        for launch, _, point in unrolled:
             image = launch.image
+            reads, writes = [], []
             for binding in launch.pointers:
                 parameter = image.pointers.get(binding.index)
                 storage = binding.view.storage
-                if parameter is None or parameter.access != "read" or \
-                        storage.kind not in ("buffer", "arena") or storage.name in written:
+                if parameter is None or storage.kind not in ("buffer", "arena"):
                     continue
+                if parameter.access == "read":
+                    reads.append((binding, parameter))
+                elif parameter.access in WRITES:
+                    writes.append((binding, parameter))
+            for binding, parameter in reads:
+                storage = binding.view.storage
+                done = written.get(storage.name, Intervals())
+                if point is None:  # taken once: any write of the storage will do
+                    hole = None if done.ranges else (0, storage.count)
+                else:
+                    hole = done.first_gap(*_reach(launch, parameter, binding.view, point))
+                if hole is None or storage.name in reported:
+                    continue
+                reported.add(storage.name)  # said once
                 kind = "step buffer" if storage.kind == "buffer" else "arena slot"
-                self.error(launch, f"'{image.name}' reads the {kind} '{storage.name}' through "
-                                   f"pointer {binding.index} '{parameter.name}', but nothing "
-                                   f"earlier in the step '{self.program.entry}' writes it",
-                           binding.span,
-                           Note(f"'{self.program.entry}' is the whole step (its `step` role): "
-                                "every value it reads it must first write, but for the ids "
-                                "and targets the runtime gives it"))
-                written.add(storage.name)  # said once
-            for binding in launch.pointers:
-                parameter = image.pointers.get(binding.index)
-                if parameter is not None and parameter.access in WRITES:
-                    written.add(binding.view.storage.name)
+                where = "" if point is None else _where(tuple(point), point)
+                self.error(launch, f"'{image.name}' reads {_elements(storage, *hole)}the "
+                                   f"{kind} '{storage.name}' through pointer {binding.index} "
+                                   f"'{parameter.name}'{where}, but nothing earlier in the "
+                                   f"step '{step}' writes {_pronoun(storage, *hole)}",
+                           binding.span, rule)
+            for binding, parameter in writes:
+                low, high = _reach(launch, parameter, binding.view, point)
+                written.setdefault(binding.view.storage.name, Intervals()).add(low, high)
+        for role in flowing("out"):
+            if role not in roles:
+                continue
+            storage = program.storages[roles[role]]
+            hole = written.get(storage.name, Intervals()).first_gap(0, storage.count)
+            if hole is not None:
+                self.report.error(
+                    f"the step '{step}' never writes {_elements(storage, *hole)}"
+                    f"'{storage.name}', its `{role}` role: the runtime reads all of it after "
+                    "every step", program.role_spans.get("step"),
+                    Note(f"'{storage.name}' is given the `{role}` role here",
+                         program.role_spans.get(role)))
 
     # ---- declarations ------------------------------------------------------------
 

@@ -338,6 +338,14 @@ class Program:
 
         yield from go(self.body, None, (), {})
 
+    def launches_made(self) -> int:
+        """How many launches the program makes, every repeat unrolled."""
+        def count(nodes) -> int:
+            return sum(1 if isinstance(node, Launch) else
+                       count(node.body) * (node.variable.count if isinstance(node, Repeat) else 1)
+                       for node in nodes)
+        return count(self.body)
+
     def launches(self):
         """Every launch with its innermost phase and enclosing loops, in program order."""
         return self._walk(unroll=False)

@@ -19,12 +19,14 @@ class Role:
     element: str | None  # a buffer's element type
     kernel_constant: str | None  # its C name in the kernels, for a Nat
     meaning: str
+    flow: str | None = None  # "in": the runtime writes it before each step; "out": reads it after
 
 
 ROLES: dict[str, Role] = {role.name: role for role in (
-    Role("ids", "buffer", "int32", None, "the input token ids, one per row"),
-    Role("targets", "buffer", "int32", None, "the next-token targets, one per row (-1: ignored)"),
-    Role("loss", "buffer", "float32", None, "the cross-entropy of each row"),
+    Role("ids", "buffer", "int32", None, "the input token ids, one per row", "in"),
+    Role("targets", "buffer", "int32", None, "the next-token targets, one per row (-1: ignored)",
+         "in"),
+    Role("loss", "buffer", "float32", None, "the cross-entropy of each row", "out"),
     Role("rows", "Nat", None, "kRows", "token rows per step (batch x context)"),
     Role("batch", "Nat", None, "kBatch", "sequences per step"),
     Role("context", "Nat", None, "kContext", "tokens per sequence"),
@@ -36,10 +38,15 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("attentionTile", "Nat", None, "kAttentionTile", "query rows per attention block"),
     Role("step", "Schedule", None, None,
          "the whole training step: nothing in it may read a step buffer or arena slot before "
-         "it writes it"),
+         "it writes it, and it must write all of the roles the runtime reads after it"),
 )}
 
 KERNEL_CONSTANTS = {role.kernel_constant: role.name for role in ROLES.values()
                     if role.kernel_constant}
 # What `cgc run` needs to feed a step and read its loss.
 TRAINING_ROLES = ("ids", "targets", "loss", "batch", "context", "vocab")
+
+
+def flowing(direction: str) -> tuple[str, ...]:
+    """The buffer roles the runtime writes before each step ("in") or reads after it ("out")."""
+    return tuple(role.name for role in ROLES.values() if role.flow == direction)

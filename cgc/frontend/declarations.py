@@ -110,17 +110,23 @@ class RoleBinding:
 
 @dataclass
 class Requirement:
-    """(multiple A B): A is a multiple of B; (equal A B): A equals B. Naturals, checked in
+    """(multiple A B): A is a multiple of B; (equal A B): A equals B; (atMost A B): A is at
+    most B. Naturals, checked in
     every configuration: what the kernels and the runtime assume of the model's shape."""
 
-    kind: str  # multiple | equal
+    kind: str  # a key of REQUIREMENTS
     left: Term
     right: Term
     span: Span  # the clause
     doc: str | None
 
 
-REQUIREMENTS = {"multiple": "is a multiple of", "equal": "equals"}
+# Each requirement: how it reads in the language's help, the test, and how a failure reads.
+REQUIREMENTS = {
+    "multiple": ("is a multiple of", lambda a, b: b > 0 and a % b == 0, "a multiple of"),
+    "equal": ("equals", lambda a, b: a == b, "equal to"),
+    "atMost": ("is at most", lambda a, b: a <= b, "at most"),
+}
 
 
 @dataclass
@@ -429,7 +435,7 @@ class _Elaborator:
 
     def require(self, declaration: Declaration) -> None:
         allowed = {kind: (2, 2, f"({kind} A B): A {words} B")
-                   for kind, words in REQUIREMENTS.items()}
+                   for kind, (words, _, _) in REQUIREMENTS.items()}
         for keyword, clause in self.clauses(declaration, allowed):
             left, right = (self.term(a, declaration.name.text) for a in clause.arguments)
             self.result.requirements.append(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..core import affine
 from ..core.affine import Affine, Int, LoopVariable, Nat, bounds, format_nat
 from .builtins import GRID_NAMES, PRIMITIVES
-from .declarations import Declarations, StorageDeclaration
+from .declarations import REQUIREMENTS, Declarations, StorageDeclaration
 from ..core.diagnostics import Note, Reporter
 from ..core.elements import DEFAULT_LOW
 from ..core.ir import (
@@ -214,7 +214,8 @@ class Evaluator:
         if value is POISON:
             return None
         if not isinstance(value, int) or value <= 0:
-            self.report.error(f"{what} must be a positive natural, found {value}", term.span)
+            self.report.error(f"{what} must be a positive natural, found {value}", term.span,
+                              self.configuration_note())
             return None
         return value
 
@@ -288,9 +289,8 @@ class Evaluator:
             right = self.natural_constant(requirement.right, "a requirement's value")
             if left is None or right is None:
                 continue
-            holds = left % right == 0 if requirement.kind == "multiple" else left == right
-            if not holds:
-                words = "a multiple of" if requirement.kind == "multiple" else "equal to"
+            _, holds, words = REQUIREMENTS[requirement.kind]
+            if not holds(left, right):
                 why = [Note(requirement.doc.replace("\n", " "))] if requirement.doc else []
                 self.report.error(
                     f"the model requires {_shown(requirement.left, left)} to be {words} "
@@ -746,6 +746,12 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
                      config: str, overrides: dict[str, object], report: Reporter) -> Program:
     evaluator = Evaluator(scope, declarations, config, overrides, report)
     report.raise_if_errors()
+    # What the kernels assume of the shape first: a configuration that breaks it would only
+    # produce the consequences (a division by zero, a bad extent) further on.
+    roles, role_spans = evaluator.roles()
+    report.raise_if_errors()
+    evaluator.check_requirements(roles)
+    report.raise_if_errors()
     declaration = scope.declarations[entry]
     body = evaluator.global_value(entry, declaration.name.span)
     if report.has_errors or body is POISON:
@@ -758,10 +764,6 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
         evaluator.bank_layout(bank)
     entries = tuple(evaluator.entry(s) for s in declarations.storages.values()
                     if s.kind == "entry")
-    roles, role_spans = evaluator.roles()
-    report.raise_if_errors()
-    evaluator.check_requirements(roles)
-    report.raise_if_errors()
     constants = {name: evaluator.constant(name, declarations.constants[name].span)
                  for name in declarations.constants}
     warnings = [d for d in report.diagnostics if d.severity == "warning"]

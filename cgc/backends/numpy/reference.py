@@ -336,7 +336,10 @@ def _adamw(k: Kernel):
     n = _elementwise_count(k, 1024)
     s = k.scalars
     partials = k.pointers["normPartials"].read(0, int(s["partialCount"]))
-    norm = F32(math.sqrt(float(partials.astype(np.float64).sum())))
+    # As sqrtf on the GPU: partials that sum below zero (a wrong binding) give a NaN norm,
+    # which the clip below ignores as fminf does, rather than a Python error.
+    with np.errstate(invalid="ignore"):
+        norm = F32(np.sqrt(partials.astype(np.float64).sum()))
     step = int(k.pointers["step"].read(0, 1)[0])
     if step < 1:
         raise Fault("data", "the optimizer step must be advanced before the update")
