@@ -163,6 +163,16 @@ class Instruction:
         """A 128-bit access."""
         return ".128" in self.opcode
 
+    @property
+    def wavefronts(self) -> int:
+        """A warp's shared-memory access in 128-byte wavefronts, without bank conflicts:
+        32 threads of 4 bytes or less take one, of 8 bytes two, of 16 bytes four; ldmatrix
+        moves one 8 x 8 matrix (128 bytes) a wavefront, 1, 2 or 4 of them (.4)."""
+        if self.base == "LDSM":
+            return int(self.opcode.rsplit(".", 1)[1]) if self.opcode[-2:] in (".2", ".4") \
+                else 1
+        return 4 if ".128" in self.opcode else 2 if ".64" in self.opcode else 1
+
 
 @dataclass
 class Loop:
@@ -182,14 +192,21 @@ class KernelCode:
     loops: list[Loop] = field(default_factory=list)
 
     def counts(self, where=lambda i: True) -> Counter:
-        """Instructions by class (and `wide` for 128-bit global accesses)."""
+        """Instructions by class, `wide` for 128-bit global accesses, `instructions` for
+        all of them, and `wavefronts:KIND` for the shared and generic accesses' wavefronts
+        (a generic access is priced as shared: in these kernels that is where they go)."""
         found = Counter()
         for instruction in self.instructions:
-            if not where(instruction) or instruction.kind is None:
+            if not where(instruction):
+                continue
+            found["instructions"] += 1
+            if instruction.kind is None:
                 continue
             found[instruction.kind] += 1
             if instruction.kind == "global" and instruction.wide:
                 found["wide"] += 1
+            if instruction.kind in ("lds", "sts", "ldsm", "generic"):
+                found[f"wavefronts:{instruction.kind}"] += instruction.wavefronts
         return found
 
     def outermost_loops(self) -> list[Loop]:
