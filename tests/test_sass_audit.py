@@ -221,13 +221,15 @@ extern "C" __global__ void __launch_bounds__(128) tiled(float* out, const __nv_b
   const float4* wide = reinterpret_cast<const float4*>(in);
 #pragma unroll 1
   for (int t = 0; t < tiles; ++t) {
-    uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(&tile[t & 1][(threadIdx.x & 31) * 8]));
+    uint32_t slot = static_cast<uint32_t>(
+        __cvta_generic_to_shared(&tile[t & 1][(threadIdx.x & 31) * 8]));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(slot),
                  "l"(wide + t * 32 + (threadIdx.x & 31)));
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
     uint32_t a0, a1, a2, a3;
-    uint32_t row = static_cast<uint32_t>(__cvta_generic_to_shared(&tile[t & 1][(threadIdx.x & 15) * 16]));
+    uint32_t row = static_cast<uint32_t>(
+        __cvta_generic_to_shared(&tile[t & 1][(threadIdx.x & 15) * 16]));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(row));
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
