@@ -9,19 +9,23 @@ fed by ldmatrix, cp.async, rotary out of the kernel; branch issue-13-attention) 
 kernels' rewrite (issue 13 item 4; branch issue-13-kernels) are to make true: they are
 strict xfails, so the merge that makes one true fails here until its mark is removed.
 
-Every detector is shown to fail: a tiny kernel compiled here spills to local memory, loads
-shared memory through a generic pointer, adds atomically, and (the other way) uses ldmatrix,
-mma.sync in a loop, cp.async and 128-bit accesses; doctored listings check the parser's
-corner cases; the occupancy rules are checked on hand-worked cases.
+Every detector is shown to fail: GPT-2 small's file built from templates broken on purpose
+(MUTATIONS: a float4 copy made scalar, an atomic added, a local array) breaks those
+promises; a tiny kernel compiled here spills to local memory, loads shared memory through a
+generic pointer, adds atomically, and (the other way) uses ldmatrix, mma.sync in a loop,
+cp.async and 128-bit accesses; doctored listings check the parser's corner cases; the
+occupancy rules are checked on hand-worked cases.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections import Counter
 
 import pytest
 
+from cgc.resources import data_dir
 from conftest import ROOT, SCHEDULES
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -286,6 +290,49 @@ def test_detectors_see_ldmatrix_mma_in_a_loop_cp_async_and_wide_accesses(tiny):
 def test_resources_come_from_the_cubin(tiny):
     assert tiny["tiled"].static_shared == 2 * 2 * 16 * 16
     assert tiny["atomics"].threads == 256
+
+
+# ---- every detector can fail: the real file, with templates broken on purpose --------
+
+MUTATIONS = {
+    # the embedding copies a float at a time: no 128-bit access left
+    "embedding.cu.j2": ("*reinterpret_cast<float4*>(to + c) = load4(from + c);",
+                        "for (int e = 0; e < 4; ++e) to[c + e] = from[c + e];"),
+    # the cross-entropy backward adds its gradient atomically
+    "cross_entropy_backward.cu.j2": ("logitsGradient[at] = (p - ",
+                                     "atomicAdd(&logitsGradient[at], 0.0f);\n  "
+                                     "logitsGradient[at] = (p - "),
+    # GELU keeps an array indexed at run time: local memory
+    "gelu.cu.j2": ("  const long first = element_group({{ threads }});",
+                   "  const long first = element_group({{ threads }});\n"
+                   "  float scratch[64];\n"
+                   "  for (int i = 0; i < 64; ++i) scratch[i] = to_float(input[i]);\n"
+                   "  scratch[threadIdx.x & 63] += 1.0f;\n"
+                   "  if (scratch[(threadIdx.x * 7) & 63] == 12345.0f) output[0] = input[0];"),
+}
+
+
+def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
+    """The promises of the table fail on the real file when a template breaks them: one
+    more nvcc build, of GPT-2 small's file with three kernels broken as MUTATIONS says."""
+    templates = tmp_path / "templates"
+    shutil.copytree(data_dir("templates"), templates)
+    for name, (old, new) in MUTATIONS.items():
+        path = templates / "kernels" / name
+        text = path.read_text(encoding="utf-8")
+        assert old in text, f"{name} no longer has the line this test mutates"
+        path.write_text(text.replace(old, new), encoding="utf-8")
+    monkeypatch.setenv("CGC_TEMPLATES", str(templates))
+    source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
+    cubin = sass_audit.build_cubin(source, tmp_path / "sass")
+    audit = sass_audit.audit_code(sass_audit.parse_sass(sass_audit.disassemble(cubin)),
+                                  sass_audit.resources(cubin), shapes)
+    assert not wide_global_accesses(audit["cgImageEmbedding"])
+    assert not no_atomics(audit["cgImageCrossEntropyBackward"])
+    assert not no_local_memory(audit["cgImageGelu"])
+    # the kernels left alone keep theirs
+    assert wide_global_accesses(audit["cgImageLayerNorm"]) and no_atomics(audit["cgImageGelu"])
+    assert no_local_memory(audit["cgImageGeluBackward"])
 
 
 # ---- doctored listings: the parser's corners -----------------------------------------
