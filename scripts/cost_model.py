@@ -309,25 +309,53 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
     return rows
 
 
+PARTS = ("hbm", "l2", "tensor", "shared", "issue", "overhead")
+
+
+def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> None:
+    """Each image's modelled parts, summed over its launches (MODELLED, microseconds): the
+    longest part (after the tail) is what a launch costs; the others are what it hides."""
+    roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+    sums = defaultdict(lambda: defaultdict(float))
+    for launch, _, point in program.unrolled():
+        facts = launch_facts(program, launch, point)
+        modelled = model_library(facts, hw, model) if facts.library else \
+            model_kernel(facts, audits[facts.image], DESIGNS[facts.image], roles, hw, model)
+        for key in (*PARTS, "total"):
+            sums[facts.image][key] += modelled.parts.get(key, 0.0)
+    print("MODELLED parts of each image's time, summed over its launches (us)")
+    print("| image | " + " | ".join(PARTS) + " | modelled |")
+    print("| --- | " + " | ".join("---:" for _ in PARTS) + " | ---: |")
+    for name, parts in sorted(sums.items(), key=lambda r: -r[1]["total"]):
+        print(f"| {name} | " + " | ".join(f"{parts[k] * 1e6:,.1f}" for k in PARTS)
+              + f" | {parts['total'] * 1e6:,.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="gpt2")
     parser.add_argument("--floor", action="store_true",
                         help="the floor alone (no audit, so no CUDA compiler needed)")
+    parser.add_argument("--parts", action="store_true",
+                        help="each image's modelled time split into its parts")
     args = parser.parse_args()
+    from cgc.core.diagnostics import CompileError, render_all
+    from sass_audit import ToolchainMissing, audit_file
     path = os.path.join(ROOT, "schedules", "train.cg")
-    program = evaluate(analyse([path]), path, config=args.config)
-    audits = None
-    if not args.floor:
-        from sass_audit import ToolchainMissing, audit_file
-        try:
-            audits = audit_file(path, args.config)
-        except ToolchainMissing as error:
-            print(f"cost_model: error: {error} (or --floor for the floor alone)",
-                  file=sys.stderr)
-            return 1
+    try:
+        program = evaluate(analyse([path]), path, config=args.config)
+        audits = None if args.floor else audit_file(path, args.config)
+    except ToolchainMissing as error:
+        print(f"cost_model: error: {error} (or --floor for the floor alone)", file=sys.stderr)
+        return 1
+    except CompileError as error:  # the schedule itself: cgc's own diagnostics
+        print(render_all(error.diagnostics), file=sys.stderr)
+        return 1
     rows = step_rows(program, audits)
+    if args.parts and audits:
+        print_parts(program, audits)
+        return 0
     hw = H200
     print(f"train.cg, config {args.config}, {hw.name}: one step. MODELLED figures, not "
           f"measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s or products at "

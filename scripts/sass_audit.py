@@ -481,10 +481,14 @@ def main() -> int:
     parser.add_argument("--config", default="gpt2")
     parser.add_argument("--json", action="store_true", help="print the audit as JSON")
     args = parser.parse_args()
+    from cgc.core.diagnostics import CompileError, render_all
     try:
         audits = audit_file(args.file, args.config)
     except ToolchainMissing as error:
         print(f"sass_audit: error: {error}", file=sys.stderr)
+        return 1
+    except CompileError as error:  # the schedule itself: cgc's own diagnostics
+        print(render_all(error.diagnostics), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps([a.row() for a in audits.values()], indent=1))

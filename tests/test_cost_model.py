@@ -134,3 +134,12 @@ def test_floor_prints_without_a_compiler():
     assert result.returncode == 0, result.stderr
     assert "MODELLED" in result.stdout and "floor: " in result.stdout
     assert "modelled as built" not in result.stdout
+
+
+@pytest.mark.parametrize("script", ["cost_model.py", "sass_audit.py"])
+def test_an_unknown_config_is_a_diagnostic(script):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--config", "nope"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "cgc: error: unknown config 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
