@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from cgc.core.affine import Affine  # noqa: E402
 from cgc.checking.memory import element_bytes  # noqa: E402
 from cgc.frontend.api import analyse, evaluate  # noqa: E402
-from sass_audit import H200, Hardware, KernelAudit  # noqa: E402
+from sass_audit import H200, SHARED_KINDS, Hardware, KernelAudit  # noqa: E402
 
 FLOP_PER_HMMA = 2 * 16 * 8 * 16  # one m16n8k16 product: 4096 flop
 
@@ -165,7 +165,7 @@ def shared_wavefronts(counts: dict, conflicts: dict) -> float:
     """Wavefronts of one loop iteration of one warp: each access's conflict-free wavefronts
     (its width: 128 bytes a wavefront) times its kind's conflict ways."""
     return sum(counts.get(f"wavefronts:{kind}", 0) * conflicts.get(kind, 1)
-               for kind in ("lds", "sts", "ldsm", "generic"))
+               for kind in SHARED_KINDS)
 
 
 def tail(blocks: int, per_wave: int) -> float:

@@ -136,6 +136,9 @@ CLASSES = {
     "BAR": "barrier",
 }
 
+# The accesses that take shared-memory wavefronts (generic ones priced as shared).
+SHARED_KINDS = ("lds", "sts", "ldsm", "ldgsts", "generic")
+
 _SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 _LABEL = re.compile(r"^(\.L_\w+):")
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)"
@@ -194,7 +197,8 @@ class KernelCode:
     def counts(self, where=lambda i: True) -> Counter:
         """Instructions by class, `wide` for 128-bit global accesses, `instructions` for
         all of them, and `wavefronts:KIND` for the shared and generic accesses' wavefronts
-        (a generic access is priced as shared: in these kernels that is where they go)."""
+        (a generic access is priced as shared: in these kernels that is where they go;
+        cp.async as the shared-memory store it ends in)."""
         found = Counter()
         for instruction in self.instructions:
             if not where(instruction):
@@ -205,7 +209,7 @@ class KernelCode:
             found[instruction.kind] += 1
             if instruction.kind == "global" and instruction.wide:
                 found["wide"] += 1
-            if instruction.kind in ("lds", "sts", "ldsm", "generic"):
+            if instruction.kind in SHARED_KINDS:
                 found[f"wavefronts:{instruction.kind}"] += instruction.wavefronts
         return found
 

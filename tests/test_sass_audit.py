@@ -282,6 +282,9 @@ def test_detectors_see_ldmatrix_mma_in_a_loop_cp_async_and_wide_accesses(tiny):
     assert ldmatrix(tiled) and cp_async(tiled) and wide_global_accesses(tiled)
     assert [t["tensor"] for t in tiled.tile_loops] == [2]
     assert [t["ldsm"] for t in tiled.tile_loops] == [1]
+    # ldmatrix .x4 moves four 8 x 8 matrices, cp.async 16 bytes a thread: 4 wavefronts each
+    assert [t["wavefronts:ldsm"] for t in tiled.tile_loops] == [4]
+    assert [t["wavefronts:ldgsts"] for t in tiled.tile_loops] == [4]
     assert tensor_per_tile(2)(tiled) and not tensor_per_tile(4)(tiled)
     assert not ldmatrix(tiny["spills"]) and not cp_async(tiny["spills"])
     assert not wide_global_accesses(tiny["atomics"])
