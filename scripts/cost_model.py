@@ -109,8 +109,10 @@ DESIGNS = {
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
     "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
     "cgImageLayerNorm": Design(inflight=24),
-    "cgImageLayerNormBackward": Design(inflight=288),  # a warp a row: 3 rows of 24 floats
-    "cgImageLayerNormBackwardAdd": Design(inflight=384),
+    # a warp a row: its input, its gradient and gamma, 24 floats each a lane, loaded together
+    # (the residual of the Add variant is read after the row's sums, alone)
+    "cgImageLayerNormBackward": Design(inflight=288),
+    "cgImageLayerNormBackwardAdd": Design(inflight=288),
     "cgImageLayerNormParameterGradients": Design(inflight=16),
     "cgImageLoss": Design(inflight=16),
     "cgImageCrossEntropyBackward": Design(inflight=4),  # one logit a thread
