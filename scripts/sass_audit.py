@@ -235,7 +235,9 @@ class KernelCode:
 
 def parse_sass(text: str) -> dict[str, KernelCode]:
     """nvdisasm's listing, by kernel. A kernel's section holds its own code and the
-    subroutines the compiler placed after it (division slow paths), counted with it."""
+    subroutines the compiler placed after it (division slow paths), counted with it. A
+    __noinline__ device function would have a section of its own, not counted with its
+    callers; cgc's kernels inline all their device code."""
     kernels: dict[str, KernelCode] = {}
     current, labels, pending = None, {}, []
     for line in text.splitlines():
