@@ -1,30 +1,243 @@
 #!/usr/bin/env python3
-"""The cost model: what each image must move and compute in one step, and its floor time.
+"""The cost model: each kernel of the step as built, next to its floor. All figures MODELLED.
 
-For every launch of the step (repeats counted once per iteration): the bytes of every
-buffer it binds (a read or a write once, a read-and-write or an accumulation twice) and
-the floating-point operations of its products; the floor time is the larger of bytes over
-the copy bandwidth and operations over the bf16 product rate, both as measured on an H200.
-The sum is the limit the runtime is measured against.
+Floor (what no kernel can beat): for every launch, the larger of the bytes of the buffers it
+binds (a read or a write once, a read-and-write or an accumulation twice) over the H200's
+HBM bandwidth, and the floating-point operations of its products over its dense bf16
+tensor-core rate.
+
+As built (docs/performance-model.md): each kernel priced from its machine code and launch
+shape, read by scripts/sass_audit.py (registers and shared memory -> blocks an SM; the
+tensor-core, shared-memory and generic instructions of each tiled main loop), and from the
+design facts SASS cannot show (DESIGNS: bytes in flight a thread, bank conflicts, loop trip
+counts, re-reads). A launch takes the longest of:
+- HBM: floor bytes over the bandwidth Little's law allows with the bytes the resident
+  threads keep in flight (MODEL.memory_latency_s), capped at the HBM rate;
+- L2: re-read bytes (a tile loaded once per query tile, ids scanned by every block) over
+  MODEL.l2_bytes_per_s;
+- tensor cores: HMMA instructions executed x 4096 flop over the rate mma.sync reaches
+  (MODEL.mma_sync_fraction of the peak), on the SMs the grid occupies; cuBLAS products at
+  MODEL.cublas_fraction of the peak;
+- shared memory: wavefronts (128 bytes a clock an SM; an n-way bank conflict costs n);
+- issue: warp instructions a loop executes over 4 schedulers an SM;
+divided by the tail of the last wave, plus MODEL.launch_overhead_s. The gap between
+modelled and floor, kernel by kernel, is the to-do list.
+
+    python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
+    python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from cgc.core.affine import Affine  # noqa: E402
-from cgc.frontend.api import analyse, evaluate  # noqa: E402
 from cgc.checking.memory import element_bytes  # noqa: E402
+from cgc.frontend.api import analyse, evaluate  # noqa: E402
+from sass_audit import H200, SHARED_KINDS, Hardware, KernelAudit  # noqa: E402
 
-BANDWIDTH = 4.3e12  # bytes/s, H200 copy bandwidth as measured
-PRODUCT_RATE = 790e12  # flop/s, H200 dense bf16 products as measured
+FLOP_PER_HMMA = 2 * 16 * 8 * 16  # one m16n8k16 product: 4096 flop
 
+
+@dataclass(frozen=True)
+class Model:
+    """The model's assumptions: rates and latencies no datasheet fixes. Each is a
+    modelling choice, argued in docs/performance-model.md."""
+
+    memory_latency_s: float = 600e-9  # an HBM load under load, issue to use
+    l2_bytes_per_s: float = 10e12  # L2 hits across the chip
+    mma_sync_fraction: float = 0.67  # mma.sync (HMMA) against wgmma's peak on Hopper
+    cublas_fraction: float = 0.70  # cuBLAS on GPT-2 small's products, of the peak
+    issue_per_clock: int = 4  # warp instructions an SM issues a clock (4 schedulers)
+    launch_overhead_s: float = 1.5e-6  # a launch replayed from a CUDA graph, end to start
+
+
+MODEL = Model()
+
+
+@dataclass(frozen=True)
+class Design:
+    """What a kernel's design adds to its machine code, for the model.
+
+    inflight: global bytes each thread has in flight (loads issued before the first use);
+    conflicts: bank-conflict ways of its shared accesses, by audit kind (1 when absent);
+    tile_iterations(roles): for each tiled main loop (in address order, as the audit lists
+        them), its iterations summed over the whole grid;
+    l2_bytes(roles, launch): bytes re-read from L2 beyond the floor's traffic;
+    issue(roles, launch): warp instructions of a loop the SASS counts cannot price."""
+
+    inflight: int = 16
+    conflicts: dict = field(default_factory=dict)
+    tile_iterations: object = None
+    l2_bytes: object = None
+    issue: object = None
+
+
+def _causal_tiles(r) -> int:
+    """(query tile, key tile) pairs under the causal mask, over all sequences and heads."""
+    tiles = r["context"] // r["attentionTile"]
+    return r["batch"] * r["heads"] * tiles * (tiles + 1) // 2
+
+
+def _attention_rereads(r, launch) -> int:
+    """K and V tiles loaded once per query tile that reads them (the floor counts once)."""
+    tile_bytes = 2 * r["attentionTile"] * r["headWidth"] * 2  # K and V, bfloat16
+    return _causal_tiles(r) * tile_bytes
+
+
+SCAN_INSTRUCTIONS = 4  # LDS of an id, two compares, a branch: the scatter's scan, per id
+
+DESIGNS = {
+    # WMMA fragments load through generic 32-bit LD from rows of 64 bfloat16 (128 bytes):
+    # the 8 rows of a load land on the same 4 banks, 8 ways.
+    "cgImageAttention": Design(inflight=16, conflicts={"generic": 8},
+                               tile_iterations=lambda r: (_causal_tiles(r),),
+                               l2_bytes=_attention_rereads),
+    "cgImageAttentionBackward": Design(
+        inflight=16, conflicts={"generic": 8},
+        tile_iterations=lambda r: (_causal_tiles(r), _causal_tiles(r)),
+        l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch)),
+    "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
+    "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
+    "cgImageLayerNorm": Design(inflight=24),
+    # a warp a row: its input, its gradient and gamma, 24 floats each a lane, loaded together
+    # (the residual of the Add variant is read after the row's sums, alone)
+    "cgImageLayerNormBackward": Design(inflight=288),
+    "cgImageLayerNormBackwardAdd": Design(inflight=288),
+    "cgImageLayerNormParameterGradients": Design(inflight=16),
+    "cgImageLoss": Design(inflight=16),
+    "cgImageCrossEntropyBackward": Design(inflight=4),  # one logit a thread
+    "cgImageGelu": Design(inflight=16),
+    "cgImageGeluBackward": Design(inflight=32),
+    "cgImageCastDown": Design(inflight=32),
+    "cgImageZero": Design(inflight=16),
+    "cgImageSquareSum": Design(inflight=16),
+    # 4 elements a thread of 4 arrays, 4 bytes each; every block re-reads the norm partials
+    "cgImageAdamW": Design(inflight=64, l2_bytes=lambda r, launch: launch.blocks * 128 * 4),
+    "cgImageAdamWMatrix": Design(inflight=64,
+                                 l2_bytes=lambda r, launch: launch.blocks * 128 * 4),
+    # every block scans all the step's ids (loaded to shared memory) for the ones it owns
+    "cgImageScatter": Design(
+        inflight=16, l2_bytes=lambda r, launch: launch.blocks * r["rows"] * 4,
+        issue=lambda r, launch: launch.blocks * launch.warps * r["rows"] * SCAN_INSTRUCTIONS),
+    "cgImageStepAdvance": Design(inflight=4),
+}
+
+
+# ---- one launch ----------------------------------------------------------------------
+
+@dataclass
+class LaunchFacts:
+    """What the model reads of one launch."""
+
+    image: str
+    blocks: int
+    threads: int
+    floor_bytes: int
+    flops: float  # the products' operations (0 for kernels without products)
+    library: bool = False
+    copies_residual_bytes: int = 0  # cuBLAS residual products copy C first
+
+    @property
+    def warps(self) -> int:
+        return -(-self.threads // 32)
+
+
+def floor_time(bytes_moved: float, flops: float, hw: Hardware = H200) -> float:
+    return max(bytes_moved / hw.hbm_bytes_per_s, flops / hw.tensor_flops)
+
+
+def hbm_bandwidth(active_sms: int, resident_threads: int, inflight: int,
+                  hw: Hardware = H200, model: Model = MODEL) -> float:
+    """Little's law: the bytes in flight on the active SMs over the latency, at most HBM's."""
+    return min(hw.hbm_bytes_per_s,
+               active_sms * resident_threads * inflight / model.memory_latency_s)
+
+
+def shared_wavefronts(counts: dict, conflicts: dict) -> float:
+    """Wavefronts of one loop iteration of one warp: each access's conflict-free wavefronts
+    (its width: 128 bytes a wavefront) times its kind's conflict ways."""
+    return sum(counts.get(f"wavefronts:{kind}", 0) * conflicts.get(kind, 1)
+               for kind in SHARED_KINDS)
+
+
+def tail(blocks: int, per_wave: int) -> float:
+    """The fraction of the last wave's slots the grid fills, spread over all waves. A grid
+    of one wave or less is priced on the SMs it occupies instead (model_kernel)."""
+    waves = blocks / per_wave
+    return 1.0 if waves <= 1 else waves / math.ceil(waves)
+
+
+@dataclass
+class Modelled:
+    """One launch's modelled time and its parts (seconds)."""
+
+    floor: float
+    parts: dict
+
+    @property
+    def time(self) -> float:
+        return self.parts["total"]
+
+    @property
+    def bound(self) -> str:
+        return max((k for k in self.parts if k not in ("total", "overhead")),
+                   key=lambda k: self.parts[k])
+
+
+def model_library(facts: LaunchFacts, hw: Hardware = H200, model: Model = MODEL) -> Modelled:
+    """A cuBLAS product: its operations at the fraction of the peak cuBLAS reaches, its
+    bytes (and the copy before a residual product) at HBM's rate."""
+    bytes_moved = facts.floor_bytes + facts.copies_residual_bytes
+    parts = {"tensor": facts.flops / (hw.tensor_flops * model.cublas_fraction),
+             "hbm": bytes_moved / hw.hbm_bytes_per_s, "overhead": model.launch_overhead_s}
+    parts["total"] = max(parts["tensor"], parts["hbm"]) + parts["overhead"]
+    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
+
+
+def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: dict,
+                 hw: Hardware = H200, model: Model = MODEL) -> Modelled:
+    per_sm = max(audit.occupancy.blocks, 1)
+    active = min(hw.sms, facts.blocks)
+    resident = min(per_sm, -(-facts.blocks // hw.sms)) * facts.threads
+    clock = active * hw.clock_hz
+    parts = {"hbm": facts.floor_bytes / hbm_bandwidth(active, resident, design.inflight, hw,
+                                                      model)}
+    l2 = design.l2_bytes(roles, facts) if design.l2_bytes else 0
+    parts["l2"] = l2 / model.l2_bytes_per_s
+    hmma = wavefronts = issue = 0.0
+    if design.tile_iterations:
+        iterations = design.tile_iterations(roles)
+        assert len(iterations) == len(audit.tile_loops), \
+            f"{facts.image}: the design names {len(iterations)} tiled loops, the SASS has " \
+            f"{len(audit.tile_loops)}"
+        for counts, n in zip(audit.tile_loops, iterations):
+            executed = n * facts.warps  # loop iterations over all warps of the grid
+            hmma += counts.get("tensor", 0) * executed
+            wavefronts += shared_wavefronts(counts, design.conflicts) * executed
+            issue += counts.get("instructions", 0) * executed
+    if design.issue:
+        issue += design.issue(roles, facts)
+    parts["tensor"] = hmma * FLOP_PER_HMMA / (active * hw.tensor_flops / hw.sms
+                                              * model.mma_sync_fraction)
+    parts["shared"] = wavefronts / clock  # one wavefront a clock an SM
+    parts["issue"] = issue / (clock * model.issue_per_clock)
+    parts["overhead"] = model.launch_overhead_s
+    busiest = max(v for k, v in parts.items() if k != "overhead")
+    parts["total"] = busiest / tail(facts.blocks, per_sm * hw.sms) + parts["overhead"]
+    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
+
+
+# ---- the step ------------------------------------------------------------------------
 
 def value(x, point):
     return x.at(point) if isinstance(x, Affine) else int(x)
@@ -56,37 +269,126 @@ def traffic(launch, low) -> int:
     return total
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="gpt2")
-    args = parser.parse_args()
-    path = os.path.join(ROOT, "schedules", "train.cg")
-    frontend = analyse([path])
-    program = evaluate(frontend, path, config=args.config)
-    rows = defaultdict(lambda: [0, 0, 0.0, 0.0])
+def launch_facts(program, launch, point) -> LaunchFacts:
+    from cgc.backends.cuda.emit import CUBLAS_PRODUCTS
+    image = launch.image
+    library = image.library is not None
+    blocks, threads, copy = 0, 0, 0
+    if library:
+        product = CUBLAS_PRODUCTS.get(image.name)
+        if product is not None and product.copies_residual:
+            scalars = {image.scalars[b.index].name: value(b.value, point) for b in launch.scalars}
+            copy = 2 * scalars["m"] * scalars["n"] * 4  # read and write the float32 C
+    else:
+        grid = launch.arguments().grid
+        blocks = math.prod(value(g, point) for g in grid)
+        threads = math.prod(image.block)
+    return LaunchFacts(image.name, blocks, threads, traffic(launch, program.low),
+                       flops(launch, point, program.roles), library, copy)
+
+
+def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = MODEL):
+    """Per image: [launches, bytes, flops, floor seconds, modelled seconds, bound-by time]."""
+    roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+    rows = defaultdict(lambda: {"launches": 0, "bytes": 0, "flops": 0.0, "floor": 0.0,
+                                "modelled": 0.0, "bounds": defaultdict(float)})
     for launch, _, point in program.unrolled():
-        row = rows[launch.image.name]
-        moved, work = traffic(launch, program.low), flops(launch, point, program.roles)
-        row[0] += 1
-        row[1] += moved
-        row[2] += work
-        row[3] += max(moved / BANDWIDTH, work / PRODUCT_RATE)
-    print(f"train.cg, config {args.config}: one step, floors at {BANDWIDTH / 1e12:.1f} TB/s "
-          f"and {PRODUCT_RATE / 1e12:.0f} TFLOP/s")
-    print("| image | launches | MB moved | GFLOP | floor (us) | bound by |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
-    total = [0, 0, 0.0, 0.0]
-    for name, (count, moved, work, floor) in sorted(rows.items(), key=lambda r: -r[1][3]):
-        bound = "products" if work / PRODUCT_RATE > moved / BANDWIDTH else "memory"
-        print(f"| {name} | {count} | {moved / 1e6:,.1f} | {work / 1e9:,.1f} | "
-              f"{floor * 1e6:,.1f} | {bound} |")
-        for i, x in enumerate((count, moved, work, floor)):
-            total[i] += x
-    print(f"| **step** | {total[0]} | {total[1] / 1e6:,.1f} | {total[2] / 1e9:,.1f} | "
-          f"{total[3] * 1e6:,.1f} | |")
+        facts = launch_facts(program, launch, point)
+        row = rows[facts.image]
+        row["launches"] += 1
+        row["bytes"] += facts.floor_bytes
+        row["flops"] += facts.flops
+        row["floor"] += floor_time(facts.floor_bytes, facts.flops, hw)
+        if audits is None:
+            continue
+        if facts.library:
+            modelled = model_library(facts, hw, model)
+        else:
+            modelled = model_kernel(facts, audits[facts.image], DESIGNS[facts.image], roles,
+                                    hw, model)
+        row["modelled"] += modelled.time
+        row["bounds"][modelled.bound] += modelled.time
+    return rows
+
+
+PARTS = ("hbm", "l2", "tensor", "shared", "issue", "overhead")
+
+
+def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> None:
+    """Each image's modelled parts, summed over its launches (MODELLED, microseconds): the
+    longest part (after the tail) is what a launch costs; the others are what it hides."""
+    roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+    sums = defaultdict(lambda: defaultdict(float))
+    for launch, _, point in program.unrolled():
+        facts = launch_facts(program, launch, point)
+        modelled = model_library(facts, hw, model) if facts.library else \
+            model_kernel(facts, audits[facts.image], DESIGNS[facts.image], roles, hw, model)
+        for key in (*PARTS, "total"):
+            sums[facts.image][key] += modelled.parts.get(key, 0.0)
+    print("MODELLED parts of each image's time, summed over its launches (us)")
+    print("| image | " + " | ".join(PARTS) + " | modelled |")
+    print("| --- | " + " | ".join("---:" for _ in PARTS) + " | ---: |")
+    for name, parts in sorted(sums.items(), key=lambda r: -r[1]["total"]):
+        print(f"| {name} | " + " | ".join(f"{parts[k] * 1e6:,.1f}" for k in PARTS)
+              + f" | {parts['total'] * 1e6:,.1f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="gpt2")
+    parser.add_argument("--floor", action="store_true",
+                        help="the floor alone (no audit, so no CUDA compiler needed)")
+    parser.add_argument("--parts", action="store_true",
+                        help="each image's modelled time split into its parts")
+    args = parser.parse_args()
+    from cgc.core.diagnostics import CompileError, render_all
+    from sass_audit import ToolchainMissing, audit_file
+    path = os.path.join(ROOT, "schedules", "train.cg")
+    try:
+        program = evaluate(analyse([path]), path, config=args.config)
+        audits = None if args.floor else audit_file(path, args.config)
+    except ToolchainMissing as error:
+        print(f"cost_model: error: {error} (or --floor for the floor alone)", file=sys.stderr)
+        return 1
+    except CompileError as error:  # the schedule itself: cgc's own diagnostics
+        print(render_all(error.diagnostics), file=sys.stderr)
+        return 1
+    rows = step_rows(program, audits)
+    if args.parts and audits:
+        print_parts(program, audits)
+        return 0
+    hw = H200
+    print(f"train.cg, config {args.config}, {hw.name}: one step. MODELLED figures, not "
+          f"measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s or products at "
+          f"{hw.tensor_flops / 1e12:.0f} TFLOP/s, whichever is longer.")
+    print("| image | launches | MB moved | GFLOP | floor (us) | modelled (us) | "
+          "modelled / floor | modelled bound by |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    total = defaultdict(float)
+    order = sorted(rows.items(), key=lambda r: -(r[1]["modelled"] or r[1]["floor"]))
+    for name, row in order:
+        bound = max(row["bounds"], key=row["bounds"].get) if row["bounds"] else \
+            ("products" if row["flops"] / hw.tensor_flops > row["bytes"] / hw.hbm_bytes_per_s
+             else "memory")
+        modelled = f"{row['modelled'] * 1e6:,.1f}" if audits else "-"
+        # a floor under 0.1 us (a launch that moves a few bytes) makes no useful ratio
+        ratio = f"{row['modelled'] / row['floor']:,.1f}x" if audits and row["floor"] > 1e-7 \
+            else "-"
+        print(f"| {name} | {row['launches']} | {row['bytes'] / 1e6:,.1f} | "
+              f"{row['flops'] / 1e9:,.1f} | {row['floor'] * 1e6:,.1f} | {modelled} | {ratio} | "
+              f"{bound} |")
+        for key in ("launches", "bytes", "flops", "floor", "modelled"):
+            total[key] += row[key]
+    modelled = f"{total['modelled'] * 1e6:,.1f}" if audits else "-"
+    print(f"| **step** | {int(total['launches'])} | {total['bytes'] / 1e6:,.1f} | "
+          f"{total['flops'] / 1e9:,.1f} | {total['floor'] * 1e6:,.1f} | {modelled} | | |")
     tokens = int(program.roles["batch"]) * int(program.roles["context"])
-    print(f"floor: {total[3] * 1e3:.2f} ms a step, {tokens / total[3]:,.0f} tokens/s "
-          f"({tokens} tokens a step)")
+    print(f"floor: {total['floor'] * 1e3:.2f} ms a step, {tokens / total['floor']:,.0f} "
+          f"tokens/s ({tokens} tokens a step)")
+    if audits:
+        print(f"modelled as built: {total['modelled'] * 1e3:.2f} ms a step, "
+              f"{tokens / total['modelled']:,.0f} tokens/s (MODELLED, not measured)")
     return 0
 
 

@@ -1,0 +1,510 @@
+#!/usr/bin/env python3
+"""The SASS audit: every kernel of a schedule's emitted CUDA, read from its machine code.
+
+Builds the emitted file for sm_90 with nvcc (CUDA's wheels: `pip install 'cgc[cuda-tools]'`),
+disassembles the cubin with nvdisasm, reads each kernel's resources with cuobjdump, and
+prints per kernel: registers, shared memory (static, and dynamic as the host program
+launches it), blocks per SM on an H200 and what limits them, tensor-core instructions
+(HMMA), shared-memory accesses by kind (LDSM, LDS, STS, LDGSTS), generic loads and stores
+(LD/ST), global ones (LDG/STG, and how many are 128-bit), local memory (LDL/STL) and atomics.
+No GPU is needed. tests/test_sass_audit.py holds the promises each kernel keeps.
+
+    python3 scripts/sass_audit.py                 # train.cg, config gpt2
+    python3 scripts/sass_audit.py --json          # the same figures, for other scripts
+
+The cubin is cached by content (the emitted text, nvcc's version and flags) under
+$CGC_SASS_CACHE, else cgc's cache folder: one nvcc build per emitted file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from cgc.backends.cuda.toolchain import (ARCHITECTURE, LANGUAGE, ToolchainMissing,  # noqa: E402
+                                         cuda_root, include_flags, nvcc)
+
+KB = 1024
+
+
+# ---- the machine ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU's figures: the occupancy rules of its compute capability (as CUDA's
+    cuda_occupancy.h states them for 9.x) and the rates the cost model prices work at.
+    This is the one table of hardware constants; scripts/cost_model.py reads it too."""
+
+    name: str
+    architecture: str
+    sms: int
+    clock_hz: float  # the clock NVIDIA's peak rates are quoted at
+    warp_size: int
+    threads_per_sm: int
+    blocks_per_sm: int
+    registers_per_sm: int
+    registers_per_block: int
+    register_granularity: int  # registers are given to warps in units of this many
+    max_registers_per_thread: int
+    sub_partitions: int  # an SM's register file is split between its 4 schedulers
+    shared_per_sm: int  # the largest shared-memory carveout
+    shared_per_block: int  # the most one block may opt in to
+    shared_reserved_per_block: int  # what the driver keeps per block (sm_80 onwards)
+    shared_granularity: int
+    tensor_flops: float  # dense bf16 products, float32 accumulation
+    hbm_bytes_per_s: float
+    shared_bytes_per_clock: int  # per SM: one 128-byte wavefront a clock
+    shared_banks: int
+    l2_bytes: int
+
+
+H200 = Hardware(
+    name="H200 SXM", architecture="sm_90", sms=132, clock_hz=1.83e9, warp_size=32,
+    threads_per_sm=2048, blocks_per_sm=32, registers_per_sm=65536, registers_per_block=65536,
+    register_granularity=256, max_registers_per_thread=255, sub_partitions=4,
+    shared_per_sm=228 * KB, shared_per_block=227 * KB, shared_reserved_per_block=1 * KB,
+    shared_granularity=128,
+    # 4096 flop a clock per SM x 132 SMs x 1.83 GHz = 989 TFLOP/s, NVIDIA's dense figure.
+    tensor_flops=989e12, hbm_bytes_per_s=4.8e12, shared_bytes_per_clock=128, shared_banks=32,
+    l2_bytes=50 * KB * KB)
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    blocks: int  # resident blocks per SM
+    limiter: str  # threads | blocks | registers | shared memory
+    warps: int  # resident warps per SM
+
+
+def occupancy(threads: int, registers: int, shared_bytes: int, hw: Hardware = H200) -> Occupancy:
+    """Blocks of `threads` threads, `registers` registers a thread and `shared_bytes` of shared
+    memory a block (static plus dynamic, without the driver's reserve) resident on one SM.
+    The rules of CUDA's occupancy calculator for compute capability 9.x: registers go to
+    warps in units of `register_granularity`, each scheduler's quarter of the register file
+    holds whole warps; shared memory is allocated in `shared_granularity` units with the
+    driver's reserve added per block, out of the largest carveout. 0 when a block does not
+    fit at all."""
+    warps = -(-threads // hw.warp_size)
+    limits = {"blocks": hw.blocks_per_sm, "threads": hw.threads_per_sm // (warps * hw.warp_size)}
+    per_warp = _round_up(registers * hw.warp_size, hw.register_granularity)
+    if registers > hw.max_registers_per_thread or \
+            per_warp * _round_up(warps, hw.sub_partitions) > hw.registers_per_block:
+        limits["registers"] = 0
+    elif per_warp:
+        per_scheduler = (hw.registers_per_sm // hw.sub_partitions) // per_warp
+        limits["registers"] = per_scheduler * hw.sub_partitions // warps
+    per_block = _round_up(shared_bytes + hw.shared_reserved_per_block, hw.shared_granularity)
+    if shared_bytes > hw.shared_per_block:
+        limits["shared memory"] = 0
+    else:
+        limits["shared memory"] = hw.shared_per_sm // per_block
+    # On a tie, name the limit a kernel cannot do better than (threads, blocks) first.
+    order = ["threads", "blocks", "registers", "shared memory"]
+    limiter = min(limits, key=lambda k: (limits[k], order.index(k)))
+    blocks = limits[limiter]
+    return Occupancy(blocks, limiter, blocks * warps)
+
+
+# ---- the machine code ----------------------------------------------------------------
+
+# Instruction classes, by base opcode (the mnemonic before its first dot).
+CLASSES = {
+    "HMMA": "tensor", "HGMMA": "tensor",
+    "LDSM": "ldsm", "LDS": "lds", "STS": "sts", "LDGSTS": "ldgsts",
+    "LD": "generic", "ST": "generic",
+    "LDG": "global", "STG": "global",
+    "LDL": "local", "STL": "local",
+    "ATOM": "atomic", "ATOMS": "atomic", "ATOMG": "atomic", "RED": "atomic", "REDG": "atomic",
+    "BAR": "barrier",
+}
+
+# The accesses that take shared-memory wavefronts (generic ones priced as shared).
+SHARED_KINDS = ("lds", "sts", "ldsm", "ldgsts", "generic")
+
+_SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
+_LABEL = re.compile(r"^(\.L_\w+):")
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)"
+                          r"(.*?);")
+_TARGET = re.compile(r"`\((\.L_\w+)\)")
+
+
+@dataclass
+class Instruction:
+    address: int
+    opcode: str  # with its modifiers: LDG.E.128.CONSTANT
+    operands: str
+    predicated: bool = False
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".", 1)[0]
+
+    @property
+    def kind(self) -> str | None:
+        return CLASSES.get(self.base)
+
+    @property
+    def wide(self) -> bool:
+        """A 128-bit access."""
+        return ".128" in self.opcode
+
+    @property
+    def wavefronts(self) -> int:
+        """A warp's shared-memory access in 128-byte wavefronts, without bank conflicts:
+        32 threads of 4 bytes or less take one, of 8 bytes two, of 16 bytes four; ldmatrix
+        moves one 8 x 8 matrix (128 bytes) a wavefront, 1, 2 or 4 of them (.4)."""
+        if self.base == "LDSM":
+            return int(self.opcode.rsplit(".", 1)[1]) if self.opcode[-2:] in (".2", ".4") \
+                else 1
+        return 4 if ".128" in self.opcode else 2 if ".64" in self.opcode else 1
+
+
+@dataclass
+class Loop:
+    """A backward branch's range of addresses: the body of a loop."""
+
+    start: int
+    end: int
+
+    def holds(self, address: int) -> bool:
+        return self.start <= address <= self.end
+
+
+@dataclass
+class KernelCode:
+    name: str
+    instructions: list[Instruction] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+
+    def counts(self, where=lambda i: True) -> Counter:
+        """Instructions by class, `wide` for 128-bit global accesses, `instructions` for
+        all of them, and `wavefronts:KIND` for the shared and generic accesses' wavefronts
+        (a generic access is priced as shared: in these kernels that is where they go;
+        cp.async as the shared-memory store it ends in)."""
+        found = Counter()
+        for instruction in self.instructions:
+            if not where(instruction):
+                continue
+            found["instructions"] += 1
+            if instruction.kind is None:
+                continue
+            found[instruction.kind] += 1
+            if instruction.kind == "global" and instruction.wide:
+                found["wide"] += 1
+            if instruction.kind in SHARED_KINDS:
+                found[f"wavefronts:{instruction.kind}"] += instruction.wavefronts
+        return found
+
+    def outermost_loops(self) -> list[Loop]:
+        return [loop for loop in self.loops
+                if not any(o is not loop and o.start <= loop.start and loop.end <= o.end
+                           and (o.start, o.end) != (loop.start, loop.end) for o in self.loops)]
+
+    def tile_loops(self) -> list[tuple[Loop, Counter]]:
+        """The outermost loops that issue tensor-core instructions, each with the counts of
+        its body: one iteration of a tiled kernel's main loop."""
+        found = []
+        for loop in sorted(self.outermost_loops(), key=lambda l: l.start):
+            counts = self.counts(lambda i, loop=loop: loop.holds(i.address))
+            if counts["tensor"]:
+                found.append((loop, counts))
+        return found
+
+    def tensor_outside_loops(self) -> int:
+        return sum(1 for i in self.instructions
+                   if i.kind == "tensor" and not any(l.holds(i.address) for l in self.loops))
+
+
+def parse_sass(text: str) -> dict[str, KernelCode]:
+    """nvdisasm's listing, by kernel. A kernel's section holds its own code and the
+    subroutines the compiler placed after it (division slow paths), counted with it. A
+    __noinline__ device function would have a section of its own, not counted with its
+    callers; cgc's kernels inline all their device code."""
+    kernels: dict[str, KernelCode] = {}
+    current, labels, pending = None, {}, []
+    for line in text.splitlines():
+        if m := _SECTION.match(line):
+            current = kernels.setdefault(m.group(1), KernelCode(m.group(1)))
+            labels, pending = {}, []
+            continue
+        if current is None:
+            continue
+        if m := _LABEL.match(line.strip()):
+            pending.append(m.group(1))
+            continue
+        if m := _INSTRUCTION.match(line):
+            instruction = Instruction(int(m.group(1), 16), m.group(3), m.group(4).strip(),
+                                      m.group(2) is not None)
+            current.instructions.append(instruction)
+            for label in pending:
+                labels[label] = instruction.address
+            pending = []
+            # A loop closes at a branch back to a label already seen.
+            if instruction.base == "BRA" and (t := _TARGET.search(instruction.operands)) \
+                    and t.group(1) in labels:
+                current.loops.append(Loop(labels[t.group(1)], instruction.address))
+    for kernel in kernels.values():
+        kernel.loops = _true_loops(kernel)
+    return kernels
+
+
+def _true_loops(kernel: KernelCode) -> list[Loop]:
+    """Loops nest or are disjoint. A backward branch whose range crosses another's and
+    holds an unconditional EXIT is no loop: it is the return from an out-of-line path
+    (a divergent warp's shuffle slow path, placed after the kernel's end, jumps back)."""
+    exits = [i.address for i in kernel.instructions
+             if i.base in ("EXIT", "RET") and not i.predicated]
+
+    def crosses(a: Loop, b: Loop) -> bool:
+        return a.start < b.start <= a.end < b.end or b.start < a.start <= b.end < a.end
+
+    return [loop for loop in kernel.loops
+            if not (any(crosses(loop, other) for other in kernel.loops)
+                    and any(loop.start <= e < loop.end for e in exits))]
+
+
+# ---- the build -----------------------------------------------------------------------
+
+def tool(name: str) -> Path:
+    """A CUDA tool from the wheels (cuda-tools extra), else from PATH."""
+    try:
+        path = cuda_root() / "bin" / name
+        if path.exists():
+            return path
+    except ToolchainMissing:
+        pass
+    found = shutil.which(name)
+    if found is None:
+        raise ToolchainMissing(f"{name} is not installed: pip install 'cgc[cuda-tools]'")
+    return Path(found)
+
+
+def release(program: Path) -> tuple[int, int]:
+    """A CUDA tool's release (13, 5) from its --version."""
+    text = subprocess.run([str(program), "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+)\.(\d+)", text)
+    if not m:
+        raise ToolchainMissing(f"{program} --version names no release")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_versions() -> None:
+    """nvdisasm and cuobjdump read cubins of their own release or older: refuse, clearly,
+    a pair where nvcc is newer than either."""
+    compiler = release(nvcc())
+    for name in ("nvdisasm", "cuobjdump"):
+        found = release(tool(name))
+        if found < compiler:
+            raise ToolchainMissing(
+                f"{name} {found[0]}.{found[1]} is older than nvcc {compiler[0]}.{compiler[1]} "
+                f"and may misread its cubins: pip install -U 'cgc[cuda-tools]'")
+
+
+def cache_folder() -> Path:
+    if folder := os.environ.get("CGC_SASS_CACHE"):
+        return Path(folder)
+    from cgc.resources import cache_dir
+    return Path(cache_dir()) / "sass"
+
+
+def build_cubin(source: str, folder: Path | None = None) -> Path:
+    """The cubin of `source` for sm_90, built once per content (nvcc takes a minute)."""
+    compiler = nvcc()
+    flags = [f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", "-cubin"]
+    version = subprocess.run([str(compiler), "--version"], capture_output=True,
+                             text=True).stdout
+    key = hashlib.sha256("\0".join([source, version, *flags]).encode()).hexdigest()[:32]
+    folder = folder or cache_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    cubin = folder / f"{key}.cubin"
+    if cubin.exists():
+        return cubin
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "program.cu")
+        Path(path).write_text(source, encoding="utf-8")
+        built = os.path.join(work, "program.cubin")
+        result = subprocess.run([str(compiler), *flags, *include_flags(), "-o", built, path],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"nvcc failed:\n{result.stdout}{result.stderr}")
+        partial = folder / f"{key}.{os.getpid()}.part"
+        shutil.copyfile(built, partial)
+        os.replace(partial, cubin)  # atomic: a concurrent reader sees all of it or none
+    return cubin
+
+
+def disassemble(cubin: Path) -> str:
+    result = subprocess.run([str(tool("nvdisasm")), "-c", str(cubin)], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {result.stderr}")
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class Resources:
+    registers: int
+    static_shared: int  # bytes the kernel declares, without the driver's reserve
+    stack: int
+    local: int
+
+
+def resources(cubin: Path, hw: Hardware = H200) -> dict[str, Resources]:
+    """cuobjdump -res-usage per kernel. Its SHARED counts the block's reserved kilobyte
+    (sm_90 cubins carry .nv.shared.reserved), which is taken off here: occupancy() adds it
+    back, as the driver does."""
+    result = subprocess.run([str(tool("cuobjdump")), "-res-usage", str(cubin)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {result.stderr}")
+    found, name = {}, None
+    for line in result.stdout.splitlines():
+        if m := re.match(r"\s*Function (\S+):", line):
+            name = m.group(1)
+        elif name and "REG:" in line:
+            fields = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line))
+            shared = int(fields.get("SHARED", 0))
+            found[name] = Resources(int(fields["REG"]),
+                                    max(shared - hw.shared_reserved_per_block, 0),
+                                    int(fields.get("STACK", 0)), int(fields.get("LOCAL", 0)))
+            name = None
+    return found
+
+
+# ---- the audit -----------------------------------------------------------------------
+
+@dataclass
+class KernelAudit:
+    name: str
+    threads: int
+    registers: int
+    static_shared: int
+    dynamic_shared: int
+    stack: int
+    occupancy: Occupancy
+    counts: Counter
+    tile_loops: list[Counter]  # per outermost loop issuing HMMA: one iteration's counts
+    tensor_outside_loops: int
+
+    def row(self) -> dict:
+        c = self.counts
+        return {"kernel": self.name, "threads": self.threads, "registers": self.registers,
+                "static_shared": self.static_shared, "dynamic_shared": self.dynamic_shared,
+                "stack": self.stack, "blocks_per_sm": self.occupancy.blocks,
+                "limiter": self.occupancy.limiter, "warps_per_sm": self.occupancy.warps,
+                **{k: c[k] for k in ("tensor", "ldsm", "lds", "sts", "ldgsts", "generic",
+                                     "global", "wide", "local", "atomic", "barrier")},
+                "tile_loops": [dict(t) for t in self.tile_loops],
+                "tensor_outside_loops": self.tensor_outside_loops}
+
+
+@dataclass
+class LaunchShape:
+    threads: int
+    dynamic_shared: int
+
+
+def audit_code(code: dict[str, KernelCode], usage: dict[str, Resources],
+               shapes: dict[str, LaunchShape], hw: Hardware = H200) -> dict[str, KernelAudit]:
+    """The audit of each kernel from its parsed code, its resources and its launch shape."""
+    found = {}
+    for name in sorted(shapes):
+        shape, used = shapes[name], usage[name]
+        kernel = code[name]
+        found[name] = KernelAudit(
+            name, shape.threads, used.registers, used.static_shared, shape.dynamic_shared,
+            used.stack,
+            occupancy(shape.threads, used.registers, used.static_shared + shape.dynamic_shared,
+                      hw),
+            kernel.counts(), [c for _, c in kernel.tile_loops()], kernel.tensor_outside_loops())
+    return found
+
+
+def emitted_file(path: str, config: str):
+    """The emitted CUDA of `path` in `config`, and each kernel's launch shape."""
+    from cgc.backends.cuda.emit import emit_program
+    from cgc.pipeline import analyse, checked
+    result = checked(analyse([path]), path, config=config)
+    emitted = emit_program(result.program, result.plan)
+    shapes = {}
+    for kernel in emitted.kernels:
+        block = result.program.images[kernel.image].block
+        shapes[kernel.image] = LaunchShape(block[0] * block[1] * block[2], kernel.shared_bytes)
+    return emitted.text, shapes
+
+
+def audit_file(path: str, config: str, hw: Hardware = H200) -> dict[str, KernelAudit]:
+    check_versions()
+    source, shapes = emitted_file(path, config)
+    cubin = build_cubin(source)
+    return audit_code(parse_sass(disassemble(cubin)), resources(cubin, hw), shapes, hw)
+
+
+COLUMNS = [("kernel", "kernel"), ("threads", "threads"), ("registers", "regs"),
+           ("static_shared", "static smem"), ("dynamic_shared", "dynamic smem"),
+           ("blocks_per_sm", "blocks/SM"), ("limiter", "limited by"), ("tensor", "HMMA"),
+           ("ldsm", "LDSM"), ("lds", "LDS"), ("sts", "STS"), ("ldgsts", "LDGSTS"),
+           ("generic", "LD/ST generic"), ("global", "LDG/STG"), ("wide", "128-bit LDG/STG"),
+           ("local", "LDL/STL"), ("atomic", "atomics")]
+
+
+def table(audits: dict[str, KernelAudit]) -> str:
+    lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |",
+             "| --- | " + " | ".join("---:" for _ in COLUMNS[1:]) + " |"]
+    for audit in audits.values():
+        row = audit.row()
+        lines.append("| " + " | ".join(str(row[key]) for key, _ in COLUMNS) + " |")
+    loops = [f"- {a.name}: HMMA loop bodies "
+             + ", ".join(f"{t['tensor']} HMMA, {t['ldsm']} LDSM, {t['lds']} LDS, "
+                         f"{t['sts']} STS, {t['generic']} generic" for t in a.tile_loops)
+             + f"; {a.tensor_outside_loops} HMMA outside loops"
+             for a in audits.values() if a.tile_loops or a.tensor_outside_loops]
+    return "\n".join(lines + ([""] + loops if loops else []))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--file", default=os.path.join(ROOT, "schedules", "train.cg"))
+    parser.add_argument("--config", default="gpt2")
+    parser.add_argument("--json", action="store_true", help="print the audit as JSON")
+    args = parser.parse_args()
+    from cgc.core.diagnostics import CompileError, render_all
+    try:
+        audits = audit_file(args.file, args.config)
+    except ToolchainMissing as error:
+        print(f"sass_audit: error: {error}", file=sys.stderr)
+        return 1
+    except CompileError as error:  # the schedule itself: cgc's own diagnostics
+        print(render_all(error.diagnostics), file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([a.row() for a in audits.values()], indent=1))
+        return 0
+    print(f"{os.path.relpath(args.file, ROOT)}, config {args.config}: {len(audits)} kernels, "
+          f"{ARCHITECTURE} ({H200.name}: {H200.shared_per_sm // KB} KB shared and "
+          f"{H200.registers_per_sm} registers an SM)")
+    print(table(audits))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
