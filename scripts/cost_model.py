@@ -121,10 +121,9 @@ DESIGNS = {
     "cgImageCastDown": Design(inflight=32),
     "cgImageZero": Design(inflight=16),
     "cgImageSquareSum": Design(inflight=16),
-    # 4 elements a thread of 4 arrays, 4 bytes each; every block re-reads the norm partials
-    "cgImageAdamW": Design(inflight=64, l2_bytes=lambda r, launch: launch.blocks * 128 * 4),
-    "cgImageAdamWMatrix": Design(inflight=64,
-                                 l2_bytes=lambda r, launch: launch.blocks * 128 * 4),
+    # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
+    "cgImageAdamW": Design(inflight=64),
+    "cgImageGradientNorm": Design(inflight=4),
     # every block scans all the step's ids (loaded to shared memory) for the ones it owns
     "cgImageScatter": Design(
         inflight=16, l2_bytes=lambda r, launch: launch.blocks * r["rows"] * 4,

@@ -116,7 +116,7 @@ def test_memory_plan_shares_only_slots_never_live_together():
             assert not (share and live_together), (a.name, b.name)
     # The residual gradient carries across the layer loop: one range, to the scatter.
     (dy0,) = [slot for slot in plan.arena if slot.name == "cgDy0"]
-    assert len(dy0.live) == 1 and dy0.live[0][1] == plan.launches - 14
+    assert len(dy0.live) == 1 and dy0.live[0][1] == plan.launches - 5
     assert plan.total_bytes >= plan.peak_bytes
     bank = plan.banks["cgBankP"]
     assert bank[2] == 4 * sum(-(-e.count // 64) * 64 for e in bank[3])
@@ -168,9 +168,8 @@ def test_removing_the_optimizer_step_advance_is_refused(schedules):
     """AdamW reads the step counter; without the launch that advances it, the whole step
     reads it before writing it (it was a run-time 'internal error' before)."""
     edit(schedules / "optimizer.cg",
-         "(cgThen\n        (cgLaunch cgImageStepAdvance 1 1 1 (cgPointer (cgArgument 0) "
-         "cgOptimizerStep cgNoSlots))\n        (cgThen (cgAdamMatrix cgEmbeddingEntry)",
-         "(cgThen cgNothing\n        (cgThen (cgAdamMatrix cgEmbeddingEntry)")
+         "(cgLaunch cgImageStepAdvance 1 1 1 (cgPointer (cgArgument 0) cgOptimizerStep "
+         "cgNoSlots))", "cgNothing")
     messages = errors_of(schedules / "train.cg")
     assert any("reads the step buffer 'cgOptimizerStep' through pointer 5 'step', but nothing "
                "earlier in the step 'cgTrainStep' writes it" in m for m in messages), messages

@@ -63,6 +63,7 @@ class Partition:
     axis: int
     per_part: dict = field(default_factory=dict)
     count: int | None = None
+    rebased: tuple = ("count",)  # scalars that count elements from the launch's start
 
 
 def partitions(c) -> dict:
@@ -90,9 +91,9 @@ def partitions(c) -> dict:
         "cgImageLayerNormBackwardAdd": Partition(0, {"gradientInput": rows32, "gradientOutput":
                                                      rows32, "input": rows32, "residual": rows32,
                                                      "statistics": 64, "partials": 2 * W}),
-        "cgImageAdamWMatrix": Partition(0, {"parameter": 1024, "gradient": 1024,
-                                            "moment1": 1024, "moment2": 1024, "copy": 1024},
-                                        1024),
+        "cgImageAdamW": Partition(0, {"parameter": 1024, "gradient": 1024,
+                                      "moment1": 1024, "moment2": 1024, "copy": 1024},
+                                  1024, ("count", "matrices")),
     }
 
 
@@ -102,8 +103,9 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
     D, tile = W // H, c["attentionTile"]
 
-    def elementwise(per):
-        return [(x * per, min((x + 1) * per, int(scalars["count"])))]
+    def elementwise(per, limit="count"):
+        first, last = x * per, min((x + 1) * per, int(scalars[limit]))
+        return [(first, last)] if first < last else []
 
     def rows(first, count, width, columns=None):
         columns = columns or [(0, width)]
@@ -133,13 +135,16 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
                "cgImageLayerNorm": {"output": W, "statistics": 2},
                "cgImageAttentionDelta": {"delta": H}, "cgImageLoss": {"loss": 1, "correct": 1},
                "cgImageSquareSum": {"partials": 1}, "cgImageStepAdvance": {"step": 1},
+               "cgImageGradientNorm": {"norm": 2},
                "cgImageLayerNormBackward": {"gradientInput": 32 * W, "partials": 2 * W},
                "cgImageLayerNormBackwardAdd": {"gradientInput": 32 * W, "partials": 2 * W}}
     if image in per_row:
         n = per_row[image][pointer]
         return [(x * n, (x + 1) * n)]
+    if image == "cgImageAdamW" and pointer == "copy":  # the matrices only
+        return elementwise(1024, "matrices")
     per_block = {"cgImageGelu": 2048, "cgImageGeluBackward": 2048, "cgImageCastDown": 2048,
-                 "cgImageZero": 1024, "cgImageAdamWMatrix": 1024, "cgImageAdamW": 1024}
+                 "cgImageZero": 1024, "cgImageAdamW": 1024}
     return elementwise(per_block[image])
 
 
@@ -229,7 +234,8 @@ def _sub_launch(machine, launch, bound, partition, part):
     image = launch.image
     scalars = {s.parameter.name: s.value for s in bound.scalars}
     if partition.count is not None:
-        scalars["count"] = int(scalars["count"]) - part * partition.count
+        for name in partition.rebased:
+            scalars[name] = max(int(scalars[name]) - part * partition.count, 0)
     grid = list(bound.grid)
     grid[partition.axis] = 1
     pointers = {}

@@ -53,7 +53,7 @@ TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4}  # the loss against the numpy run's (
 
 # The kernels that run the barriers of each function of the emitted file.
 KERNELS_OF = {
-    "block_sum": {"cgImageLayerNorm", "cgImageSquareSum", "cgImageAdamW", "cgImageAdamWMatrix"},
+    "block_sum": {"cgImageLayerNorm", "cgImageSquareSum", "cgImageGradientNorm"},
     "layer_norm_backward_rows": {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"},
 }
 # Every function whose barriers the campaign must reach (at least one site each).

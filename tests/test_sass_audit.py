@@ -111,12 +111,10 @@ PROMISES = {
     "cgImageCastDown": (wide_global_accesses,),
     "cgImageZero": (wide_global_accesses,),
     "cgImageAdamW": (wide_global_accesses,),
-    "cgImageAdamWMatrix": (wide_global_accesses,),
     "cgImageSquareSum": (wide_global_accesses,),
 }
 
 ATTENTION_REWRITE = "attention rewrite on branch issue-13-attention"
-SMALL_KERNELS = "16-byte AdamW and square sum (issue 13 item 4) on branch issue-13-kernels"
 PENDING = {
     # WMMA's fragment loads are generic LD.E today; rotary's sincosf keeps a local array.
     ("cgImageAttention", "no_generic_accesses"): ATTENTION_REWRITE,
@@ -127,9 +125,6 @@ PENDING = {
     ("cgImageAttentionBackward", "no_local_memory"): ATTENTION_REWRITE,
     ("cgImageAttentionBackward", "ldmatrix"): ATTENTION_REWRITE,
     ("cgImageAttentionBackward", "cp_async"): ATTENTION_REWRITE,
-    ("cgImageAdamW", "wide_global_accesses"): SMALL_KERNELS,
-    ("cgImageAdamWMatrix", "wide_global_accesses"): SMALL_KERNELS,
-    ("cgImageSquareSum", "wide_global_accesses"): SMALL_KERNELS,
 }
 
 

@@ -30,6 +30,7 @@ PRIMITIVES = {
     "cgArena": function(Storage("Arena", _E), Storage("Buffer", _E)),
     "cgItem": function(Storage("Buffer", _E), NAT, Storage("Buffer", _E)),
     "cgBankAll": function(Storage("Bank", _E), Storage("Buffer", _E)),
+    "cgEntries": function(Storage("Bank", _E), ENTRY, ENTRY, Storage("Buffer", _E)),
     "cgCount": function(Storage("Buffer", _E), NAT),
     # natural arithmetic: exact, checked
     "naturalAdd": _NAT2,

@@ -593,17 +593,47 @@ class Evaluator:
             self.layouts[bank] = (offsets, offset)
         return self.layouts[bank]
 
-    def _cgBankAll(self, values, spans, span, trace):
-        bank = values[0].name
+    def whole_bank(self, bank: str) -> StorageRef | None:
         key = f"{bank}.*"
         if key not in self.storages:
             layout = self.bank_layout(bank)
             if layout is None:
-                return POISON
+                return None
             self.storages[key] = StorageRef("bank", bank, None,
                                             self.declarations.banks[bank].element, layout[1], None)
-        storage = self.storages[key]
-        return View(storage, 0, storage.count)
+        return self.storages[key]
+
+    def _cgBankAll(self, values, spans, span, trace):
+        storage = self.whole_bank(values[0].name)
+        return View(storage, 0, storage.count) if storage else POISON
+
+    def _cgEntries(self, values, spans, span, trace):
+        """The entries of a bank from the first named through the last, in declaration
+        order, as one buffer, each with the padding that follows it in the bank."""
+        bank, first, last = values
+        storage = self.whole_bank(bank.name)
+        if storage is None:
+            return POISON
+        offsets = self.layouts[bank.name][0]
+        for entry, entry_span in ((first, spans[1]), (last, spans[2])):
+            if entry.name not in offsets:
+                raise EvaluationError(
+                    f"entry '{entry.name}' has no copy in bank '{bank.name}', which holds the "
+                    "16-bit copies of matrices only", entry_span,
+                    Note("declare the entry with (matrix) to give it a copy",
+                         self.declarations.storages[entry.name].span))
+        if offsets[last.name] < offsets[first.name]:
+            raise EvaluationError(
+                f"entry '{last.name}' comes before '{first.name}' in bank '{bank.name}': "
+                "(cgEntries BANK FIRST LAST) takes the entries in their declaration order",
+                spans[2], Note(f"'{last.name}' is declared here",
+                               self.declarations.storages[last.name].span))
+        end = self.storage_of(self.declarations.storages[last.name], bank.name)
+        if end is None:
+            return POISON
+        start = offsets[first.name]
+        padded = -(-end.count // BANK_ALIGNMENT) * BANK_ALIGNMENT
+        return View(storage, start, offsets[last.name] + padded - start)
 
     def _cgCount(self, values, spans, span, trace):
         return values[0].count

@@ -200,16 +200,24 @@ class Emitter:
         return found
 
     def buffers(self) -> list[dict]:
+        """A named pointer for every step buffer and arena slot, for every entry of the
+        banks the standalone program loads (parameters, copies), and for the other entries
+        (and whole banks) that some launch binds: an unused name is a compiler warning."""
+        bound = {(binding.view.storage.name, binding.view.storage.entry)
+                 for launch, _, _ in self.program.launches() for binding in launch.pointers}
+        loaded = set(self.program.bank_of_role("parameters") + self.program.bank_of_role("copies"))
         found = []
         for bank, (role, element, size, entries) in self.plan.banks.items():
             ctype = c_type(element, self.low)
             for entry in entries:
+                if bank not in loaded and (bank, entry.name) not in bound:
+                    continue
                 storage = self.program.storages[f"{bank}.{entry.name}"]
                 items = f" x {storage.stack} items" if storage.stack else ""
                 found.append({"name": f"{bank}_{entry.name}", "c_type": ctype,
                               "allocation": f"cg_bank_{bank}", "offset": entry.offset,
                               "shape": f"{element}[{entry.count}]{items}: {bank}.{entry.name}"})
-            if f"{bank}.*" in self.program.storages:  # the whole bank, as cgBankAll binds it
+            if (bank, None) in bound:  # the whole bank, as cgBankAll or cgEntries binds it
                 found.append({"name": f"{bank}_all", "c_type": ctype,
                               "allocation": f"cg_bank_{bank}", "offset": 0,
                               "shape": f"{element}[{size // element_bytes(element, self.low)}]: "

@@ -327,45 +327,46 @@ def zero(k: Kernel) -> None:
 def square_sum(k: Kernel) -> None:
     count, blocks, threads = int(k.scalars["count"]), k.grid[0], k.block[0]
     values = k.pointers["input"].read(0, count).astype(np.float64)
-    owner = (np.arange(count) // threads) % blocks  # a grid-stride loop, a block's share
+    # a grid-stride loop of four elements a thread: a block's share, as the kernel's
+    owner = (np.arange(count) // (4 * threads)) % blocks
     partials = np.bincount(owner, weights=values * values, minlength=blocks)
     k.pointers["partials"].write(0, partials.astype(F32))
 
 
-def _adamw(k: Kernel):
-    n = _elementwise_count(k, 1024)
-    s = k.scalars
-    partials = k.pointers["normPartials"].read(0, int(s["partialCount"]))
+def gradient_norm(k: Kernel) -> None:
+    partials = k.pointers["normPartials"].read(0, int(k.scalars["partialCount"]))
     # As sqrtf on the GPU: partials that sum below zero (a wrong binding) give a NaN norm,
-    # which the clip below ignores as fminf does, rather than a Python error.
+    # which the clip ignores as fminf does, rather than a Python error.
     with np.errstate(invalid="ignore"):
         norm = F32(np.sqrt(partials.astype(np.float64).sum()))
+    clip = F32(k.scalars["clipNorm"]) / (norm + F32(1e-6))
+    k.pointers["norm"].write(0, np.array([norm, F32(1) if not clip < 1 else clip], dtype=F32))
+
+
+def adamw(k: Kernel) -> None:
+    n = _elementwise_count(k, 1024)
+    s = k.scalars
+    clip = k.pointers["norm"].read(1, 2)[0]
     step = int(k.pointers["step"].read(0, 1)[0])
     if step < 1:
         raise Fault("data", "the optimizer step must be advanced before the update")
-    clip = min(F32(1), F32(s["clipNorm"]) / (norm + F32(1e-6)))
-    gradient = k.pointers["gradient"].read(0, n) * F32(clip)
+    matrices = min(int(s["matrices"]), n)
+    gradient = k.pointers["gradient"].read(0, n) * clip
     beta1, beta2 = F32(s["beta1"]), F32(s["beta2"])
     m = beta1 * k.pointers["moment1"].read(0, n) + (F32(1) - beta1) * gradient
     v = beta2 * k.pointers["moment2"].read(0, n) + (F32(1) - beta2) * gradient * gradient
     rate = F32(s["learningRate"])
     correction1 = F32(1) - beta1 ** step
     correction2 = F32(1) - beta2 ** step
-    parameter = k.pointers["parameter"].read(0, n) * (F32(1) - rate * F32(s["weightDecay"]))
+    decay = np.where(np.arange(n) < matrices, F32(1) - rate * F32(s["weightDecay"]), F32(1))
+    parameter = k.pointers["parameter"].read(0, n) * decay.astype(F32)
     denominator = np.sqrt(v) / np.sqrt(correction2) + F32(s["epsilon"])
     parameter = parameter - (rate / correction1) * m / denominator
     k.pointers["moment1"].write(0, m)
     k.pointers["moment2"].write(0, v)
     k.pointers["parameter"].write(0, parameter)
-    return parameter
-
-
-def adamw(k: Kernel) -> None:
-    _adamw(k)
-
-
-def adamw_matrix(k: Kernel) -> None:
-    k.pointers["copy"].write(0, _adamw(k))
+    if matrices:
+        k.pointers["copy"].write(0, parameter[:matrices])
 
 
 def step_advance(k: Kernel) -> None:
@@ -397,6 +398,6 @@ KERNELS = {
     "cgImageZero": zero,
     "cgImageSquareSum": square_sum,
     "cgImageAdamW": adamw,
-    "cgImageAdamWMatrix": adamw_matrix,
+    "cgImageGradientNorm": gradient_norm,
     "cgImageStepAdvance": step_advance,
 }

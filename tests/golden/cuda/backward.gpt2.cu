@@ -236,34 +236,61 @@ __device__ __forceinline__ long element_group(int threads) {
   return (static_cast<long>(blockIdx.x) * threads + threadIdx.x) * 8;
 }
 
-// AdamW (PyTorch's order: decay, moments, bias-corrected step) on 4 elements a thread,
-// after scaling the gradient so that the global norm is at most clipNorm.
-template <int kThreads, typename Copy>
-__device__ __forceinline__ void adamw_update(
-    float* parameter, const float* gradient, float* moment1, float* moment2,
-    const float* normPartials, const int* step, int count, float learningRate, float beta1,
-    float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount, Copy* copy) {
-  __shared__ float scratch[32];
-  float squares = 0.0f;
-  for (int i = threadIdx.x; i < partialCount; i += kThreads) squares += normPartials[i];
-  const float norm = sqrtf(block_sum<kThreads>(squares, scratch));
-  const float clip = fminf(1.0f, clipNorm / (norm + 1e-6f));
-  const int t = step[0];
-  const float correction1 = 1.0f - powf(beta1, static_cast<float>(t));
-  const float correction2 = 1.0f - powf(beta2, static_cast<float>(t));
-  const float step_size = learningRate / correction1;
-  const float root2 = sqrtf(correction2);
+// AdamW (PyTorch's order: decay, moments, bias-corrected step) on the 4 elements from
+// `first`, read and written 16 bytes at a time when all 4 exist; the gradient scaled by
+// norm[1], the factor that clips the global norm to clipNorm. Elements below `matrices` are
+// decayed and copied to 16 bits; the others are not.
+__device__ __forceinline__ void adamw_update4(
+    float* parameter, const float* gradient, float* moment1, float* moment2, const float* norm,
+    const int* step, low_t* copy, long first, int count, float learningRate, float beta1,
+    float beta2, float epsilon, float weightDecay, int matrices) {
+  if (first >= count) return;
+  const float clip = norm[1];
+  const float t = static_cast<float>(step[0]);
+  const float step_size = learningRate / (1.0f - powf(beta1, t));
+  const float root2 = sqrtf(1.0f - powf(beta2, t));
   const float decay = 1.0f - learningRate * weightDecay;
-  const long first = (static_cast<long>(blockIdx.x) * kThreads + threadIdx.x) * 4;
-  for (long i = first; i < first + 4 && i < count; ++i) {
-    const float g = gradient[i] * clip;
-    const float m = beta1 * moment1[i] + (1.0f - beta1) * g;
-    const float v = beta2 * moment2[i] + (1.0f - beta2) * g * g;
-    const float p = parameter[i] * decay - step_size * m / (sqrtf(v) / root2 + epsilon);
-    moment1[i] = m;
-    moment2[i] = v;
-    parameter[i] = p;
-    if (copy != nullptr) copy[i] = from_float<low_t>(p);
+  const bool whole = first + 4 <= count;
+  float p[4], g[4], m[4], v[4];
+  if (whole) {
+    const float4 p4 = load4(parameter + first), g4 = load4(gradient + first);
+    const float4 m4 = load4(moment1 + first), v4 = load4(moment2 + first);
+    p[0] = p4.x; p[1] = p4.y; p[2] = p4.z; p[3] = p4.w;
+    g[0] = g4.x; g[1] = g4.y; g[2] = g4.z; g[3] = g4.w;
+    m[0] = m4.x; m[1] = m4.y; m[2] = m4.z; m[3] = m4.w;
+    v[0] = v4.x; v[1] = v4.y; v[2] = v4.z; v[3] = v4.w;
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      const bool here = first + k < count;
+      p[k] = here ? parameter[first + k] : 0.0f;
+      g[k] = here ? gradient[first + k] : 0.0f;
+      m[k] = here ? moment1[first + k] : 0.0f;
+      v[k] = here ? moment2[first + k] : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float gk = g[k] * clip;
+    m[k] = beta1 * m[k] + (1.0f - beta1) * gk;
+    v[k] = beta2 * v[k] + (1.0f - beta2) * gk * gk;
+    p[k] = p[k] * (first + k < matrices ? decay : 1.0f) -
+           step_size * m[k] / (sqrtf(v[k]) / root2 + epsilon);
+  }
+  if (whole) {
+    store4(parameter + first, p[0], p[1], p[2], p[3]);
+    store4(moment1 + first, m[0], m[1], m[2], m[3]);
+    store4(moment2 + first, v[0], v[1], v[2], v[3]);
+  } else {
+    for (int k = 0; k < 4 && first + k < count; ++k) {
+      parameter[first + k] = p[k];
+      moment1[first + k] = m[k];
+      moment2[first + k] = v[k];
+    }
+  }
+  if (first + 4 <= matrices) {
+    store4(copy + first, p[0], p[1], p[2], p[3]);
+  } else {
+    for (int k = 0; k < 4 && first + k < matrices; ++k) copy[first + k] = from_float<low_t>(p[k]);
   }
 }
 
@@ -806,74 +833,53 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #endif
 // Offsets and sizes are the memory plan's (`cgc check --memory`).
 static char* cg_bank_cgBankP = nullptr;  // 494426112 bytes: bank cgBankP (parameters, float32), 11 entries
+static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf (copies, low), 5 entries
-static char* cg_buffers = nullptr;  // 4486005504 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 4486009344 bytes: 14 step buffers
 static char* cg_arena = nullptr;  // 239599616 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
-static float* cgBankP_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn1Gamma
-static float* cgBankP_cgLn1Beta = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn1Beta
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankP.cgQkvWeight
 static float* cgBankP_cgOutputWeight = nullptr;  // float32[7077888] x 12 items: cgBankP.cgOutputWeight
-static float* cgBankP_cgLn2Gamma = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn2Gamma
-static float* cgBankP_cgLn2Beta = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn2Beta
 static float* cgBankP_cgFcWeight = nullptr;  // float32[28311552] x 12 items: cgBankP.cgFcWeight
 static float* cgBankP_cgProjWeight = nullptr;  // float32[28311552] x 12 items: cgBankP.cgProjWeight
+static float* cgBankP_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn1Gamma
+static float* cgBankP_cgLn1Beta = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn1Beta
+static float* cgBankP_cgLn2Gamma = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn2Gamma
+static float* cgBankP_cgLn2Beta = nullptr;  // float32[9216] x 12 items: cgBankP.cgLn2Beta
 static float* cgBankP_cgFinalGamma = nullptr;  // float32[768]: cgBankP.cgFinalGamma
 static float* cgBankP_cgFinalBeta = nullptr;  // float32[768]: cgBankP.cgFinalBeta
-static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankG.cgEmbeddingEntry
-static float* cgBankG_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn1Gamma
-static float* cgBankG_cgLn1Beta = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn1Beta
-static float* cgBankG_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankG.cgQkvWeight
-static float* cgBankG_cgOutputWeight = nullptr;  // float32[7077888] x 12 items: cgBankG.cgOutputWeight
-static float* cgBankG_cgLn2Gamma = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn2Gamma
-static float* cgBankG_cgLn2Beta = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn2Beta
-static float* cgBankG_cgFcWeight = nullptr;  // float32[28311552] x 12 items: cgBankG.cgFcWeight
-static float* cgBankG_cgProjWeight = nullptr;  // float32[28311552] x 12 items: cgBankG.cgProjWeight
-static float* cgBankG_cgFinalGamma = nullptr;  // float32[768]: cgBankG.cgFinalGamma
-static float* cgBankG_cgFinalBeta = nullptr;  // float32[768]: cgBankG.cgFinalBeta
-static float* cgBankM_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankM.cgEmbeddingEntry
-static float* cgBankM_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankM.cgLn1Gamma
-static float* cgBankM_cgLn1Beta = nullptr;  // float32[9216] x 12 items: cgBankM.cgLn1Beta
-static float* cgBankM_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankM.cgQkvWeight
-static float* cgBankM_cgOutputWeight = nullptr;  // float32[7077888] x 12 items: cgBankM.cgOutputWeight
-static float* cgBankM_cgLn2Gamma = nullptr;  // float32[9216] x 12 items: cgBankM.cgLn2Gamma
-static float* cgBankM_cgLn2Beta = nullptr;  // float32[9216] x 12 items: cgBankM.cgLn2Beta
-static float* cgBankM_cgFcWeight = nullptr;  // float32[28311552] x 12 items: cgBankM.cgFcWeight
-static float* cgBankM_cgProjWeight = nullptr;  // float32[28311552] x 12 items: cgBankM.cgProjWeight
-static float* cgBankM_cgFinalGamma = nullptr;  // float32[768]: cgBankM.cgFinalGamma
-static float* cgBankM_cgFinalBeta = nullptr;  // float32[768]: cgBankM.cgFinalBeta
-static float* cgBankV_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankV.cgEmbeddingEntry
-static float* cgBankV_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankV.cgLn1Gamma
-static float* cgBankV_cgLn1Beta = nullptr;  // float32[9216] x 12 items: cgBankV.cgLn1Beta
-static float* cgBankV_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankV.cgQkvWeight
-static float* cgBankV_cgOutputWeight = nullptr;  // float32[7077888] x 12 items: cgBankV.cgOutputWeight
-static float* cgBankV_cgLn2Gamma = nullptr;  // float32[9216] x 12 items: cgBankV.cgLn2Gamma
-static float* cgBankV_cgLn2Beta = nullptr;  // float32[9216] x 12 items: cgBankV.cgLn2Beta
-static float* cgBankV_cgFcWeight = nullptr;  // float32[28311552] x 12 items: cgBankV.cgFcWeight
-static float* cgBankV_cgProjWeight = nullptr;  // float32[28311552] x 12 items: cgBankV.cgProjWeight
-static float* cgBankV_cgFinalGamma = nullptr;  // float32[768]: cgBankV.cgFinalGamma
-static float* cgBankV_cgFinalBeta = nullptr;  // float32[768]: cgBankV.cgFinalBeta
 static __nv_bfloat16* cgBankHalf_cgEmbeddingEntry = nullptr;  // low[38633472]: cgBankHalf.cgEmbeddingEntry
 static __nv_bfloat16* cgBankHalf_cgQkvWeight = nullptr;  // low[21233664] x 12 items: cgBankHalf.cgQkvWeight
 static __nv_bfloat16* cgBankHalf_cgOutputWeight = nullptr;  // low[7077888] x 12 items: cgBankHalf.cgOutputWeight
 static __nv_bfloat16* cgBankHalf_cgFcWeight = nullptr;  // low[28311552] x 12 items: cgBankHalf.cgFcWeight
 static __nv_bfloat16* cgBankHalf_cgProjWeight = nullptr;  // low[28311552] x 12 items: cgBankHalf.cgProjWeight
+static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankG.cgEmbeddingEntry
+static float* cgBankG_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankG.cgQkvWeight
+static float* cgBankG_cgOutputWeight = nullptr;  // float32[7077888] x 12 items: cgBankG.cgOutputWeight
+static float* cgBankG_cgFcWeight = nullptr;  // float32[28311552] x 12 items: cgBankG.cgFcWeight
+static float* cgBankG_cgProjWeight = nullptr;  // float32[28311552] x 12 items: cgBankG.cgProjWeight
+static float* cgBankG_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn1Gamma
+static float* cgBankG_cgLn1Beta = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn1Beta
+static float* cgBankG_cgLn2Gamma = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn2Gamma
+static float* cgBankG_cgLn2Beta = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn2Beta
+static float* cgBankG_cgFinalGamma = nullptr;  // float32[768]: cgBankG.cgFinalGamma
+static float* cgBankG_cgFinalBeta = nullptr;  // float32[768]: cgBankG.cgFinalBeta
+static int* cgIds = nullptr;  // int32[8192]: step buffer
+static int* cgTargets = nullptr;  // int32[8192]: step buffer
+static float* cgLoss = nullptr;  // float32[8192]: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[6291456]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[16384]: step buffer
 static float* cgBoundaries = nullptr;  // float32[6291456] x 13 items: step buffer
 static float* cgLogits = nullptr;  // float32[412090368]: step buffer
-static float* cgLoss = nullptr;  // float32[8192]: step buffer
 static int* cgCorrect = nullptr;  // int32[8192]: step buffer
-static int* cgTargets = nullptr;  // int32[8192]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[412090368]: step buffer
 static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[412090368]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
-static int* cgIds = nullptr;  // int32[8192]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
+static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
@@ -898,80 +904,59 @@ static float* cgStatistics2 = nullptr;  // float32[16384]: arena slot
 static void cg_allocate() {
   cg_check(cudaMalloc(&cg_bank_cgBankP, 494426112UL), "allocating cg_bank_cgBankP");
   cg_check(cudaMemset(cg_bank_cgBankP, 0, 494426112UL), "clearing cg_bank_cgBankP");
+  cg_check(cudaMalloc(&cg_bank_cgBankHalf, 247136256UL), "allocating cg_bank_cgBankHalf");
+  cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 247136256UL), "clearing cg_bank_cgBankHalf");
   cg_check(cudaMalloc(&cg_bank_cgBankG, 494426112UL), "allocating cg_bank_cgBankG");
   cg_check(cudaMemset(cg_bank_cgBankG, 0, 494426112UL), "clearing cg_bank_cgBankG");
   cg_check(cudaMalloc(&cg_bank_cgBankM, 494426112UL), "allocating cg_bank_cgBankM");
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 494426112UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 494426112UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_bank_cgBankHalf, 247136256UL), "allocating cg_bank_cgBankHalf");
-  cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 247136256UL), "clearing cg_bank_cgBankHalf");
-  cg_check(cudaMalloc(&cg_buffers, 4486005504UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 4486005504UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 4486009344UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 4486009344UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 239599616UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 239599616UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
-  cgBankP_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 154533888UL);
-  cgBankP_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 154570752UL);
-  cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 154607616UL);
-  cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 239542272UL);
-  cgBankP_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 267853824UL);
-  cgBankP_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 267890688UL);
-  cgBankP_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 267927552UL);
-  cgBankP_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 381173760UL);
+  cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 154533888UL);
+  cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 239468544UL);
+  cgBankP_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 267780096UL);
+  cgBankP_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 381026304UL);
+  cgBankP_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 494272512UL);
+  cgBankP_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 494309376UL);
+  cgBankP_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 494346240UL);
+  cgBankP_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 494383104UL);
   cgBankP_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankP + 494419968UL);
   cgBankP_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankP + 494423040UL);
-  cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
-  cgBankG_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 154533888UL);
-  cgBankG_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 154570752UL);
-  cgBankG_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 154607616UL);
-  cgBankG_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 239542272UL);
-  cgBankG_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 267853824UL);
-  cgBankG_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 267890688UL);
-  cgBankG_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 267927552UL);
-  cgBankG_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 381173760UL);
-  cgBankG_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankG + 494419968UL);
-  cgBankG_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankG + 494423040UL);
-  cgBankM_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankM + 0UL);
-  cgBankM_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankM + 154533888UL);
-  cgBankM_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankM + 154570752UL);
-  cgBankM_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 154607616UL);
-  cgBankM_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 239542272UL);
-  cgBankM_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankM + 267853824UL);
-  cgBankM_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankM + 267890688UL);
-  cgBankM_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 267927552UL);
-  cgBankM_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 381173760UL);
-  cgBankM_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankM + 494419968UL);
-  cgBankM_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankM + 494423040UL);
-  cgBankV_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankV + 0UL);
-  cgBankV_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankV + 154533888UL);
-  cgBankV_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankV + 154570752UL);
-  cgBankV_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 154607616UL);
-  cgBankV_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 239542272UL);
-  cgBankV_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankV + 267853824UL);
-  cgBankV_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankV + 267890688UL);
-  cgBankV_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 267927552UL);
-  cgBankV_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 381173760UL);
-  cgBankV_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankV + 494419968UL);
-  cgBankV_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankV + 494423040UL);
   cgBankHalf_cgEmbeddingEntry = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 0UL);
   cgBankHalf_cgQkvWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 77266944UL);
   cgBankHalf_cgOutputWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 119734272UL);
   cgBankHalf_cgFcWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 133890048UL);
   cgBankHalf_cgProjWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 190513152UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 0UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 12582912UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 12648448UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 339804160UL);
-  cgLoss = reinterpret_cast<float*>(cg_buffers + 1988165632UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988198400UL);
-  cgTargets = reinterpret_cast<int*>(cg_buffers + 1988231168UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988263936UL);
-  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636625408UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460806144UL);
-  cgIds = reinterpret_cast<int*>(cg_buffers + 4485971968UL);
+  cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
+  cgBankG_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 154533888UL);
+  cgBankG_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 239468544UL);
+  cgBankG_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 267780096UL);
+  cgBankG_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 381026304UL);
+  cgBankG_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 494272512UL);
+  cgBankG_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 494309376UL);
+  cgBankG_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 494346240UL);
+  cgBankG_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 494383104UL);
+  cgBankG_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankG + 494419968UL);
+  cgBankG_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankG + 494423040UL);
+  cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
+  cgTargets = reinterpret_cast<int*>(cg_buffers + 32768UL);
+  cgLoss = reinterpret_cast<float*>(cg_buffers + 65536UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 98304UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 12681216UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 12746752UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 339902464UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988263936UL);
+  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988296704UL);
+  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636658176UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460838912UL);
   cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 4486004736UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486005248UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 4486008832UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486009088UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
@@ -992,20 +977,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 4486005504UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 4486009344UL);
   CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
+  CG_REGION(cgIds, 32768UL);
+  CG_REGION(cgTargets, 32768UL);
+  CG_REGION(cgLoss, 32768UL);
   CG_REGION(cgFinalHalf, 12582912UL);
   CG_REGION(cgFinalStatistics, 65536UL);
   CG_REGION(cgBoundaries, 327155712UL);
   CG_REGION(cgLogits, 1648361472UL);
-  CG_REGION(cgLoss, 32768UL);
   CG_REGION(cgCorrect, 32768UL);
-  CG_REGION(cgTargets, 32768UL);
   CG_REGION(cgLogitsGradient, 1648361472UL);
   CG_REGION(cgLogitsGradientHalf, 824180736UL);
   CG_REGION(cgFinalGradient, 25165824UL);
-  CG_REGION(cgIds, 32768UL);
-  CG_REGION(cgGradientNormPartials, 512UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
+  CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
   CG_REGION(cgGradientFc, 50331648UL);
@@ -1030,10 +1016,10 @@ static void cg_allocate() {
 
 static void cg_release() {
   cudaFree(cg_bank_cgBankP);
+  cudaFree(cg_bank_cgBankHalf);
   cudaFree(cg_bank_cgBankG);
   cudaFree(cg_bank_cgBankM);
   cudaFree(cg_bank_cgBankV);
-  cudaFree(cg_bank_cgBankHalf);
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
 }
@@ -1284,14 +1270,14 @@ int main(int argc, char** argv) {
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 38633472UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
-  cg_load_entry(folder, "cgLn1Gamma", 9216UL, cgBankP_cgLn1Gamma, nullptr);
-  cg_load_entry(folder, "cgLn1Beta", 9216UL, cgBankP_cgLn1Beta, nullptr);
   cg_load_entry(folder, "cgQkvWeight", 21233664UL, cgBankP_cgQkvWeight, cgBankHalf_cgQkvWeight);
   cg_load_entry(folder, "cgOutputWeight", 7077888UL, cgBankP_cgOutputWeight, cgBankHalf_cgOutputWeight);
-  cg_load_entry(folder, "cgLn2Gamma", 9216UL, cgBankP_cgLn2Gamma, nullptr);
-  cg_load_entry(folder, "cgLn2Beta", 9216UL, cgBankP_cgLn2Beta, nullptr);
   cg_load_entry(folder, "cgFcWeight", 28311552UL, cgBankP_cgFcWeight, cgBankHalf_cgFcWeight);
   cg_load_entry(folder, "cgProjWeight", 28311552UL, cgBankP_cgProjWeight, cgBankHalf_cgProjWeight);
+  cg_load_entry(folder, "cgLn1Gamma", 9216UL, cgBankP_cgLn1Gamma, nullptr);
+  cg_load_entry(folder, "cgLn1Beta", 9216UL, cgBankP_cgLn1Beta, nullptr);
+  cg_load_entry(folder, "cgLn2Gamma", 9216UL, cgBankP_cgLn2Gamma, nullptr);
+  cg_load_entry(folder, "cgLn2Beta", 9216UL, cgBankP_cgLn2Beta, nullptr);
   cg_load_entry(folder, "cgFinalGamma", 768UL, cgBankP_cgFinalGamma, nullptr);
   cg_load_entry(folder, "cgFinalBeta", 768UL, cgBankP_cgFinalBeta, nullptr);
   cudaStream_t stream;

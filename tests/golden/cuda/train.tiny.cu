@@ -236,34 +236,61 @@ __device__ __forceinline__ long element_group(int threads) {
   return (static_cast<long>(blockIdx.x) * threads + threadIdx.x) * 8;
 }
 
-// AdamW (PyTorch's order: decay, moments, bias-corrected step) on 4 elements a thread,
-// after scaling the gradient so that the global norm is at most clipNorm.
-template <int kThreads, typename Copy>
-__device__ __forceinline__ void adamw_update(
-    float* parameter, const float* gradient, float* moment1, float* moment2,
-    const float* normPartials, const int* step, int count, float learningRate, float beta1,
-    float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount, Copy* copy) {
-  __shared__ float scratch[32];
-  float squares = 0.0f;
-  for (int i = threadIdx.x; i < partialCount; i += kThreads) squares += normPartials[i];
-  const float norm = sqrtf(block_sum<kThreads>(squares, scratch));
-  const float clip = fminf(1.0f, clipNorm / (norm + 1e-6f));
-  const int t = step[0];
-  const float correction1 = 1.0f - powf(beta1, static_cast<float>(t));
-  const float correction2 = 1.0f - powf(beta2, static_cast<float>(t));
-  const float step_size = learningRate / correction1;
-  const float root2 = sqrtf(correction2);
+// AdamW (PyTorch's order: decay, moments, bias-corrected step) on the 4 elements from
+// `first`, read and written 16 bytes at a time when all 4 exist; the gradient scaled by
+// norm[1], the factor that clips the global norm to clipNorm. Elements below `matrices` are
+// decayed and copied to 16 bits; the others are not.
+__device__ __forceinline__ void adamw_update4(
+    float* parameter, const float* gradient, float* moment1, float* moment2, const float* norm,
+    const int* step, low_t* copy, long first, int count, float learningRate, float beta1,
+    float beta2, float epsilon, float weightDecay, int matrices) {
+  if (first >= count) return;
+  const float clip = norm[1];
+  const float t = static_cast<float>(step[0]);
+  const float step_size = learningRate / (1.0f - powf(beta1, t));
+  const float root2 = sqrtf(1.0f - powf(beta2, t));
   const float decay = 1.0f - learningRate * weightDecay;
-  const long first = (static_cast<long>(blockIdx.x) * kThreads + threadIdx.x) * 4;
-  for (long i = first; i < first + 4 && i < count; ++i) {
-    const float g = gradient[i] * clip;
-    const float m = beta1 * moment1[i] + (1.0f - beta1) * g;
-    const float v = beta2 * moment2[i] + (1.0f - beta2) * g * g;
-    const float p = parameter[i] * decay - step_size * m / (sqrtf(v) / root2 + epsilon);
-    moment1[i] = m;
-    moment2[i] = v;
-    parameter[i] = p;
-    if (copy != nullptr) copy[i] = from_float<low_t>(p);
+  const bool whole = first + 4 <= count;
+  float p[4], g[4], m[4], v[4];
+  if (whole) {
+    const float4 p4 = load4(parameter + first), g4 = load4(gradient + first);
+    const float4 m4 = load4(moment1 + first), v4 = load4(moment2 + first);
+    p[0] = p4.x; p[1] = p4.y; p[2] = p4.z; p[3] = p4.w;
+    g[0] = g4.x; g[1] = g4.y; g[2] = g4.z; g[3] = g4.w;
+    m[0] = m4.x; m[1] = m4.y; m[2] = m4.z; m[3] = m4.w;
+    v[0] = v4.x; v[1] = v4.y; v[2] = v4.z; v[3] = v4.w;
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      const bool here = first + k < count;
+      p[k] = here ? parameter[first + k] : 0.0f;
+      g[k] = here ? gradient[first + k] : 0.0f;
+      m[k] = here ? moment1[first + k] : 0.0f;
+      v[k] = here ? moment2[first + k] : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float gk = g[k] * clip;
+    m[k] = beta1 * m[k] + (1.0f - beta1) * gk;
+    v[k] = beta2 * v[k] + (1.0f - beta2) * gk * gk;
+    p[k] = p[k] * (first + k < matrices ? decay : 1.0f) -
+           step_size * m[k] / (sqrtf(v[k]) / root2 + epsilon);
+  }
+  if (whole) {
+    store4(parameter + first, p[0], p[1], p[2], p[3]);
+    store4(moment1 + first, m[0], m[1], m[2], m[3]);
+    store4(moment2 + first, v[0], v[1], v[2], v[3]);
+  } else {
+    for (int k = 0; k < 4 && first + k < count; ++k) {
+      parameter[first + k] = p[k];
+      moment1[first + k] = m[k];
+      moment2[first + k] = v[k];
+    }
+  }
+  if (first + 4 <= matrices) {
+    store4(copy + first, p[0], p[1], p[2], p[3]);
+  } else {
+    for (int k = 0; k < 4 && first + k < matrices; ++k) copy[first + k] = from_float<low_t>(p[k]);
   }
 }
 
@@ -350,20 +377,15 @@ __device__ __forceinline__ void load_rows(low_t* tile, const low_t* from, size_t
 
 // ---- kernels: one per image, parameters generated from the image's declaration --------
 
-// cgImageAdamW: AdamW with bias correction and clipping to a global norm (from the partial sums).
-// AdamW with bias correction, after clipping to a global norm; 4 elements a thread.
-extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ normPartials, const int* __restrict__ step, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount) {
-  adamw_update<256>(parameter, gradient, moment1, moment2, normPartials, step, count,
-                              learningRate, beta1, beta2, epsilon, weightDecay, clipNorm,
-                              partialCount, static_cast<low_t*>(nullptr));
-}
-
-// cgImageAdamWMatrix: As cgImageAdamW, also refreshing the parameter's 16-bit copy.
-// AdamW as cgImageAdamW, also writing the parameter's 16-bit copy.
-extern "C" __global__ void __launch_bounds__(256) cgImageAdamWMatrix(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ normPartials, const int* __restrict__ step, __nv_bfloat16* __restrict__ copy, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount) {
-  adamw_update<256>(parameter, gradient, moment1, moment2, normPartials, step, count,
-                              learningRate, beta1, beta2, epsilon, weightDecay, clipNorm,
-                              partialCount, copy);
+// cgImageAdamW: AdamW with bias correction over every parameter at once, four elements (16 bytes) a thread: the gradient scaled by norm[1]; the first `matrices` elements, the matrices (the banks put them first), also decayed and copied to 16 bits.
+// AdamW over every parameter in one launch, 4 elements (16 bytes) a thread: bias correction,
+// the gradient scaled by the clip factor the norm launch computed once (norm[1]), and for
+// the first `matrices` elements (the matrices: the banks put them first) weight decay and
+// the 16-bit copy.
+extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ norm, const int* __restrict__ step, __nv_bfloat16* __restrict__ copy, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, int matrices) {
+  adamw_update4(parameter, gradient, moment1, moment2, norm, step, copy,
+                (static_cast<long>(blockIdx.x) * 256 + threadIdx.x) * 4, count,
+                learningRate, beta1, beta2, epsilon, weightDecay, matrices);
 }
 
 // cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
@@ -635,6 +657,21 @@ extern "C" __global__ void __launch_bounds__(256) cgImageGeluBackward(__nv_bfloa
   }
 }
 
+// cgImageGradientNorm: The global gradient norm, reduced once from the partial sums: norm[0] = the norm, norm[1] = the factor that clips the gradient to clipNorm, min(1, clipNorm / (norm + 1e-6)).
+// The global gradient norm from the partial sums of squares, reduced once for every AdamW
+// thread: norm[0] = sqrt(sum), norm[1] = min(1, clipNorm / (norm + 1e-6)).
+extern "C" __global__ void __launch_bounds__(256) cgImageGradientNorm(float* __restrict__ norm, const float* __restrict__ normPartials, int partialCount, float clipNorm) {
+  __shared__ float scratch[32];
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < partialCount; i += 256) sum += normPartials[i];
+  sum = block_sum<256>(sum, scratch);
+  if (threadIdx.x == 0) {
+    const float total = sqrtf(sum);
+    norm[0] = total;
+    norm[1] = fminf(1.0f, clipNorm / (total + 1e-6f));
+  }
+}
+
 // cgImageLayerNorm: Layer norm of one row per block, written in the low type, with its statistics.
 // One row per block: the row stays in registers between the two passes (mean, variance).
 extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(__nv_bfloat16* __restrict__ output, float* __restrict__ statistics, const float* __restrict__ input, const float* __restrict__ gamma, const float* __restrict__ beta, float epsilon) {
@@ -790,16 +827,19 @@ extern "C" __global__ void __launch_bounds__(128) cgImageScatter(float* __restri
   }
 }
 
-// cgImageSquareSum: partials[block] = sum of squares of its share of input: grid-stride over count.
-// partials[block] = sum of the squares of the block's share of input (a grid-stride loop).
+// cgImageSquareSum: partials[block] = sum of squares of its share of input: a grid-stride loop, four elements (16 bytes) a thread at a time.
+// partials[block] = sum of the squares of the block's share of input: a grid-stride loop,
+// four elements (one 16-byte load) a thread at a time, then the scalar tail.
 extern "C" __global__ void __launch_bounds__(256) cgImageSquareSum(float* __restrict__ partials, const float* __restrict__ input, int count) {
   __shared__ float scratch[32];
   float sum = 0.0f;
-  for (long i = static_cast<long>(blockIdx.x) * 256 + threadIdx.x; i < count;
-       i += static_cast<long>(gridDim.x) * 256) {
-    const float v = input[i];
-    sum += v * v;
+  const long stride = static_cast<long>(gridDim.x) * 256 * 4;
+  long i = (static_cast<long>(blockIdx.x) * 256 + threadIdx.x) * 4;
+  for (; i + 4 <= count; i += stride) {
+    const float4 v = load4(input + i);
+    sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
+  for (; i < count; ++i) sum += input[i] * input[i];
   sum = block_sum<256>(sum, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
@@ -865,76 +905,59 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #define CG_REGION(pointer, bytes)
 #endif
 // Offsets and sizes are the memory plan's (`cgc check --memory`).
-static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (parameters, float32), 11 entries
+static char* cg_bank_cgBankHalf = nullptr;  // 229376 bytes: bank cgBankHalf (copies, low), 5 entries
+static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_bank_cgBankHalf = nullptr;  // 229376 bytes: bank cgBankHalf (copies, low), 5 entries
-static char* cg_buffers = nullptr;  // 957184 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 961024 bytes: 14 step buffers
 static char* cg_arena = nullptr;  // 630784 bytes: 19 arena slots, shared where never live together
 
-static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankG.cgEmbeddingEntry
-static float* cgBankG_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Gamma
-static float* cgBankG_cgLn1Beta = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Beta
-static float* cgBankG_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankG.cgQkvWeight
-static float* cgBankG_cgOutputWeight = nullptr;  // float32[8192] x 2 items: cgBankG.cgOutputWeight
-static float* cgBankG_cgLn2Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn2Gamma
-static float* cgBankG_cgLn2Beta = nullptr;  // float32[128] x 2 items: cgBankG.cgLn2Beta
-static float* cgBankG_cgFcWeight = nullptr;  // float32[32768] x 2 items: cgBankG.cgFcWeight
-static float* cgBankG_cgProjWeight = nullptr;  // float32[32768] x 2 items: cgBankG.cgProjWeight
-static float* cgBankG_cgFinalGamma = nullptr;  // float32[64]: cgBankG.cgFinalGamma
-static float* cgBankG_cgFinalBeta = nullptr;  // float32[64]: cgBankG.cgFinalBeta
-static float* cgBankG_all = nullptr;  // float32[115328]: the whole of cgBankG
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
-static float* cgBankP_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankP.cgLn1Gamma
-static float* cgBankP_cgLn1Beta = nullptr;  // float32[128] x 2 items: cgBankP.cgLn1Beta
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankP.cgQkvWeight
 static float* cgBankP_cgOutputWeight = nullptr;  // float32[8192] x 2 items: cgBankP.cgOutputWeight
-static float* cgBankP_cgLn2Gamma = nullptr;  // float32[128] x 2 items: cgBankP.cgLn2Gamma
-static float* cgBankP_cgLn2Beta = nullptr;  // float32[128] x 2 items: cgBankP.cgLn2Beta
 static float* cgBankP_cgFcWeight = nullptr;  // float32[32768] x 2 items: cgBankP.cgFcWeight
 static float* cgBankP_cgProjWeight = nullptr;  // float32[32768] x 2 items: cgBankP.cgProjWeight
+static float* cgBankP_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankP.cgLn1Gamma
+static float* cgBankP_cgLn1Beta = nullptr;  // float32[128] x 2 items: cgBankP.cgLn1Beta
+static float* cgBankP_cgLn2Gamma = nullptr;  // float32[128] x 2 items: cgBankP.cgLn2Gamma
+static float* cgBankP_cgLn2Beta = nullptr;  // float32[128] x 2 items: cgBankP.cgLn2Beta
 static float* cgBankP_cgFinalGamma = nullptr;  // float32[64]: cgBankP.cgFinalGamma
 static float* cgBankP_cgFinalBeta = nullptr;  // float32[64]: cgBankP.cgFinalBeta
-static float* cgBankM_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankM.cgEmbeddingEntry
-static float* cgBankM_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankM.cgLn1Gamma
-static float* cgBankM_cgLn1Beta = nullptr;  // float32[128] x 2 items: cgBankM.cgLn1Beta
-static float* cgBankM_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankM.cgQkvWeight
-static float* cgBankM_cgOutputWeight = nullptr;  // float32[8192] x 2 items: cgBankM.cgOutputWeight
-static float* cgBankM_cgLn2Gamma = nullptr;  // float32[128] x 2 items: cgBankM.cgLn2Gamma
-static float* cgBankM_cgLn2Beta = nullptr;  // float32[128] x 2 items: cgBankM.cgLn2Beta
-static float* cgBankM_cgFcWeight = nullptr;  // float32[32768] x 2 items: cgBankM.cgFcWeight
-static float* cgBankM_cgProjWeight = nullptr;  // float32[32768] x 2 items: cgBankM.cgProjWeight
-static float* cgBankM_cgFinalGamma = nullptr;  // float32[64]: cgBankM.cgFinalGamma
-static float* cgBankM_cgFinalBeta = nullptr;  // float32[64]: cgBankM.cgFinalBeta
-static float* cgBankV_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankV.cgEmbeddingEntry
-static float* cgBankV_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankV.cgLn1Gamma
-static float* cgBankV_cgLn1Beta = nullptr;  // float32[128] x 2 items: cgBankV.cgLn1Beta
-static float* cgBankV_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankV.cgQkvWeight
-static float* cgBankV_cgOutputWeight = nullptr;  // float32[8192] x 2 items: cgBankV.cgOutputWeight
-static float* cgBankV_cgLn2Gamma = nullptr;  // float32[128] x 2 items: cgBankV.cgLn2Gamma
-static float* cgBankV_cgLn2Beta = nullptr;  // float32[128] x 2 items: cgBankV.cgLn2Beta
-static float* cgBankV_cgFcWeight = nullptr;  // float32[32768] x 2 items: cgBankV.cgFcWeight
-static float* cgBankV_cgProjWeight = nullptr;  // float32[32768] x 2 items: cgBankV.cgProjWeight
-static float* cgBankV_cgFinalGamma = nullptr;  // float32[64]: cgBankV.cgFinalGamma
-static float* cgBankV_cgFinalBeta = nullptr;  // float32[64]: cgBankV.cgFinalBeta
+static float* cgBankP_all = nullptr;  // float32[115328]: the whole of cgBankP
 static __nv_bfloat16* cgBankHalf_cgEmbeddingEntry = nullptr;  // low[16384]: cgBankHalf.cgEmbeddingEntry
 static __nv_bfloat16* cgBankHalf_cgQkvWeight = nullptr;  // low[24576] x 2 items: cgBankHalf.cgQkvWeight
 static __nv_bfloat16* cgBankHalf_cgOutputWeight = nullptr;  // low[8192] x 2 items: cgBankHalf.cgOutputWeight
 static __nv_bfloat16* cgBankHalf_cgFcWeight = nullptr;  // low[32768] x 2 items: cgBankHalf.cgFcWeight
 static __nv_bfloat16* cgBankHalf_cgProjWeight = nullptr;  // low[32768] x 2 items: cgBankHalf.cgProjWeight
-static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
+static __nv_bfloat16* cgBankHalf_all = nullptr;  // low[114688]: the whole of cgBankHalf
+static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankG.cgEmbeddingEntry
+static float* cgBankG_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankG.cgQkvWeight
+static float* cgBankG_cgOutputWeight = nullptr;  // float32[8192] x 2 items: cgBankG.cgOutputWeight
+static float* cgBankG_cgFcWeight = nullptr;  // float32[32768] x 2 items: cgBankG.cgFcWeight
+static float* cgBankG_cgProjWeight = nullptr;  // float32[32768] x 2 items: cgBankG.cgProjWeight
+static float* cgBankG_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Gamma
+static float* cgBankG_cgLn1Beta = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Beta
+static float* cgBankG_cgLn2Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn2Gamma
+static float* cgBankG_cgLn2Beta = nullptr;  // float32[128] x 2 items: cgBankG.cgLn2Beta
+static float* cgBankG_cgFinalGamma = nullptr;  // float32[64]: cgBankG.cgFinalGamma
+static float* cgBankG_cgFinalBeta = nullptr;  // float32[64]: cgBankG.cgFinalBeta
+static float* cgBankG_all = nullptr;  // float32[115328]: the whole of cgBankG
+static float* cgBankM_all = nullptr;  // float32[115328]: the whole of cgBankM
+static float* cgBankV_all = nullptr;  // float32[115328]: the whole of cgBankV
 static int* cgIds = nullptr;  // int32[256]: step buffer
+static int* cgTargets = nullptr;  // int32[256]: step buffer
+static float* cgLoss = nullptr;  // float32[256]: step buffer
+static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static float* cgLogits = nullptr;  // float32[65536]: step buffer
-static float* cgLoss = nullptr;  // float32[256]: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
-static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
 static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
+static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[65536]: arena slot
@@ -957,83 +980,66 @@ static float* cgStatistics1 = nullptr;  // float32[512]: arena slot
 static float* cgStatistics2 = nullptr;  // float32[512]: arena slot
 
 static void cg_allocate() {
-  cg_check(cudaMalloc(&cg_bank_cgBankG, 461312UL), "allocating cg_bank_cgBankG");
-  cg_check(cudaMemset(cg_bank_cgBankG, 0, 461312UL), "clearing cg_bank_cgBankG");
   cg_check(cudaMalloc(&cg_bank_cgBankP, 461312UL), "allocating cg_bank_cgBankP");
   cg_check(cudaMemset(cg_bank_cgBankP, 0, 461312UL), "clearing cg_bank_cgBankP");
+  cg_check(cudaMalloc(&cg_bank_cgBankHalf, 229376UL), "allocating cg_bank_cgBankHalf");
+  cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 229376UL), "clearing cg_bank_cgBankHalf");
+  cg_check(cudaMalloc(&cg_bank_cgBankG, 461312UL), "allocating cg_bank_cgBankG");
+  cg_check(cudaMemset(cg_bank_cgBankG, 0, 461312UL), "clearing cg_bank_cgBankG");
   cg_check(cudaMalloc(&cg_bank_cgBankM, 461312UL), "allocating cg_bank_cgBankM");
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_bank_cgBankHalf, 229376UL), "allocating cg_bank_cgBankHalf");
-  cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 229376UL), "clearing cg_bank_cgBankHalf");
-  cg_check(cudaMalloc(&cg_buffers, 957184UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 957184UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 961024UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 961024UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 630784UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 630784UL), "clearing cg_arena");
-  cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
-  cgBankG_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 65536UL);
-  cgBankG_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 66048UL);
-  cgBankG_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 66560UL);
-  cgBankG_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 164864UL);
-  cgBankG_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 197632UL);
-  cgBankG_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 198144UL);
-  cgBankG_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 198656UL);
-  cgBankG_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 329728UL);
-  cgBankG_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankG + 460800UL);
-  cgBankG_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankG + 461056UL);
-  cgBankG_all = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
-  cgBankP_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 65536UL);
-  cgBankP_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 66048UL);
-  cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 66560UL);
-  cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 164864UL);
-  cgBankP_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 197632UL);
-  cgBankP_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 198144UL);
-  cgBankP_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 198656UL);
-  cgBankP_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 329728UL);
+  cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 65536UL);
+  cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 163840UL);
+  cgBankP_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 196608UL);
+  cgBankP_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 327680UL);
+  cgBankP_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 458752UL);
+  cgBankP_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 459264UL);
+  cgBankP_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankP + 459776UL);
+  cgBankP_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankP + 460288UL);
   cgBankP_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankP + 460800UL);
   cgBankP_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankP + 461056UL);
-  cgBankM_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankM + 0UL);
-  cgBankM_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankM + 65536UL);
-  cgBankM_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankM + 66048UL);
-  cgBankM_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 66560UL);
-  cgBankM_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 164864UL);
-  cgBankM_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankM + 197632UL);
-  cgBankM_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankM + 198144UL);
-  cgBankM_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 198656UL);
-  cgBankM_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankM + 329728UL);
-  cgBankM_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankM + 460800UL);
-  cgBankM_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankM + 461056UL);
-  cgBankV_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankV + 0UL);
-  cgBankV_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankV + 65536UL);
-  cgBankV_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankV + 66048UL);
-  cgBankV_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 66560UL);
-  cgBankV_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 164864UL);
-  cgBankV_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankV + 197632UL);
-  cgBankV_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankV + 198144UL);
-  cgBankV_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 198656UL);
-  cgBankV_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankV + 329728UL);
-  cgBankV_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankV + 460800UL);
-  cgBankV_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankV + 461056UL);
+  cgBankP_all = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
   cgBankHalf_cgEmbeddingEntry = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 0UL);
   cgBankHalf_cgQkvWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 32768UL);
   cgBankHalf_cgOutputWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 81920UL);
   cgBankHalf_cgFcWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 98304UL);
   cgBankHalf_cgProjWeight = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 163840UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 0UL);
-  cgIds = reinterpret_cast<int*>(cg_buffers + 196608UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 197632UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 230400UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 232448UL);
-  cgLoss = reinterpret_cast<float*>(cg_buffers + 494592UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 495616UL);
-  cgTargets = reinterpret_cast<int*>(cg_buffers + 496640UL);
+  cgBankHalf_all = reinterpret_cast<__nv_bfloat16*>(cg_bank_cgBankHalf + 0UL);
+  cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
+  cgBankG_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 65536UL);
+  cgBankG_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 163840UL);
+  cgBankG_cgFcWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 196608UL);
+  cgBankG_cgProjWeight = reinterpret_cast<float*>(cg_bank_cgBankG + 327680UL);
+  cgBankG_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 458752UL);
+  cgBankG_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 459264UL);
+  cgBankG_cgLn2Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 459776UL);
+  cgBankG_cgLn2Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 460288UL);
+  cgBankG_cgFinalGamma = reinterpret_cast<float*>(cg_bank_cgBankG + 460800UL);
+  cgBankG_cgFinalBeta = reinterpret_cast<float*>(cg_bank_cgBankG + 461056UL);
+  cgBankG_all = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
+  cgBankM_all = reinterpret_cast<float*>(cg_bank_cgBankM + 0UL);
+  cgBankV_all = reinterpret_cast<float*>(cg_bank_cgBankV + 0UL);
+  cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
+  cgTargets = reinterpret_cast<int*>(cg_buffers + 1024UL);
+  cgLoss = reinterpret_cast<float*>(cg_buffers + 2048UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 3072UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 199680UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 232448UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 234496UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 496640UL);
   cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 497664UL);
   cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 759808UL);
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 890880UL);
   cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 956416UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 956928UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 960512UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 960768UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
@@ -1054,20 +1060,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 626688UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 628736UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 957184UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 961024UL);
   CG_SHARED_ALLOCATION(cg_arena, 630784UL);
-  CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgIds, 1024UL);
+  CG_REGION(cgTargets, 1024UL);
+  CG_REGION(cgLoss, 1024UL);
+  CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgFinalHalf, 32768UL);
   CG_REGION(cgFinalStatistics, 2048UL);
   CG_REGION(cgLogits, 262144UL);
-  CG_REGION(cgLoss, 1024UL);
   CG_REGION(cgCorrect, 1024UL);
-  CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLogitsGradient, 262144UL);
   CG_REGION(cgLogitsGradientHalf, 131072UL);
   CG_REGION(cgFinalGradient, 65536UL);
-  CG_REGION(cgGradientNormPartials, 512UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
+  CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 131072UL);
   CG_REGION(cgGradientFc, 131072UL);
@@ -1091,11 +1098,11 @@ static void cg_allocate() {
 }
 
 static void cg_release() {
-  cudaFree(cg_bank_cgBankG);
   cudaFree(cg_bank_cgBankP);
+  cudaFree(cg_bank_cgBankHalf);
+  cudaFree(cg_bank_cgBankG);
   cudaFree(cg_bank_cgBankM);
   cudaFree(cg_bank_cgBankV);
-  cudaFree(cg_bank_cgBankHalf);
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
 }
@@ -1307,49 +1314,22 @@ static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseGradientNorm
 static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
-  // optimizer.cg:39:7 cgImageSquareSum
-  CG_LAUNCH(cgImageSquareSum, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 115328);
-  CG_LAUNCHED("optimizer.cg:39:7 cgImageSquareSum");
+  // optimizer.cg:9:9 cgImageSquareSum
+  CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 115328);
+  CG_LAUNCHED("optimizer.cg:9:9 cgImageSquareSum");
+  // optimizer.cg:13:9 cgImageGradientNorm
+  CG_LAUNCH(cgImageGradientNorm, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNorm, cgGradientNormPartials, 1024, 1.0f);
+  CG_LAUNCHED("optimizer.cg:13:9 cgImageGradientNorm");
 }
 
 // phase cgPhaseUpdate
 static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
-  // optimizer.cg:45:9 cgImageStepAdvance
+  // optimizer.cg:19:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
-  CG_LAUNCHED("optimizer.cg:45:9 cgImageStepAdvance");
-  // optimizer.cg:22:5 (from optimizer.cg:46:17) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgEmbeddingEntry, cgBankG_cgEmbeddingEntry, cgBankM_cgEmbeddingEntry, cgBankV_cgEmbeddingEntry, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgEmbeddingEntry, 16384, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:46:17) cgImageAdamWMatrix");
-  // optimizer.cg:7:5 (from optimizer.cg:47:19) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Gamma, cgBankG_cgLn1Gamma, cgBankM_cgLn1Gamma, cgBankV_cgLn1Gamma, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:47:19) cgImageAdamW");
-  // optimizer.cg:7:5 (from optimizer.cg:48:21) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Beta, cgBankG_cgLn1Beta, cgBankM_cgLn1Beta, cgBankV_cgLn1Beta, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:48:21) cgImageAdamW");
-  // optimizer.cg:22:5 (from optimizer.cg:49:23) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(24, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgQkvWeight, cgBankG_cgQkvWeight, cgBankM_cgQkvWeight, cgBankV_cgQkvWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgQkvWeight, 24576, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:49:23) cgImageAdamWMatrix");
-  // optimizer.cg:22:5 (from optimizer.cg:50:25) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgOutputWeight, cgBankG_cgOutputWeight, cgBankM_cgOutputWeight, cgBankV_cgOutputWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgOutputWeight, 8192, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:50:25) cgImageAdamWMatrix");
-  // optimizer.cg:7:5 (from optimizer.cg:51:27) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Gamma, cgBankG_cgLn2Gamma, cgBankM_cgLn2Gamma, cgBankV_cgLn2Gamma, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:51:27) cgImageAdamW");
-  // optimizer.cg:7:5 (from optimizer.cg:52:29) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Beta, cgBankG_cgLn2Beta, cgBankM_cgLn2Beta, cgBankV_cgLn2Beta, cgGradientNormPartials, cgOptimizerStep, 128, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:52:29) cgImageAdamW");
-  // optimizer.cg:22:5 (from optimizer.cg:53:31) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFcWeight, cgBankG_cgFcWeight, cgBankM_cgFcWeight, cgBankV_cgFcWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgFcWeight, 32768, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:53:31) cgImageAdamWMatrix");
-  // optimizer.cg:22:5 (from optimizer.cg:54:33) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgProjWeight, cgBankG_cgProjWeight, cgBankM_cgProjWeight, cgBankV_cgProjWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgProjWeight, 32768, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:54:33) cgImageAdamWMatrix");
-  // optimizer.cg:7:5 (from optimizer.cg:55:35) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalGamma, cgBankG_cgFinalGamma, cgBankM_cgFinalGamma, cgBankV_cgFinalGamma, cgGradientNormPartials, cgOptimizerStep, 64, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:55:35) cgImageAdamW");
-  // optimizer.cg:7:5 (from optimizer.cg:56:29) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalBeta, cgBankG_cgFinalBeta, cgBankM_cgFinalBeta, cgBankV_cgFinalBeta, cgGradientNormPartials, cgOptimizerStep, 64, 0.003f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
-  CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:56:29) cgImageAdamW");
+  CG_LAUNCHED("optimizer.cg:19:9 cgImageStepAdvance");
+  // optimizer.cg:20:9 cgImageAdamW
+  CG_LAUNCH(cgImageAdamW, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, 115328, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 114688);
+  CG_LAUNCHED("optimizer.cg:20:9 cgImageAdamW");
 }
 
 // One training step: cgTrainStep.
@@ -1437,14 +1417,14 @@ int main(int argc, char** argv) {
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 16384UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
-  cg_load_entry(folder, "cgLn1Gamma", 128UL, cgBankP_cgLn1Gamma, nullptr);
-  cg_load_entry(folder, "cgLn1Beta", 128UL, cgBankP_cgLn1Beta, nullptr);
   cg_load_entry(folder, "cgQkvWeight", 24576UL, cgBankP_cgQkvWeight, cgBankHalf_cgQkvWeight);
   cg_load_entry(folder, "cgOutputWeight", 8192UL, cgBankP_cgOutputWeight, cgBankHalf_cgOutputWeight);
-  cg_load_entry(folder, "cgLn2Gamma", 128UL, cgBankP_cgLn2Gamma, nullptr);
-  cg_load_entry(folder, "cgLn2Beta", 128UL, cgBankP_cgLn2Beta, nullptr);
   cg_load_entry(folder, "cgFcWeight", 32768UL, cgBankP_cgFcWeight, cgBankHalf_cgFcWeight);
   cg_load_entry(folder, "cgProjWeight", 32768UL, cgBankP_cgProjWeight, cgBankHalf_cgProjWeight);
+  cg_load_entry(folder, "cgLn1Gamma", 128UL, cgBankP_cgLn1Gamma, nullptr);
+  cg_load_entry(folder, "cgLn1Beta", 128UL, cgBankP_cgLn1Beta, nullptr);
+  cg_load_entry(folder, "cgLn2Gamma", 128UL, cgBankP_cgLn2Gamma, nullptr);
+  cg_load_entry(folder, "cgLn2Beta", 128UL, cgBankP_cgLn2Beta, nullptr);
   cg_load_entry(folder, "cgFinalGamma", 64UL, cgBankP_cgFinalGamma, nullptr);
   cg_load_entry(folder, "cgFinalBeta", 64UL, cgBankP_cgFinalBeta, nullptr);
   cudaStream_t stream;
