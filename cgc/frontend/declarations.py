@@ -339,9 +339,10 @@ class _Elaborator:
                     if size is not None and index is not None:
                         record.alignments[index] = (size, clause.span)
         kinds = [c for k, c in clauses if k in ("block", "library", "collective")]
-        if record.block is None and record.library is None and record.collective is None:
-            self.report.error(f"image '{name}' needs a block shape (block X Y Z) or a "
-                              "(library cublas) clause", declaration.name.span)
+        if not kinds:  # (a bad one has its own error)
+            self.report.error(f"image '{name}' needs a block shape (block X Y Z), a "
+                              "(library cublas) clause or a (collective ...) clause",
+                              declaration.name.span)
         elif record.collective is not None and len({c.keyword.text for c in kinds}) > 1:
             self.report.error(f"image '{name}' is a kernel (block ...), a library call "
                               "(library ...) or a collective (collective ...): only one",
