@@ -215,3 +215,10 @@ def test_cgc_run_on_two_ranks_prints_once_and_refuses_a_step_without_a_collectiv
                            capture_output=True, text=True, env=environment, timeout=300)
     assert alone.returncode == 1
     assert "cgTrainStep has no collective: each rank would train alone" in alone.stderr
+
+
+def test_every_collective_the_language_accepts_has_its_nccl_call():
+    from cgc.backends.cuda.emit import NCCL_CALLS, NCCL_TYPES
+    from cgc.frontend.declarations import COLLECTIVE_ELEMENTS, COLLECTIVES, REDUCTIONS
+    assert set(NCCL_CALLS) == {(c, r) for c in COLLECTIVES for r in REDUCTIONS}
+    assert set(NCCL_TYPES) == set(COLLECTIVE_ELEMENTS)

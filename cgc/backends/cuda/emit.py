@@ -60,7 +60,7 @@ class NcclCall:
 
 # The one table both the emitted host program and the CuPy backend call NCCL from, by the
 # image's (collective OPERATION REDUCTION); and NCCL's name for each element a collective
-# carries (declarations.COLLECTIVE_ELEMENTS).
+# carries (every element the language lets a collective carry: tests/test_parallel.py).
 NCCL_CALLS = {
     ("allReduce", "average"): NcclCall("ncclAllReduce", "ncclAvg"),
     ("allReduce", "sum"): NcclCall("ncclAllReduce", "ncclSum"),
@@ -143,7 +143,7 @@ def image_problems(program: Program) -> list[Diagnostic]:
     used = sorted({launch.image.name: launch.image for launch, _, _ in program.launches()}.items())
     for name, image in used:
         if image.collective is not None:
-            continue  # every (collective ...) the language accepts has its NCCL_CALLS line
+            continue  # each (collective ...) the language accepts has a line in NCCL_CALLS
         if image.library is not None:
             if name not in CUBLAS_PRODUCTS:
                 found.append(Diagnostic("error", f"image '{name}' is a (library cublas) image, "
