@@ -257,3 +257,17 @@ def test_the_cupy_backend_all_reduces_the_gradient_bank_through_nccl_in_the_grap
     address = run.address(bank)
     assert set(fake_cupy.nccl_calls) == {("allReduce", address, address, bank.count, 7, 4,
                                           run.stream.ptr)}
+
+
+def test_the_standalone_program_of_the_parallel_step_replays_a_dump_on_one_rank(tmp_path):
+    """`cgc compile`'s own program (built for the CPU, NCCL's CPU twin) makes a one-rank
+    communicator and replays a dump of the parallel step: its losses are the run's."""
+    from cgc.backends.cuda.emulated import replay, standalone
+    run = open_run("emulated", analyse([PARALLEL]), PARALLEL, "tiny32", {}, 0)
+    dump = tmp_path / "dump"
+    training = train(run, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(),
+                     dump=str(dump))
+    status, output, errors = replay(standalone(run.program), str(dump), 2, timeout=300)
+    assert status == 0, errors
+    printed = [float(line.split("loss ")[1]) for line in output.splitlines()]
+    np.testing.assert_allclose(printed, training.losses, rtol=1e-6)
