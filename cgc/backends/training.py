@@ -214,7 +214,7 @@ def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradi
         "entries": entries,
         "corpus_sha256": corpus_sha256,
         # Data parallel: the ranks that ran; the tokens are rank 0's share (docs/parallel.md).
-        "ranks": run.communicator.size,
+        "ranks": getattr(getattr(run, "communicator", None), "size", 1),
     }
     _save(os.path.join(folder, "ids.npy"), ids.astype(np.int32))
     _save(os.path.join(folder, "targets.npy"), targets.astype(np.int32))
