@@ -271,3 +271,18 @@ def test_the_standalone_program_of_the_parallel_step_replays_a_dump_on_one_rank(
     assert status == 0, errors
     printed = [float(line.split("loss ")[1]) for line in output.splitlines()]
     np.testing.assert_allclose(printed, training.losses, rtol=1e-6)
+
+
+def test_only_a_program_with_a_collective_includes_nccl_and_it_calls_it_once_in_place():
+    from cgc.backends.cuda.emit import emit_program
+    from cgc.pipeline import checked
+    texts = {}
+    for path in (ORDINARY, PARALLEL):
+        result = checked(analyse([path]), path, None, "tiny32")
+        texts[path] = emit_program(result.program, result.plan).text
+    assert "nccl" not in texts[ORDINARY].lower()  # train.cg's CUDA is as it was
+    parallel_text = texts[PARALLEL]
+    assert parallel_text.count("#include <nccl.h>") == 1
+    assert "ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, " \
+           "cg_nccl, stream)" in parallel_text
+    assert parallel_text.count("cgImageAllReduce(stream, ") == 1  # one launch in the step
