@@ -19,11 +19,13 @@ ACCESSES = ("read", "write", "readwrite", "accumulate")
 BANK_ROLES = ("parameters", "gradients", "state", "copies")
 STAGES = ("data", "forward", "backward", "optimizer")
 INITIALISERS = ("normal", "ones", "zeros")
-# The collectives an image may stand for, and the reductions an all-reduce may apply
+# The collectives an image may stand for, and the reductions an all-reduce may apply (the
+# mean over the ranks: what data parallelism needs; a sum would need the numpy reference
+# to learn which reduction its image declares)
 # (docs/language.md, "Collectives"). A collective image runs on the host program's
 # communicator (NCCL on GPUs, MPI on CPU ranks), not as a kernel.
 COLLECTIVES = ("allReduce",)
-REDUCTIONS = ("average", "sum")
+REDUCTIONS = ("average",)
 # The element types a collective carries (what every communicator can reduce).
 COLLECTIVE_ELEMENTS = ("float32",)
 

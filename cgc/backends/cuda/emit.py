@@ -63,7 +63,6 @@ class NcclCall:
 # carries (every element the language lets a collective carry: tests/test_parallel.py).
 NCCL_CALLS = {
     ("allReduce", "average"): NcclCall("ncclAllReduce", "ncclAvg"),
-    ("allReduce", "sum"): NcclCall("ncclAllReduce", "ncclSum"),
 }
 NCCL_TYPES = {"float32": "ncclFloat32"}
 

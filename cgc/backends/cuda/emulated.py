@@ -624,7 +624,12 @@ class EmulatedRun(Run):
         grid = tuple(int(g) for g in bound.grid)
         where = f"{image.name} ({launch.span})"
 
-        if image.library is not None:
+        if image.collective is not None:
+            def call():
+                if not self.joined:  # launch by launch: the communicator, before the first
+                    self._join()
+                self._check(function(pointers), where)
+        elif image.library is not None:
             def call():
                 self._check(function(pointers), where)
         else:
