@@ -439,9 +439,10 @@ def _run(args) -> int:
     program = runner.program
     if communicator.size > 1 and not any(launch.image.collective
                                          for launch, _, _ in program.launches()):
-        print(f"cgc: error: {communicator.size} ranks run, but {program.entry} has no "
-              "collective: each rank would train alone; run a data-parallel step "
-              "(schedules/train_parallel.cg)", file=sys.stderr)
+        if communicator.lead:  # said once; every rank stops
+            print(f"cgc: error: {communicator.size} ranks run, but {program.entry} has no "
+                  "collective: each rank would train alone; run a data-parallel step "
+                  "(schedules/train_parallel.cg)", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     try:
         batch, context, vocab = (int(program.role(r)) for r in ("batch", "context", "vocab"))

@@ -214,7 +214,8 @@ def test_cgc_run_on_two_ranks_prints_once_and_refuses_a_step_without_a_collectiv
     alone = subprocess.run(["mpirun", "-n", "2", "--oversubscribe", *arguments, ORDINARY],
                            capture_output=True, text=True, env=environment, timeout=300)
     assert alone.returncode == 1
-    assert "cgTrainStep has no collective: each rank would train alone" in alone.stderr
+    assert alone.stderr.count("cgTrainStep has no collective: each rank would train alone") \
+        == 1, alone.stderr
 
 
 def test_every_collective_the_language_accepts_has_its_nccl_call():
@@ -286,3 +287,16 @@ def test_only_a_program_with_a_collective_includes_nccl_and_it_calls_it_once_in_
     assert "ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, " \
            "cg_nccl, stream)" in parallel_text
     assert parallel_text.count("cgImageAllReduce(stream, ") == 1  # one launch in the step
+
+
+def test_ranks_on_the_command_line_are_checked(capsys, monkeypatch):
+    from cgc.cli import main
+    assert main(["run", PARALLEL, "--ranks", "0"]) == 2
+    assert "--ranks must be at least 1" in capsys.readouterr().err
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no mpirun on PATH
+    for name in parallel.LAUNCHER_SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["run", PARALLEL, "--ranks", "2"]) == 1
+    error = capsys.readouterr().err
+    assert "cgc: error: --ranks 2 starts the ranks with mpirun, which is not installed" in error
+    assert "Traceback" not in error

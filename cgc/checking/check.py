@@ -440,9 +440,9 @@ class Checker:
                                    f"CUDA allows at most {limit}")
 
     def check_collective_grid(self, launch: Launch, loops) -> None:
-        """A collective is one call over its whole buffer on every rank: a grid of more than
-        one would run it again (and a second all-reduce averages nothing new: it double
-        counts a sum, and costs a full exchange)."""
+        """A collective is one call over its whole buffer on every rank, not a kernel: it has
+        no block index to share its work by, so a grid of more than one would only run the
+        whole exchange again, once a block."""
         for axis, size in enumerate(launch.grid):
             low, high = bounds(size)
             if high > 1 and low >= 1:
