@@ -298,3 +298,37 @@ def test_ranks_on_the_command_line_are_checked(capsys, monkeypatch):
     error = capsys.readouterr().err
     assert "cgc: error: --ranks 2 starts the ranks with mpirun, which is not installed" in error
     assert "Traceback" not in error
+
+
+FAILING_TRANSPORT = """
+import sys
+sys.path.insert(0, {root!r})
+from cgc.backends import parallel
+from cgc.backends.data import Batches, load_corpus
+from cgc.pipeline import analyse, open_run
+
+
+class Broken(parallel.SingleRank):
+    rank, size = 0, 2
+
+    def all_reduce_average(self, values):
+        raise parallel.CommunicatorError("rank 0 of 2: the reduction failed: peer gone")
+
+
+run = open_run("emulated", analyse([{path!r}]), {path!r}, "tiny32", {{}}, 0)
+run.communicator = Broken()
+run.step(*Batches(load_corpus(None), 4, 64, 0).next())
+print("the step went on")
+"""
+
+
+def test_a_failed_collective_in_the_emulated_program_stops_it_with_the_reason():
+    """NCCL's CPU twin returns ncclRemoteError when the MPI transport fails; the emitted
+    program says where and exits, after the backend has said why."""
+    script = FAILING_TRANSPORT.format(root=str(ROOT), path=PARALLEL)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "the step went on" not in done.stdout
+    assert "cgc: error: rank 0: rank 0 of 2: the reduction failed: peer gone" in done.stderr
+    assert "cgImageAllReduce: NCCL error: remote process exited or there was a network " \
+           "error" in done.stderr, done.stderr
