@@ -199,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "write per-phase and per-launch times in Chrome's trace format "
                           "(open it in Perfetto or chrome://tracing)")
     run.add_argument("--plot", metavar="FILE.png", help="draw the loss curve")
+    run.add_argument("--ranks", type=int, metavar="N",
+                     help="data parallel on N ranks: starts `mpirun -n N cgc run ...` (the "
+                          "same as running it yourself under mpirun); each rank takes its "
+                          "share of every step's sequences and the schedule's all-reduce "
+                          "averages the gradients (schedules/train_parallel.cg, "
+                          "docs/parallel.md)")
     return parser
 
 
@@ -388,6 +394,22 @@ def _run(args) -> int:
     from .backends.base import DataError, RunFault, Unavailable
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
+    from .backends import parallel
+    if args.ranks is not None and args.ranks < 1:
+        raise _UsageError("--ranks must be at least 1")
+    if args.ranks is not None and args.ranks > 1 and parallel.launched_size() <= 1:
+        try:
+            return parallel.launch_ranks(args.ranks, parallel.without_ranks(args.argv))
+        except parallel.CommunicatorError as error:
+            print(f"cgc: error: {error}", file=sys.stderr)
+            return EXIT_DIAGNOSTICS
+    try:
+        communicator = parallel.world()
+    except parallel.CommunicatorError as error:
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    if args.ranks is not None and args.ranks != communicator.size:
+        raise _UsageError(f"--ranks {args.ranks}, but mpirun started {communicator.size}")
     _readable([args.file])
     _readable(args.data or (), folders=True)
     for path in (args.trace, args.plot):
@@ -411,9 +433,17 @@ def _run(args) -> int:
         print(f"cgc: error: the {backend} backend cannot run {args.file}: {error}",
               file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    if runner.warnings:
+    runner.communicator = communicator
+    if runner.warnings and communicator.lead:
         print(render_all(runner.warnings), file=sys.stderr)
     program = runner.program
+    if communicator.size > 1 and not any(launch.image.collective
+                                         for launch, _, _ in program.launches()):
+        if communicator.lead:  # said once; every rank stops
+            print(f"cgc: error: {communicator.size} ranks run, but {program.entry} has no "
+                  "collective: each rank would train alone; run a data-parallel step "
+                  "(schedules/train_parallel.cg)", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     try:
         batch, context, vocab = (int(program.role(r)) for r in ("batch", "context", "vocab"))
         program.role("ids"), program.role("targets"), program.role("loss")
@@ -425,20 +455,31 @@ def _run(args) -> int:
         if corpus.max() >= vocab:
             raise ValueError(f"a byte value ({int(corpus.max())}) is past the vocabulary "
                              f"({vocab})")
-        batches = Batches(corpus, batch, context, args.seed)
+        batches = Batches(corpus, batch * communicator.size, context, args.seed)
+        if communicator.size > 1:  # this rank's share of the step's windows
+            batches = parallel.ShardedBatches(batches, communicator.rank, communicator.size)
     except OSError as error:  # a file inside a --data folder
         raise _PathError(f"cannot read {error.filename}: {error.strerror or error}") from None
     except ValueError as error:
         print(f"cgc: error: cannot use the training data: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
-          f"{backend} backend ({why}); {corpus.size:,} bytes of {describe(args.data)}",
-          file=sys.stderr)
+    ranks = ("" if communicator.size == 1 else
+             f"; {communicator.size} ranks, {batch} of {batch * communicator.size} sequences "
+             "a step each")
+    if communicator.lead:
+        print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
+              f"{backend} backend ({why}); {corpus.size:,} bytes of {describe(args.data)}"
+              f"{ranks}", file=sys.stderr)
+    if not communicator.lead:  # rank 0 alone prints, dumps, traces and plots
+        args.dump = args.trace = args.plot = None
     timings: list | None = [] if args.trace else None
     _STEPPING.set()
     try:
-        training = train(runner, batches, args.steps, sys.stdout, dump=args.dump,
-                         trace=timings, stop=_STOP)
+        training = train(runner, batches, args.steps, parallel.quiet_unless_lead(communicator),
+                         dump=args.dump, trace=timings, stop=_STOP)
+    except parallel.CommunicatorError as error:
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     except DataError as error:
         print(f"cgc: error: the training data does not fit the model: {error}",
               file=sys.stderr)
@@ -467,7 +508,9 @@ def _run(args) -> int:
         from .tools.plot import write_loss_plot
         write_loss_plot(args.plot, training.losses)
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
-    print(summary(training))
+    if communicator.lead:
+        print(summary(training) + ("" if communicator.size == 1
+                                   else f" on {communicator.size} ranks"))
     return EXIT_INTERRUPTED if training.stopped else EXIT_OK
 
 
@@ -573,6 +616,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command is None:  # `cgc` alone: what there is to do
         print(_command_list(parser), file=sys.stderr)
         return EXIT_USAGE
+    args.argv = argv  # what `cgc run --ranks N` passes on to each rank
     try:
         return _COMMANDS[args.command](args)
     except CompileError as error:

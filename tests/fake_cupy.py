@@ -195,6 +195,25 @@ def _memcpy(destination, source, size, kind, stream):
     _run_or_record(run)
 
 
+class NcclCommunicator:
+    """CuPy's NCCL communicator, of one rank: each collective is the identity (NCCL's own, on
+    one rank) and is recorded, as it is called or replayed from a graph, in `nccl_calls`."""
+
+    def __init__(self, ranks: int, identifier, rank: int):
+        assert (ranks, rank) == (1, 0) and identifier == UNIQUE_ID
+        nccl_communicators.append(self)
+
+    def allReduce(self, send, receive, count, datatype, operator, stream):  # noqa: N802
+        def run():
+            nccl_calls.append(("allReduce", send, receive, count, datatype, operator, stream))
+        _run_or_record(run)
+
+
+UNIQUE_ID = tuple(range(128))  # what get_unique_id draws: each rank must get rank 0's
+nccl_calls: list = []
+nccl_communicators: list = []
+
+
 def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None:
     """Makes `import cupy` and `from cupy_backends.cuda.libs import cublas` find this."""
     global images, low, constants, _capture
@@ -216,3 +235,10 @@ def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None
     monkeypatch.setitem(sys.modules, "cupy_backends", types.ModuleType("cupy_backends"))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda", types.ModuleType("cupy_backends.cuda"))
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs", libs)
+    nccl_calls.clear()
+    nccl_communicators.clear()
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    nccl.NCCL_FLOAT32, nccl.NCCL_SUM, nccl.NCCL_AVG = 7, 0, 4  # NCCL's own values
+    nccl.get_unique_id = lambda: UNIQUE_ID
+    nccl.NcclCommunicator = NcclCommunicator
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", nccl)

@@ -17,6 +17,7 @@ import numpy as np
 from ..checking.memory import MemoryPlan
 from ..core.diagnostics import Diagnostic
 from ..core.ir import Program
+from .parallel import Communicator, SingleRank
 
 BANK_ROLES = ("parameters", "gradients", "state", "copies")
 
@@ -83,6 +84,9 @@ class Run(ABC):
 
     name: str = ""  # the registry's name for the backend
     peak_flops: float | None = None  # for MFU, where the hardware's peak is known
+    # The ranks of a data-parallel run (cgc/backends/parallel.py): the schedule's collectives
+    # reduce over them, and the loss is their mean. One rank unless the caller sets it.
+    communicator: Communicator = SingleRank()
 
     def __init__(self, program: Program, plan: MemoryPlan, seed: int):
         self.program, self.plan, self.seed = program, plan, seed
@@ -147,7 +151,7 @@ class Run(ABC):
 
     def mean_loss(self) -> float:
         losses = self.fetch(self.program.role("loss")).astype(np.float64)
-        return float(losses.sum() / losses.size)
+        return self.communicator.average_scalar(float(losses.sum() / losses.size))
 
     @property
     def constants(self) -> dict:

@@ -69,7 +69,8 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
     all_ids, all_targets = [], []
     before = run.bank_values("parameters") if dump else None
     first = None
-    tokens = int(run.program.role("batch")) * int(run.program.role("context"))
+    tokens = int(run.program.role("batch")) * int(run.program.role("context")) \
+        * run.communicator.size  # every rank's: the step's throughput
     interactive = out.isatty() if hasattr(out, "isatty") else False
     for step in range(1, steps + 1):
         if stop is not None and stop.is_set():
@@ -212,6 +213,8 @@ def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradi
         "losses": losses,
         "entries": entries,
         "corpus_sha256": corpus_sha256,
+        # Data parallel: the ranks that ran; the tokens are rank 0's share (docs/parallel.md).
+        "ranks": getattr(getattr(run, "communicator", None), "size", 1),
     }
     _save(os.path.join(folder, "ids.npy"), ids.astype(np.int32))
     _save(os.path.join(folder, "targets.npy"), targets.astype(np.int32))

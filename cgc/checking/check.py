@@ -134,6 +134,7 @@ class Checker:
             self.check_launch(launch, phase, loops)
         if self.program.roles.get("step") == self.program.entry:
             self.check_reads_follow_writes()
+            self.check_collective_placement()
 
     # ---- the whole step ------------------------------------------------------------
 
@@ -205,6 +206,76 @@ class Checker:
                     Note(f"'{storage.name}' is given the `{role}` role here",
                          program.role_spans.get(role)))
 
+    def check_collective_placement(self) -> None:
+        """In the whole step, a collective (an all-reduce of the gradients, say) stands between
+        what computes its elements and what consumes them: no launch writes elements a
+        collective reduced after it (that rank's write would never reach the others, and the
+        ranks would part ways), and no launch of an optimizer-stage phase reads elements a
+        later collective reduces (it would read this rank's share alone). Tracked element by
+        element in each allocation (a bank entry and the whole bank overlap), over the step
+        unrolled."""
+        program = self.program
+        if not any(launch.image.collective for launch, _, _ in program.launches()):
+            return
+        step = program.entry
+        unrolled = list(program.unrolled())
+
+        def touched(launch, point, wanted):
+            """(binding, parameter, allocation, low, high) for each pointer whose access is
+            in `wanted`, in the allocation's elements."""
+            for binding in launch.pointers:
+                parameter = launch.image.pointers.get(binding.index)
+                if parameter is None or parameter.access not in wanted:
+                    continue
+                home, start = program.address(binding.view)
+                low, high = _reach(launch, parameter, binding.view, point)
+                shift = concrete(start, point) - concrete(binding.view.offset, point)
+                yield binding, parameter, home, low + shift, high + shift
+
+        def note(launch, verb):
+            return Note(f"the collective '{launch.image.name}' {verb} here", launch.span)
+
+        # Every collective call of the step: its place in the unrolled step, what it reduces.
+        calls = [(position, home, low, high, launch)
+                 for position, (launch, _, point) in enumerate(unrolled)
+                 if launch.image.collective
+                 for _, _, home, low, high in touched(launch, point, WRITES)]
+        said: set[tuple] = set()
+
+        def overlapping(home, low, high, before: bool, position: int):
+            for at, where, a, b, other in calls:
+                if where == home and a < high and low < b and (at < position) == before:
+                    yield other
+
+        for position, (launch, phase, point) in enumerate(unrolled):
+            if launch.image.collective:
+                continue
+            stage = program.phases[phase].stage if phase in program.phases else None
+            if stage == "optimizer":
+                for binding, parameter, home, low, high in touched(launch, point, ("read",)):
+                    for other in overlapping(home, low, high, False, position):
+                        if ("read", id(other)) in said:  # the first such read, once
+                            continue
+                        said.add(("read", id(other)))
+                        self.error(launch, f"'{launch.image.name}' in the optimizer phase "
+                                           f"'{phase}' reads '{binding.view.label}' through "
+                                           f"pointer {binding.index} '{parameter.name}' before "
+                                           f"the collective '{other.image.name}' reduces it "
+                                           "across the ranks: it would see this rank's share "
+                                           "alone", binding.span,
+                                   note(other, "comes later in the step"))
+            for binding, parameter, home, low, high in touched(launch, point, WRITES):
+                for other in overlapping(home, low, high, True, position):
+                    if ("write", id(other)) in said:  # the first such write, once
+                        continue
+                    said.add(("write", id(other)))
+                    self.error(launch, f"'{launch.image.name}' writes '{binding.view.label}' "
+                                       f"through pointer {binding.index} '{parameter.name}' "
+                                       f"after the collective '{other.image.name}' reduced it "
+                                       f"across the ranks in the step '{step}': the other "
+                                       "ranks never see this write, and the ranks part ways",
+                               binding.span, note(other, "reduced it"))
+
     # ---- declarations ------------------------------------------------------------
 
     def check_images(self) -> None:
@@ -257,6 +328,8 @@ class Checker:
         pointers = self.check_pointer_slots(launch)
         scalars_fine = self.check_scalar_slots(launch, loops)
         self.check_grid(launch, loops)
+        if image.collective is not None:
+            self.check_collective_grid(launch, loops)
         if image.library is None and image.block is None:
             return
         self.check_alignment(launch, pointers, loops)
@@ -365,6 +438,21 @@ class Checker:
                 self.error(launch, f"grid dimension {'xyz'[axis]} of this launch of "
                                    f"'{launch.image.name}' is {high}{_where(loops, point)}; "
                                    f"CUDA allows at most {limit}")
+
+    def check_collective_grid(self, launch: Launch, loops) -> None:
+        """A collective is one call over its whole buffer on every rank, not a kernel: it has
+        no block index to share its work by, so a grid of more than one would only run the
+        whole exchange again, once a block."""
+        for axis, size in enumerate(launch.grid):
+            low, high = bounds(size)
+            if high > 1 and low >= 1:
+                point = extreme_point(size, largest=True)
+                self.error(launch, f"grid dimension {'xyz'[axis]} of this launch of the "
+                                   f"collective '{launch.image.name}' is {high}"
+                                   f"{_where(loops, point)}: a collective runs once over its "
+                                   "whole buffer, on a grid of 1 x 1 x 1",
+                           None, self._image_note(launch.image))
+                return
 
     # ---- extents -----------------------------------------------------------------
 

@@ -45,7 +45,7 @@ class Image:
 
     name: str
     block: tuple[int, int, int] | None  # None for a library image (or a bad block)
-    library: str | None
+    library: str | None  # cublas, or nccl for a collective: a host call, not a kernel
     pointers: dict[int, PointerParameter]
     scalars: dict[int, ScalarParameter]
     aliases: frozenset[frozenset[int]]
@@ -53,6 +53,7 @@ class Image:
     doc: str | None
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
     covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
+    collective: tuple[str, str] | None = None  # (operation, reduction): runs across ranks
 
     def __hash__(self) -> int:
         return hash(self.name)

@@ -19,6 +19,15 @@ ACCESSES = ("read", "write", "readwrite", "accumulate")
 BANK_ROLES = ("parameters", "gradients", "state", "copies")
 STAGES = ("data", "forward", "backward", "optimizer")
 INITIALISERS = ("normal", "ones", "zeros")
+# The collectives an image may stand for, and the reductions an all-reduce may apply (the
+# mean over the ranks: what data parallelism needs; a sum would need the numpy reference
+# to learn which reduction its image declares)
+# (docs/language.md, "Collectives"). A collective image runs on the host program's
+# communicator (NCCL on GPUs, MPI on CPU ranks), not as a kernel.
+COLLECTIVES = ("allReduce",)
+REDUCTIONS = ("average",)
+# The element types a collective carries (what every communicator can reduce).
+COLLECTIVE_ELEMENTS = ("float32",)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class ImageDeclaration:
     doc: str | None
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
     covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
+    collective: tuple[str, str] | None = None  # (operation, reduction) of a collective image
 
 
 @dataclass
@@ -139,6 +149,9 @@ class Declarations:
     configs: dict[str, ConfigDeclaration] = field(default_factory=dict)
     roles: dict[str, RoleBinding] = field(default_factory=dict)
     requirements: list[Requirement] = field(default_factory=list)
+    # A schedule role given again for another schedule (several whole steps, e.g. train.cg's
+    # and train_parallel.cg's): the program whose entry it names takes it (evaluate.py).
+    more_roles: list[RoleBinding] = field(default_factory=list)
 
 
 def _natural(term: Term, report: Reporter, what: str) -> int | None:
@@ -267,6 +280,7 @@ class _Elaborator:
             "alias": (2, 2, "(alias POINTER POINTER)"),
             "aligned": (2, 64, "(aligned BYTES POINTER ...)"),
             "covers": (1, 64, "(covers POINTER ...)"),
+            "collective": (2, 2, "(collective allReduce average)"),
         }
         clauses = list(self.clauses(declaration, allowed))
         scalar_names = [c.arguments[1].text for k, c in clauses
@@ -277,6 +291,11 @@ class _Elaborator:
                 record.block = tuple(self.term(a, name) for a in arguments)
             elif keyword == "library":
                 record.library = _keyword(arguments[0], ("cublas",), self.report, "library")
+            elif keyword == "collective":
+                operation = _keyword(arguments[0], COLLECTIVES, self.report, "collective")
+                reduction = _keyword(arguments[1], REDUCTIONS, self.report, "reduction")
+                if operation and reduction:
+                    record.collective = (operation, reduction)
             elif keyword in ("pointer", "scalar"):
                 index = _natural(arguments[0], self.report, f"a {keyword} index")
                 if not isinstance(arguments[1], Name):
@@ -321,9 +340,17 @@ class _Elaborator:
                     index = _natural(argument, self.report, "an aligned pointer index")
                     if size is not None and index is not None:
                         record.alignments[index] = (size, clause.span)
-        if record.block is None and record.library is None:
-            self.report.error(f"image '{name}' needs a block shape (block X Y Z) or a "
-                              "(library cublas) clause", declaration.name.span)
+        kinds = [c for k, c in clauses if k in ("block", "library", "collective")]
+        if not kinds:  # (a bad one has its own error)
+            self.report.error(f"image '{name}' needs a block shape (block X Y Z), a "
+                              "(library cublas) clause or a (collective ...) clause",
+                              declaration.name.span)
+        elif record.collective is not None and len({c.keyword.text for c in kinds}) > 1:
+            self.report.error(f"image '{name}' is a kernel (block ...), a library call "
+                              "(library ...) or a collective (collective ...): only one",
+                              kinds[1].span)
+        if record.collective is not None:
+            self.collective_signature(record, declaration)
         for pair in record.aliases:
             for index in pair:
                 if index not in record.pointers:
@@ -342,6 +369,30 @@ class _Elaborator:
                 self.report.error(f"(covers ...) names pointer {index} '{pointer.name}', which "
                                   "the image does not write with a declared extent", span)
         self.result.images[name] = record
+
+    def collective_signature(self, record: ImageDeclaration, declaration: Declaration) -> None:
+        """A collective reduces one buffer in place across the ranks: exactly one pointer,
+        readwrite, of an element type every communicator carries, covered whole by the
+        extent its count scalar gives (a partial reduction would leave ranks apart)."""
+        name = record.name
+        pointers = list(record.pointers.values())
+        if len(pointers) != 1:
+            self.report.error(f"collective image '{name}' takes exactly one pointer (the buffer "
+                              f"it reduces in place), not {len(pointers)}", declaration.name.span)
+            return
+        (pointer,) = pointers
+        if pointer.access != "readwrite":
+            self.report.error(f"the pointer '{pointer.name}' of collective image '{name}' is "
+                              f"{pointer.access}: a collective reads and writes its buffer in "
+                              "place (readwrite)", pointer.span)
+        if pointer.element not in COLLECTIVE_ELEMENTS:
+            self.report.error(f"collective image '{name}' reduces {pointer.element}; "
+                              f"collectives carry {', '.join(COLLECTIVE_ELEMENTS)}",
+                              pointer.span)
+        if pointer.extent is None or pointer.index not in record.covers:
+            self.report.error(f"collective image '{name}' must declare the extent of "
+                              f"'{pointer.name}' and (covers {pointer.index}): every rank "
+                              "reduces the whole buffer it is given", pointer.span)
 
     def constant(self, declaration: Declaration) -> None:
         type_term = declaration.terms[0]
@@ -401,12 +452,14 @@ class _Elaborator:
                                   f"{ {'buffer': 'buffer', 'Nat': 'constant'}.get(ROLES[role].kind, 'schedule')}",
                                   clause.span)
                 continue
-            if role in self.result.roles:
+            value = clause.arguments[0]
+            again = role in self.result.roles
+            if again and (ROLES[role].kind != "Schedule" or not isinstance(value, Name) or
+                          any(b.value.text == value.text for b in self.schedule_roles(role))):
                 first = self.result.roles[role]
                 self.report.error(f"role '{role}' is given twice", clause.keyword.span,
                                   Note("first given here", first.span))
                 continue
-            value = clause.arguments[0]
             self.term(value, declaration.name.text)
             if ROLES[role].kind == "Schedule":
                 target = self.scope.declarations.get(value.text) if isinstance(value, Name) \
@@ -430,8 +483,15 @@ class _Elaborator:
                                       value.span, Note(f"'{value.text}' is declared here",
                                                        target.span))
                     continue
-            self.result.roles[role] = RoleBinding(role, value, clause.span,
-                                                  declaration.name.text)
+            binding = RoleBinding(role, value, clause.span, declaration.name.text)
+            if again:  # another schedule in the same role: each program takes its entry's
+                self.result.more_roles.append(binding)
+            else:
+                self.result.roles[role] = binding
+
+    def schedule_roles(self, role: str) -> list[RoleBinding]:
+        return [b for b in (self.result.roles.get(role), *self.result.more_roles)
+                if b is not None and b.role == role]
 
     def require(self, declaration: Declaration) -> None:
         allowed = {kind: (2, 2, f"({kind} A B): A {words} B")

@@ -443,9 +443,12 @@ class Evaluator:
                 default = self.eval(s.default, {}, ())
                 default = None if default is POISON else default
             scalars[index] = ScalarParameter(index, s.name, s.type, default, s.span)
-        record = Image(name, block, declaration.library, pointers, scalars,
+        # A collective is a host call of the communicator's library (NCCL on a GPU).
+        library = "nccl" if declaration.collective is not None else declaration.library
+        record = Image(name, block, library, pointers, scalars,
                        frozenset(declaration.aliases), declaration.span, declaration.doc,
-                       dict(declaration.alignments), dict(declaration.covers))
+                       dict(declaration.alignments), dict(declaration.covers),
+                       declaration.collective)
         self.images[name] = record
         return record
 
@@ -779,6 +782,9 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     # What the kernels assume of the shape first: a configuration that breaks it would only
     # produce the consequences (a division by zero, a bad extent) further on.
     roles, role_spans = evaluator.roles()
+    for binding in declarations.more_roles:  # a schedule role given for several schedules
+        if binding.value.text == entry:
+            roles[binding.role], role_spans[binding.role] = entry, binding.span
     report.raise_if_errors()
     evaluator.check_requirements(roles)
     report.raise_if_errors()

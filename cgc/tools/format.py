@@ -122,7 +122,7 @@ def declaration_text(item) -> str:
     if item.kind == "image":
         clauses = list(item.clauses)
         head = f"image {name}"
-        if clauses and clauses[0].keyword.text in ("block", "library"):
+        if clauses and clauses[0].keyword.text in ("block", "library", "collective"):
             head += " " + flat(clauses.pop(0))
         return "\n".join([head] + [" " * INDENT + layout(c, INDENT) for c in clauses])
     head = f"{item.kind} {name}" + (f" from {item.parent.text}" if item.parent else "")

@@ -18,7 +18,7 @@ from ...checking.memory import storage_home
 from ...core.elements import ELEMENTS, element_bytes
 from ..base import Run, initial_parameters
 from ..numerics import decode, encode, storage_dtype
-from .emit import CUBLAS_PRODUCTS, emit_program, image_problems
+from .emit import CUBLAS_PRODUCTS, NCCL_CALLS, NCCL_TYPES, emit_program, image_problems
 from .toolchain import include_flags
 
 # MFU is reported against the H200's dense bfloat16 tensor-core peak (NVIDIA's datasheet:
@@ -42,6 +42,11 @@ def unavailable_reason() -> str | None:
 
 def gpu_available() -> bool:
     return unavailable_reason() is None
+
+
+def _cupy_nccl(nccl, name: str) -> int:
+    """NCCL's constant (ncclFloat32, ncclAvg) as CuPy's binding names it (NCCL_FLOAT32)."""
+    return getattr(nccl, "NCCL_" + name.removeprefix("nccl").upper())
 
 
 class CupyRun(Run):
@@ -121,6 +126,8 @@ class CupyRun(Run):
                      else np.int32(int(scalar.value)))
             values[scalar.parameter.name] = value
             arguments.append(value)
+        if image.collective is not None:
+            return self._collective(image, arguments[0], int(values[image.scalars[0].name]))
         if image.library is not None:
             return self._product(image.name, arguments, values)
         function, shared = self.kernels[image.name]
@@ -162,6 +169,35 @@ class CupyRun(Run):
 
         call.image = name
         return call
+
+    def _collective(self, image, data, count: int):
+        """A collective image through CuPy's NCCL binding, on the run's stream (so that the
+        graph capture records it), on a communicator made at the first step from the id
+        rank 0 draws and the run's communicator (MPI) broadcasts."""
+        nccl_call = NCCL_CALLS[image.collective]
+        (pointer,) = image.pointers.values()
+        stream, data = self.stream, int(data)
+
+        def call():
+            nccl = self._nccl()
+            self.nccl_communicator.allReduce(data, data, count,
+                                             _cupy_nccl(nccl, NCCL_TYPES[pointer.element]),
+                                             _cupy_nccl(nccl, nccl_call.operator), stream.ptr)
+
+        call.image = image.name
+        return call
+
+    def _nccl(self):
+        """CuPy's NCCL module, and this run's NCCL communicator (made once, before capture)."""
+        import importlib
+        nccl = importlib.import_module("cupy.cuda.nccl")
+        if getattr(self, "nccl_communicator", None) is None:
+            communicator = self.communicator
+            identifier = nccl.get_unique_id() if communicator.lead else None
+            identifier = communicator.broadcast_object(identifier)
+            self.nccl_communicator = nccl.NcclCommunicator(communicator.size, identifier,
+                                                           communicator.rank)
+        return nccl
 
     # ---- steps -------------------------------------------------------------------
 

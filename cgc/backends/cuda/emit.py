@@ -50,6 +50,23 @@ CUBLAS_PRODUCTS = {
 }
 
 
+@dataclass(frozen=True)
+class NcclCall:
+    """How a collective image maps onto NCCL: the function and its reduction operator."""
+
+    function: str
+    operator: str
+
+
+# The one table both the emitted host program and the CuPy backend call NCCL from, by the
+# image's (collective OPERATION REDUCTION); and NCCL's name for each element a collective
+# carries (every element the language lets a collective carry: tests/test_parallel.py).
+NCCL_CALLS = {
+    ("allReduce", "average"): NcclCall("ncclAllReduce", "ncclAvg"),
+}
+NCCL_TYPES = {"float32": "ncclFloat32"}
+
+
 def template_name(image: str) -> str:
     """cgImageLayerNormBackwardAdd -> layer_norm_backward_add."""
     stem = image.removeprefix("cgImage")
@@ -124,6 +141,8 @@ def image_problems(program: Program) -> list[Diagnostic]:
     folder = data_dir("templates")
     used = sorted({launch.image.name: launch.image for launch, _, _ in program.launches()}.items())
     for name, image in used:
+        if image.collective is not None:
+            continue  # each (collective ...) the language accepts has a line in NCCL_CALLS
         if image.library is not None:
             if name not in CUBLAS_PRODUCTS:
                 found.append(Diagnostic("error", f"image '{name}' is a (library cublas) image, "
@@ -337,12 +356,13 @@ class Emitter:
         names = {role: program.storages[program.roles[role]].name
                  for role in ("ids", "targets", "loss")}
         rows = program.storages[program.roles["ids"]].count
-        return template.render(entries=entries, rows=rows, low=self.low, names=names)
+        return template.render(entries=entries, rows=rows, low=self.low, names=names,
+                               collectives=bool(self.collectives()))
 
     def products(self) -> list[dict]:
         """The host functions of the cuBLAS images the program uses, from CUBLAS_PRODUCTS."""
         used = sorted({launch.image.name for launch, _, _ in self.program.launches()
-                       if launch.image.library is not None})
+                       if launch.image.library == "cublas"})
         found = []
         for name in used:
             image, product = self.program.images[name], CUBLAS_PRODUCTS[name]
@@ -358,6 +378,25 @@ class Emitter:
                 "ld_a": product.ld_a, "beta": _float(product.beta), "prelude": prelude,
                 "output_type": ("cg_low_type" if product.low_output
                                 else ELEMENTS["float32"].cuda_data_type)})
+        return found
+
+    def collectives(self) -> list[dict]:
+        """The host functions of the collective images the program uses: one NCCL call each
+        on the run's communicator (cg_nccl), in place over the one buffer."""
+        used = sorted({launch.image.name for launch, _, _ in self.program.launches()
+                       if launch.image.collective is not None})
+        found = []
+        for name in used:
+            image = self.program.images[name]
+            call = NCCL_CALLS[image.collective]
+            (pointer,) = image.pointers.values()
+            (count,) = image.scalars.values()
+            found.append({
+                "image": name, "summary": (image.doc or name).replace("\n", " "),
+                "parameters": ", ".join(c_parameters(image, self.low)),
+                "function": call.function, "operator": call.operator,
+                "data": pointer.name, "count": count.name,
+                "type": NCCL_TYPES[pointer.element]})
         return found
 
     def render(self) -> str:
@@ -376,7 +415,7 @@ class Emitter:
             buffers_bytes=max(self.plan.buffers_bytes, 256),
             arena_bytes=max(self.plan.arena_bytes, 256),
             low_cuda_type=ELEMENTS[self.low].cuda_data_type, phases=self.phases,
-            products=self.products(),
+            products=self.products(), collectives=self.collectives(),
             step_lines=step_lines, main=self.main())
 
 

@@ -148,12 +148,39 @@ def _cublas_flags() -> list[str]:
         return ["-lcublas"]
 
 
+def nccl_root() -> Path | None:
+    """The nvidia-nccl-cu13 wheel's folder (include/nccl.h, lib/libnccl.so.2), if installed."""
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return None
+    for folder in getattr(nvidia.nccl, "__path__", ()):
+        if (Path(folder) / "include" / "nccl.h").is_file():
+            return Path(folder)
+    return None
+
+
+def _nccl_flags(source: str) -> list[str]:
+    """NCCL's header and library, for a program with collectives (it includes <nccl.h>):
+    the wheel's, or else the system's."""
+    if not re.search(r"^\s*#\s*include\s*<nccl\.h>", source, re.MULTILINE):
+        return []
+    root = nccl_root()
+    if root is None:
+        return ["-lnccl"]
+    library = root / "lib"
+    return [f"-I{root / 'include'}", f"-L{library}", "-l:libnccl.so.2",
+            f"-Xlinker=-rpath={library}"]
+
+
 def nvcc_build(source_path: str, output: str) -> tuple[bool, str]:
-    """The whole file, host program included, compiled and linked with cuBLAS."""
+    """The whole file, host program included, compiled and linked with cuBLAS (and NCCL,
+    for a program with collectives)."""
     compiler = nvcc()
-    require_headers(Path(source_path).read_text(encoding="utf-8"), compiler)
+    source = Path(source_path).read_text(encoding="utf-8")
+    require_headers(source, compiler)
     command = [str(compiler), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
-               *_cublas_flags(), "-o", output, source_path]
+               *_cublas_flags(), *_nccl_flags(source), "-o", output, source_path]
     result = subprocess.run(command, capture_output=True, text=True)
     log = result.stdout + result.stderr
     if result.returncode != 0 and (header := missing_header(log)):

@@ -40,6 +40,7 @@ class NumpyRun(Run):
 
     def run_step(self, trace: list | None) -> float:
         started = time.perf_counter()
+        self.machine.communicator = self.communicator
         self.machine.run(trace)
         return time.perf_counter() - started
 

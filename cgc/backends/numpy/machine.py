@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from ...core.elements import element_bytes
 from ...core.ir import BindingError, Launch, Program, View
 from ..base import RunFault
 from ..numerics import decode, encode, storage_dtype
+from ..parallel import Communicator, SingleRank
 
 WRITES = ("write", "readwrite", "accumulate")
 
@@ -94,6 +95,7 @@ class Kernel:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     constants: dict[str, object]
+    communicator: Communicator = field(default_factory=SingleRank)  # what collectives span
 
 
 class Machine:
@@ -107,6 +109,7 @@ class Machine:
         self.memory["buffers"] = np.zeros(max(plan.buffers_bytes, 1), dtype=np.uint8)
         self.memory["arena"] = np.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
         self.launch_count = 0
+        self.communicator: Communicator = SingleRank()  # the run's: set by the backend
         # What the kernels see of the model: its shape, by role.
         self.constants = {role: value for role, value in program.roles.items()
                           if not isinstance(value, str)}
@@ -204,7 +207,7 @@ class Machine:
                                                home, base + offset * item, item)
 
         kernel = self.kernels[image.name]
-        kernel(Kernel(pointers, scalars, grid, block, self.constants))
+        kernel(Kernel(pointers, scalars, grid, block, self.constants, self.communicator))
         self.check_aliasing(where, image, pointers)
 
     def check_aliasing(self, where: str, image, pointers: dict[str, Pointer]) -> None:

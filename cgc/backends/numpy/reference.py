@@ -374,6 +374,15 @@ def step_advance(k: Kernel) -> None:
     step.write(0, step.read(0, 1) + 1)
 
 
+def all_reduce(k: Kernel) -> None:
+    """A collective: data = its mean over the ranks, through the run's communicator (MPI on
+    CPU ranks; with one rank, data as it is)."""
+    data = k.pointers["data"]
+    values = np.ascontiguousarray(data.read(0, int(k.scalars["count"])), dtype=np.float32)
+    k.communicator.all_reduce_average(values)
+    data.write(0, values)
+
+
 KERNELS = {
     "cgImageEmbedding": embedding,
     "cgImageLayerNorm": layer_norm,
@@ -400,4 +409,5 @@ KERNELS = {
     "cgImageAdamW": adamw,
     "cgImageGradientNorm": gradient_norm,
     "cgImageStepAdvance": step_advance,
+    "cgImageAllReduce": all_reduce,
 }

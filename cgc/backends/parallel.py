@@ -1,0 +1,233 @@
+"""Data parallelism's one communicator interface, and each rank's share of the data.
+
+A run on N ranks (processes started by `mpirun -n N`) holds one communicator: its rank,
+how many ranks there are, and the few collectives a data-parallel step needs. The schedule's
+collective images (`(collective allReduce average)`, docs/language.md) call it: the numpy
+backend from the image's reference function, the emulated backend from the CPU twin of
+NCCL (cgc/backends/cuda_cpu/include/nccl.h) through a callback, and the GPU through NCCL
+itself, whose communicator is made from an id that rank 0 draws and this one broadcasts
+(llm.c's split: MPI starts the ranks and shares the id, NCCL moves the gradients).
+
+Two implementations: `SingleRank` (no MPI: every collective is the identity) and
+`MpiCommunicator` (mpi4py). No home-made transport: MPI is the engine on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+# The variables an MPI launcher sets in every rank's environment: Open MPI, MPICH / Intel
+# MPI (PMI), PMIx launchers. Without one, cgc runs as one rank and never loads MPI (whose
+# start-up as a singleton costs a second and may need a network).
+LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+
+
+class CommunicatorError(RuntimeError):
+    """A collective failed: another rank is gone, or MPI refused the call."""
+
+
+class Communicator(ABC):
+    """The ranks of one run, and the collectives a data-parallel step uses."""
+
+    rank: int = 0
+    size: int = 1
+
+    @abstractmethod
+    def all_reduce_average(self, values: np.ndarray) -> None:
+        """values = the mean of `values` over the ranks, in place; afterwards every rank holds
+        the same bits."""
+
+    @abstractmethod
+    def all_reduce_sum(self, values: np.ndarray) -> None:
+        """values = the sum of `values` over the ranks, in place, the same bits on every rank."""
+
+    @abstractmethod
+    def broadcast(self, values: np.ndarray, root: int = 0) -> None:
+        """values = rank `root`'s values, in place."""
+
+    @abstractmethod
+    def broadcast_object(self, value, root: int = 0):
+        """Rank `root`'s value of a small picklable object (an NCCL unique id)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Returns once every rank has called it."""
+
+    def average_scalar(self, value: float) -> float:
+        """The mean of a float64 over the ranks (the loss of one step)."""
+        array = np.array([value], dtype=np.float64)
+        self.all_reduce_average(array)
+        return float(array[0])
+
+    @property
+    def lead(self) -> bool:
+        """Whether this rank prints, dumps and checkpoints (rank 0)."""
+        return self.rank == 0
+
+    def describe(self) -> str:
+        return "1 rank" if self.size == 1 else f"{self.size} ranks (MPI)"
+
+
+class SingleRank(Communicator):
+    """One rank alone: every collective leaves the values as they are."""
+
+    def all_reduce_average(self, values: np.ndarray) -> None:
+        pass
+
+    def all_reduce_sum(self, values: np.ndarray) -> None:
+        pass
+
+    def broadcast(self, values: np.ndarray, root: int = 0) -> None:
+        pass
+
+    def broadcast_object(self, value, root: int = 0):
+        return value
+
+    def barrier(self) -> None:
+        pass
+
+
+class MpiCommunicator(Communicator):
+    """MPI_COMM_WORLD through mpi4py.
+
+    A reduction is a reduce to rank 0 and a broadcast of its result, not MPI_Allreduce: an
+    all-reduce may add the ranks' values in a different order on each rank (its algorithm
+    chooses), and data parallelism needs every rank's parameters to stay bit-identical.
+    The average is the sum divided by the number of ranks, as NCCL's ncclAvg."""
+
+    def __init__(self, comm=None):
+        from mpi4py import MPI  # starts MPI: only when a launcher started this process
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        # Errors come back as exceptions (CommunicatorError), not as an abort with no reason.
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def _call(self, what: str, function, *arguments):
+        try:
+            return function(*arguments)
+        except self.MPI.Exception as error:
+            raise CommunicatorError(f"rank {self.rank} of {self.size}: the {what} failed: "
+                                    f"{error.Get_error_string()} (did another rank stop?)") \
+                from None
+
+    def _reduce(self, values: np.ndarray, average: bool) -> None:
+        if not values.flags.c_contiguous:
+            raise ValueError("a collective reduces a contiguous array in place")
+        result = np.empty_like(values) if self.rank == 0 else None
+        self._call("reduction", self.comm.Reduce, values, result, self.MPI.SUM, 0)
+        if self.rank == 0:
+            if average:
+                result /= values.dtype.type(self.size)
+            values[...] = result
+        self._call("broadcast of the reduction", self.comm.Bcast, values, 0)
+
+    def all_reduce_average(self, values: np.ndarray) -> None:
+        self._reduce(values, average=True)
+
+    def all_reduce_sum(self, values: np.ndarray) -> None:
+        self._reduce(values, average=False)
+
+    def broadcast(self, values: np.ndarray, root: int = 0) -> None:
+        self._call("broadcast", self.comm.Bcast, values, root)
+
+    def broadcast_object(self, value, root: int = 0):
+        return self._call("broadcast", self.comm.bcast, value, root)
+
+    def barrier(self) -> None:
+        self._call("barrier", self.comm.Barrier)
+
+
+def launched_size() -> int:
+    """How many ranks an MPI launcher started (1 when none did)."""
+    for name in LAUNCHER_SIZE_VARIABLES:
+        text = os.environ.get(name, "")
+        if text.isdigit():
+            return int(text)
+    return 1
+
+
+def world() -> Communicator:
+    """This process's communicator: MPI's world when an MPI launcher started it with more than
+    one rank, else a single rank. Raises CommunicatorError when a launcher asked for ranks
+    but mpi4py is missing."""
+    if launched_size() <= 1:
+        return SingleRank()
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise CommunicatorError(f"{launched_size()} ranks were started, but mpi4py is not "
+                                "installed: pip install 'cgc[parallel]' (mpi4py and Open MPI)") \
+            from None
+    return MpiCommunicator()
+
+
+class ShardedBatches:
+    """Rank `rank`'s share of each step's windows: the step draws the windows of all the
+    ranks from one seeded generator (the `batch * size` windows one rank would take on the
+    whole batch) and this rank takes its `batch` consecutive ones. Disjoint across ranks,
+    the same for a seed on any number of ranks, and one rank with `batch * size` sequences
+    sees exactly the union of what the N ranks see."""
+
+    def __init__(self, whole, rank: int, size: int):
+        if whole.batch % size:
+            raise ValueError(f"{whole.batch} sequences do not split over {size} ranks")
+        self.whole, self.rank, self.size = whole, rank, size
+        self.batch, self.context = whole.batch // size, whole.context
+        self.corpus = whole.corpus
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        ids, targets = self.whole.next()
+        rows = self.batch * self.context
+        share = slice(self.rank * rows, (self.rank + 1) * rows)
+        return ids[share], targets[share]
+
+
+def quiet_unless_lead(communicator: Communicator):
+    """Where a rank writes its progress: stdout on rank 0, nowhere on the others."""
+    return sys.stdout if communicator.lead else open(os.devnull, "w", encoding="utf-8")
+
+
+def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
+    """`mpirun -n RANKS python -m cgc ARGUMENTS`: what `cgc run --ranks N` runs. More ranks
+    than cores are allowed (--oversubscribe: CPU ranks in CI); as root, Open MPI must be
+    told that it may run (the variables below, set in its environment)."""
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise CommunicatorError(f"--ranks {ranks} starts the ranks with mpirun, which is not "
+                                "installed: pip install 'cgc[parallel]' (Open MPI and mpi4py), "
+                                "or start them yourself: mpirun -n N cgc run ...")
+    return [mpirun, "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "cgc",
+            *arguments]
+
+
+# Open MPI refuses to run as root unless told (containers and CI run as root).
+ROOT_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def launch_ranks(ranks: int, arguments: list[str]) -> int:
+    """Runs `cgc ARGUMENTS` on `ranks` MPI ranks and returns mpirun's exit status."""
+    import subprocess
+    command = mpirun_command(ranks, arguments)
+    environment = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        environment.update(ROOT_ENVIRONMENT)
+    return subprocess.run(command, env=environment).returncode
+
+
+def without_ranks(arguments: list[str]) -> list[str]:
+    """The command line with --ranks N (or --ranks=N) taken out: what each rank runs."""
+    kept, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "--ranks":
+            skip = True
+        elif not argument.startswith("--ranks="):
+            kept.append(argument)
+    return kept

