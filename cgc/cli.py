@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import signal
 import stat
 import sys
 import threading
@@ -184,12 +185,46 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{name}: {what}" for name, (_, what) in REGISTRY.items())
                      + "; auto (the default): cupy when a GPU is present, else numpy")
     run.add_argument("--steps", type=int, default=10, metavar="N",
-                     help="training steps to run (default 10)")
-    run.add_argument("--seed", type=int, default=0, metavar="S",
-                     help="seeds the parameters and the choice of windows (default 0)")
+                     help="train up to step N, counting the steps of a resumed run "
+                          "(default 10)")
+    run.add_argument("--seed", type=int, metavar="S",
+                     help="seeds the parameters and the choice of windows (default 0; with "
+                          "--resume, the checkpoint's)")
     run.add_argument("--data", nargs="+", metavar="PATH",
-                     help="text files or folders to take byte tokens from (default: the corpus "
-                          "shipped with cgc, cgc/backends/corpus.txt)")
+                     help="text files or folders to take byte tokens from, or llm.c token "
+                          "files (.bin: uint16 tokens after a 256-int32 header); default: the "
+                          "corpus shipped with cgc, cgc/backends/corpus.txt")
+    rates = run.add_argument_group(
+        "learning rate", "linear warm-up to --lr over --warmup steps, then a cosine decay to "
+                         "--lr-min at step --steps; written into a device buffer each step "
+                         "(with --resume, each defaults to the checkpoint's)")
+    rates.add_argument("--lr", type=float, metavar="RATE",
+                       help="the peak learning rate (default: the schedule's "
+                            "peakLearningRate role)")
+    rates.add_argument("--lr-min", type=float, metavar="RATE",
+                       help="the floor of the cosine decay (default: --lr, no decay)")
+    rates.add_argument("--warmup", type=int, metavar="N", help="warm-up steps (default 0)")
+    keep = run.add_argument_group("checkpoints and logs")
+    keep.add_argument("--checkpoint-dir", metavar="DIR",
+                      help="write checkpoints here (step-NNNNNNNN.safetensors, "
+                           "docs/checkpoint-format.md): at the end, every --checkpoint-every "
+                           "steps, and on Ctrl-C or SIGTERM")
+    keep.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                      help="also checkpoint every N steps")
+    keep.add_argument("--resume", metavar="DIR_OR_FILE",
+                      help="continue a run from a checkpoint (a folder: its latest); the "
+                           "continued run is bit-identical to one that never stopped")
+    keep.add_argument("--log", metavar="FILE.jsonl",
+                      help="write one JSON object per step and per validation")
+    held = run.add_argument_group("validation and samples")
+    held.add_argument("--val-every", type=int, default=0, metavar="N",
+                      help="every N steps (and at the end), the loss on held-out documents "
+                           "(every tenth document of the data is held out)")
+    held.add_argument("--val-steps", type=int, default=4, metavar="K",
+                      help="held-out batches averaged per validation (default 4)")
+    held.add_argument("--sample-every", type=int, default=0, metavar="N",
+                      help="every N steps, print a greedy sample from the model "
+                           "(schedules/sample.cg)")
     run.add_argument("--dump", metavar="DIR",
                      help="write the run for replay: configuration, tokens, every entry before "
                           "and after the first step, its gradients, the losses "
@@ -383,14 +418,76 @@ def _doc(args) -> int:
     return EXIT_OK
 
 
+def _positive_options(args, names) -> None:
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value < 0:
+            raise _UsageError(f"--{name} must not be negative")
+
+
+def _resumed(args, frontend):
+    """The checkpoint --resume names, its tensors and manifest; the options a user did not
+    give take the checkpoint's values."""
+    from .backends import checkpoint
+    path = checkpoint.latest(args.resume)
+    values, manifest = checkpoint.load(path)
+    identity = manifest.get("identity", {})
+    given = {"config": args.config, "seed": args.seed}
+    for option, value in given.items():
+        if value is None:
+            setattr(args, option, identity.get(option))
+    if not args.set:
+        args.set = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
+    rate = identity.get("learning_rate", {})
+    for option, key in (("lr", "peak"), ("lr_min", "floor"), ("warmup", "warmup")):
+        if getattr(args, option) is None:
+            setattr(args, option, rate.get(key))
+    return path, values, manifest
+
+
+def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256) -> dict:
+    """What must be the same for a run to continue from a checkpoint."""
+    from .backends.checkpoint import carried_buffers
+    import hashlib
+    root = os.path.dirname(os.path.abspath(args.file))
+    sources = {}
+    for module in frontend.modules:
+        with open(module.path, "rb") as handle:
+            sources[os.path.relpath(os.path.abspath(module.path), root)] = \
+                hashlib.sha256(handle.read()).hexdigest()
+    constants = {name: (value if isinstance(value, (int, float, str)) else float(value))
+                 for name, value in sorted(program.constants.items())}
+    return {
+        "schedule": {"entry": program.entry, "sources": sources},
+        "config": program.config, "low": program.low,
+        "overrides": {t.split("=", 1)[0]: t.split("=", 1)[1] for t in args.set},
+        "constants": constants,
+        "roles": {role: value for role, value in sorted(program.roles.items())},
+        "entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
+                             "init": e.init, "std": e.std} for e in program.entries},
+        "carried": carried_buffers(program),
+        "seed": batches_seed,
+        "data": {"sha256": data_sha256, "tokens": int(corpus.size)},
+        "learning_rate": rate.manifest(),
+    }
+
+
 def _run(args) -> int:
     from .backends import choose
     from .backends.base import DataError, RunFault, Unavailable
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
+    _positive_options(args, ("checkpoint-every", "val-every", "val-steps", "sample-every",
+                             "warmup", "lr", "lr-min"))
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise _UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+    if args.val_every and args.val_steps < 1:
+        raise _UsageError("--val-steps must be at least 1")
     _readable([args.file])
     _readable(args.data or (), folders=True)
-    for path in (args.trace, args.plot):
+    if args.resume:
+        _readable([args.resume], folders=True)
+    for path in (args.trace, args.plot, args.log):
         _writable(path)
     try:
         backend, why = choose(args.backend)
@@ -398,15 +495,17 @@ def _run(args) -> int:
         print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
               "runs anywhere: --backend numpy", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    from .backends.data import Batches, describe, load_corpus
-    from .backends.training import summary, train
+    from .backends import checkpoint as checkpoints
+    from .backends.data import Batches, describe, load_tokens, split_documents
+    from .backends.training import Checkpointing, LearningRate, Validation, summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
+    resumed = _resumed(args, frontend) if args.resume else None
+    seed = args.seed if args.seed is not None else 0
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     try:
-        runner = open_run(backend, frontend, args.file, config, overrides, args.seed,
-                          args.entry)
+        runner = open_run(backend, frontend, args.file, config, overrides, seed, args.entry)
     except RunFault as error:
         print(f"cgc: error: the {backend} backend cannot run {args.file}: {error}",
               file=sys.stderr)
@@ -421,24 +520,65 @@ def _run(args) -> int:
         print(f"cgc: error: {args.file} cannot be trained: {error.args[0]}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     try:
-        corpus = load_corpus(args.data)
-        if corpus.max() >= vocab:
-            raise ValueError(f"a byte value ({int(corpus.max())}) is past the vocabulary "
-                             f"({vocab})")
-        batches = Batches(corpus, batch, context, args.seed)
+        tokens = load_tokens(args.data, vocab)
+        training_tokens, held_out = split_documents(tokens, held_out=bool(args.val_every))
+        batches = Batches(training_tokens, batch, context, seed)
+        validation = (Validation(Batches(held_out, batch, context, seed + 1), args.val_every,
+                                 args.val_steps) if args.val_every else None)
     except OSError as error:  # a file inside a --data folder
         raise _PathError(f"cannot read {error.filename}: {error.strerror or error}") from None
     except ValueError as error:
         print(f"cgc: error: cannot use the training data: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
+    peak = args.lr if args.lr is not None else program.roles.get("peakLearningRate")
+    if peak is None:
+        raise _UsageError(f"{args.file} declares no peakLearningRate role: give --lr")
+    floor = float(args.lr_min if args.lr_min is not None else peak)
+    # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
+    rate = LearningRate(float(peak), floor, int(args.warmup or 0),
+                        args.steps if floor != float(peak) else 0)
+    identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256)
+    start, history = 0, []
+    if resumed:
+        path, values, manifest = resumed
+        saved = manifest.get("identity", {})
+        # the decay's end is --steps: a longer run may continue a shorter one's checkpoint
+        # only where the schedule gives the same rates (no decay)
+        differs = checkpoints.differences(saved, identity)
+        if differs:
+            raise checkpoints.CheckpointError(
+                f"--resume {path}: this run differs from the checkpoint's: " + "; ".join(differs))
+        checkpoints.check_tensors(program, values, path)
+        start, history = int(manifest["step"]), list(manifest.get("losses", []))
+        if start >= args.steps:
+            raise _UsageError(f"--resume {path}: the checkpoint is at step {start}; --steps "
+                              f"must be more to continue")
+        checkpoints.restore(runner, values)
+        batches.restore(manifest["data_position"])
+        if validation and manifest.get("validation_position"):
+            validation.batches.restore(manifest["validation_position"])
+        print(f"resumed from {path} at step {start}", file=sys.stderr)
+    checkpointing = (Checkpointing(args.checkpoint_dir, args.checkpoint_every,
+                                   {"identity": identity, "backend": backend})
+                     if args.checkpoint_dir else None)
     print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
-          f"{backend} backend ({why}); {corpus.size:,} bytes of {describe(args.data)}",
+          f"{backend} backend ({why}); {tokens.describe()} of {describe(args.data)}",
           file=sys.stderr)
+    sampler = _sampler(args, runner, frontend) if args.sample_every else None
     timings: list | None = [] if args.trace else None
+    log = None
+    if args.log:
+        try:
+            log = open(args.log, "a" if resumed else "w", encoding="utf-8")
+        except OSError as error:
+            raise _PathError(f"cannot write {args.log}: {error.strerror or error}") from None
     _STEPPING.set()
     try:
         training = train(runner, batches, args.steps, sys.stdout, dump=args.dump,
-                         trace=timings, stop=_STOP)
+                         trace=timings, stop=_STOP, learning_rate=rate, start=start,
+                         history=history, log=log, checkpointing=checkpointing,
+                         validation=validation, sample=sampler,
+                         sample_every=args.sample_every)
     except DataError as error:
         print(f"cgc: error: the training data does not fit the model: {error}",
               file=sys.stderr)
@@ -457,8 +597,12 @@ def _run(args) -> int:
         return EXIT_DIAGNOSTICS
     finally:
         _STEPPING.clear()
-    if args.dump and training.losses:
+        if log is not None:
+            log.close()
+    if args.dump and len(training.losses) > start:
         print(f"dumped the run to {args.dump}", file=sys.stderr)
+    if training.checkpoint:
+        print(f"wrote the checkpoint {training.checkpoint}", file=sys.stderr)
     if args.trace and timings:
         from .tools.trace import write_trace
         write_trace(args.trace, timings, backend)
@@ -469,6 +613,10 @@ def _run(args) -> int:
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
     print(summary(training))
     return EXIT_INTERRUPTED if training.stopped else EXIT_OK
+
+
+def _sampler(args, runner, frontend):
+    return None
 
 
 # Set by Ctrl-C (SIGINT) while `cgc run` trains (_STEPPING): it stops after the step under
@@ -498,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_requested = 0.0
     _STOP.clear()
     _STEPPING.clear()
+    previous_term = _take_sigterm()
     try:
         worker.start()
         while not finished.is_set():
@@ -516,9 +665,24 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
     finally:
         sys.setrecursionlimit(previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
     if not result:
         return EXIT_INTERNAL
     return EXIT_INTERRUPTED if _STOP.is_set() and result[0] == EXIT_OK else result[0]
+
+
+def _take_sigterm():
+    """SIGTERM (a batch system's stop) as Ctrl-C: a training run stops after the step under
+    way and writes its checkpoint. Returns the handler it replaced (None off the main
+    thread, where Python cannot set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 # A second SIGINT this soon after the first is the same Ctrl-C: `timeout -s INT` and some

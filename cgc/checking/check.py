@@ -19,6 +19,7 @@ from ..core import affine
 from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
 from ..core.elements import element_bytes
+from ..core.roles import RUNTIME_FILLED
 from ..core.ir import (
     Image, Launch, PointerBinding, PointerParameter, Program, Repeat, extreme_point,
 )
@@ -68,12 +69,12 @@ class Checker:
         """In the whole step (the `step` role), no launch reads a step buffer or an arena
         slot that nothing earlier in the step wrote: such a read sees the previous step's
         leftovers or another arena slot's bytes. The buffers the runtime fills before each
-        step (the `ids` and `targets` roles) count as written; a read-modify-write
+        step (the `ids`, `targets` and `learningRate` roles) count as written; a read-modify-write
         (readwrite, accumulate) is the kernel's own business (state kept across steps, such
         as the optimizer's step counter, or a sum into zeroed memory). A repeat's body is
         taken once, in order: its first iteration sees only what came before it."""
         roles = self.program.roles
-        written = {self.program.storages[roles[r]].name for r in ("ids", "targets") if r in roles}
+        written = {self.program.storages[roles[r]].name for r in RUNTIME_FILLED if r in roles}
         for launch, _, _ in self.program.launches():
             image = launch.image
             for binding in launch.pointers:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Role:
     name: str
-    kind: str  # buffer | Nat | Schedule
+    kind: str  # buffer | Nat | Float | Schedule
     element: str | None  # a buffer's element type
     kernel_constant: str | None  # its C name in the kernels, for a Nat
     meaning: str
@@ -34,6 +34,14 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("heads", "Nat", None, "kHeads", "attention heads"),
     Role("headWidth", "Nat", None, "kHeadWidth", "width of one attention head"),
     Role("attentionTile", "Nat", None, "kAttentionTile", "query rows per attention block"),
+    Role("learningRate", "buffer", "float32", None,
+         "the step's learning rate: one float32 the runtime writes before each step, read by "
+         "the optimizer on the device (a captured graph need not change)"),
+    Role("peakLearningRate", "Float", None, None,
+         "the learning rate `cgc run` uses unless told otherwise (--lr)"),
+    Role("gradientSquares", "buffer", "float32", None,
+         "partial sums of squares of the step's gradient before clipping: the square root of "
+         "their sum is the gradient norm"),
     Role("step", "Schedule", None, None,
          "the whole training step: nothing in it may read a step buffer or arena slot before "
          "it writes it"),
@@ -43,3 +51,5 @@ KERNEL_CONSTANTS = {role.kernel_constant: role.name for role in ROLES.values()
                     if role.kernel_constant}
 # What `cgc run` needs to feed a step and read its loss.
 TRAINING_ROLES = ("ids", "targets", "loss", "batch", "context", "vocab")
+# Step buffers the runtime fills before each step: the step may read them first.
+RUNTIME_FILLED = ("ids", "targets", "learningRate")

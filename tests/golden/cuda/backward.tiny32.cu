@@ -810,7 +810,7 @@ static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradient
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
-static char* cg_buffers = nullptr;  // 1121024 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 1121280 bytes: 14 step buffers
 static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -875,6 +875,7 @@ static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
 static float* cgFcAct = nullptr;  // low[65536]: arena slot
 static float* cgGradientFc = nullptr;  // low[65536]: arena slot
 static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
@@ -906,8 +907,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_bank_cgBankHalf, 458752UL), "allocating cg_bank_cgBankHalf");
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 458752UL), "clearing cg_bank_cgBankHalf");
-  cg_check(cudaMalloc(&cg_buffers, 1121024UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 1121024UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 1121280UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 1121280UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 1122304UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 1122304UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -972,6 +973,7 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 1119232UL);
   cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1120256UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1120768UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 1121024UL);
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -992,7 +994,7 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 1121024UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 1121280UL);
   CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
   CG_REGION(cgFinalHalf, 65536UL);
   CG_REGION(cgFinalStatistics, 2048UL);
@@ -1007,6 +1009,7 @@ static void cg_allocate() {
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgGradientNormPartials, 512UL);
   CG_REGION(cgOptimizerStep, 4UL);
+  CG_REGION(cgStepLearningRate, 4UL);
   CG_REGION(cgFcAct, 262144UL);
   CG_REGION(cgGradientFc, 262144UL);
   CG_REGION(cgGradientQkv, 196608UL);
@@ -1219,8 +1222,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1281,6 +1285,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 16384UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1301,6 +1306,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");

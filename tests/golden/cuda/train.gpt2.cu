@@ -350,19 +350,19 @@ __device__ __forceinline__ void load_rows(low_t* tile, const low_t* from, size_t
 
 // ---- kernels: one per image, parameters generated from the image's declaration --------
 
-// cgImageAdamW: AdamW with bias correction and clipping to a global norm (from the partial sums).
+// cgImageAdamW: AdamW with bias correction and clipping to a global norm (from the partial sums); the learning rate is read from a one-element buffer the runtime writes before each step.
 // AdamW with bias correction, after clipping to a global norm; 4 elements a thread.
-extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ normPartials, const int* __restrict__ step, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount) {
+extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ normPartials, const int* __restrict__ step, const float* __restrict__ learningRate, int count, float beta1, float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount) {
   adamw_update<256>(parameter, gradient, moment1, moment2, normPartials, step, count,
-                              learningRate, beta1, beta2, epsilon, weightDecay, clipNorm,
+                              learningRate[0], beta1, beta2, epsilon, weightDecay, clipNorm,
                               partialCount, static_cast<low_t*>(nullptr));
 }
 
 // cgImageAdamWMatrix: As cgImageAdamW, also refreshing the parameter's 16-bit copy.
 // AdamW as cgImageAdamW, also writing the parameter's 16-bit copy.
-extern "C" __global__ void __launch_bounds__(256) cgImageAdamWMatrix(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ normPartials, const int* __restrict__ step, __nv_bfloat16* __restrict__ copy, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount) {
+extern "C" __global__ void __launch_bounds__(256) cgImageAdamWMatrix(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ normPartials, const int* __restrict__ step, __nv_bfloat16* __restrict__ copy, const float* __restrict__ learningRate, int count, float beta1, float beta2, float epsilon, float weightDecay, float clipNorm, int partialCount) {
   adamw_update<256>(parameter, gradient, moment1, moment2, normPartials, step, count,
-                              learningRate, beta1, beta2, epsilon, weightDecay, clipNorm,
+                              learningRate[0], beta1, beta2, epsilon, weightDecay, clipNorm,
                               partialCount, copy);
 }
 
@@ -870,7 +870,7 @@ static char* cg_bank_cgBankP = nullptr;  // 494426112 bytes: bank cgBankP (param
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf (copies, low), 5 entries
-static char* cg_buffers = nullptr;  // 4486005504 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 4486005760 bytes: 14 step buffers
 static char* cg_arena = nullptr;  // 239599616 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankG.cgEmbeddingEntry
@@ -936,6 +936,7 @@ static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[412090368]: step b
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
@@ -967,8 +968,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_bank_cgBankHalf, 247136256UL), "allocating cg_bank_cgBankHalf");
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 247136256UL), "clearing cg_bank_cgBankHalf");
-  cg_check(cudaMalloc(&cg_buffers, 4486005504UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 4486005504UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 4486005760UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 4486005760UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 239599616UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 239599616UL), "clearing cg_arena");
   cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
@@ -1034,6 +1035,7 @@ static void cg_allocate() {
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460838912UL);
   cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 4486004736UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486005248UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 4486005504UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
@@ -1054,7 +1056,7 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 4486005504UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 4486005760UL);
   CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
   CG_REGION(cgBoundaries, 327155712UL);
   CG_REGION(cgIds, 32768UL);
@@ -1069,6 +1071,7 @@ static void cg_allocate() {
   CG_REGION(cgFinalGradient, 25165824UL);
   CG_REGION(cgGradientNormPartials, 512UL);
   CG_REGION(cgOptimizerStep, 4UL);
+  CG_REGION(cgStepLearningRate, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
@@ -1319,37 +1322,37 @@ static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:45:9 cgImageStepAdvance");
   // optimizer.cg:22:5 (from optimizer.cg:46:17) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(37728, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgEmbeddingEntry, cgBankG_cgEmbeddingEntry, cgBankM_cgEmbeddingEntry, cgBankV_cgEmbeddingEntry, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgEmbeddingEntry, 38633472, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(37728, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgEmbeddingEntry, cgBankG_cgEmbeddingEntry, cgBankM_cgEmbeddingEntry, cgBankV_cgEmbeddingEntry, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgEmbeddingEntry, cgStepLearningRate, 38633472, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:46:17) cgImageAdamWMatrix");
   // optimizer.cg:7:5 (from optimizer.cg:47:19) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Gamma, cgBankG_cgLn1Gamma, cgBankM_cgLn1Gamma, cgBankV_cgLn1Gamma, cgGradientNormPartials, cgOptimizerStep, 9216, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Gamma, cgBankG_cgLn1Gamma, cgBankM_cgLn1Gamma, cgBankV_cgLn1Gamma, cgGradientNormPartials, cgOptimizerStep, cgStepLearningRate, 9216, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:47:19) cgImageAdamW");
   // optimizer.cg:7:5 (from optimizer.cg:48:21) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Beta, cgBankG_cgLn1Beta, cgBankM_cgLn1Beta, cgBankV_cgLn1Beta, cgGradientNormPartials, cgOptimizerStep, 9216, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn1Beta, cgBankG_cgLn1Beta, cgBankM_cgLn1Beta, cgBankV_cgLn1Beta, cgGradientNormPartials, cgOptimizerStep, cgStepLearningRate, 9216, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:48:21) cgImageAdamW");
   // optimizer.cg:22:5 (from optimizer.cg:49:23) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(20736, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgQkvWeight, cgBankG_cgQkvWeight, cgBankM_cgQkvWeight, cgBankV_cgQkvWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgQkvWeight, 21233664, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(20736, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgQkvWeight, cgBankG_cgQkvWeight, cgBankM_cgQkvWeight, cgBankV_cgQkvWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgQkvWeight, cgStepLearningRate, 21233664, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:49:23) cgImageAdamWMatrix");
   // optimizer.cg:22:5 (from optimizer.cg:50:25) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(6912, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgOutputWeight, cgBankG_cgOutputWeight, cgBankM_cgOutputWeight, cgBankV_cgOutputWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgOutputWeight, 7077888, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(6912, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgOutputWeight, cgBankG_cgOutputWeight, cgBankM_cgOutputWeight, cgBankV_cgOutputWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgOutputWeight, cgStepLearningRate, 7077888, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:50:25) cgImageAdamWMatrix");
   // optimizer.cg:7:5 (from optimizer.cg:51:27) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Gamma, cgBankG_cgLn2Gamma, cgBankM_cgLn2Gamma, cgBankV_cgLn2Gamma, cgGradientNormPartials, cgOptimizerStep, 9216, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Gamma, cgBankG_cgLn2Gamma, cgBankM_cgLn2Gamma, cgBankV_cgLn2Gamma, cgGradientNormPartials, cgOptimizerStep, cgStepLearningRate, 9216, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:51:27) cgImageAdamW");
   // optimizer.cg:7:5 (from optimizer.cg:52:29) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Beta, cgBankG_cgLn2Beta, cgBankM_cgLn2Beta, cgBankV_cgLn2Beta, cgGradientNormPartials, cgOptimizerStep, 9216, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(9, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgLn2Beta, cgBankG_cgLn2Beta, cgBankM_cgLn2Beta, cgBankV_cgLn2Beta, cgGradientNormPartials, cgOptimizerStep, cgStepLearningRate, 9216, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:52:29) cgImageAdamW");
   // optimizer.cg:22:5 (from optimizer.cg:53:31) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(27648, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFcWeight, cgBankG_cgFcWeight, cgBankM_cgFcWeight, cgBankV_cgFcWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgFcWeight, 28311552, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(27648, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFcWeight, cgBankG_cgFcWeight, cgBankM_cgFcWeight, cgBankV_cgFcWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgFcWeight, cgStepLearningRate, 28311552, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:53:31) cgImageAdamWMatrix");
   // optimizer.cg:22:5 (from optimizer.cg:54:33) cgImageAdamWMatrix
-  CG_LAUNCH(cgImageAdamWMatrix, dim3(27648, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgProjWeight, cgBankG_cgProjWeight, cgBankM_cgProjWeight, cgBankV_cgProjWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgProjWeight, 28311552, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamWMatrix, dim3(27648, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgProjWeight, cgBankG_cgProjWeight, cgBankM_cgProjWeight, cgBankV_cgProjWeight, cgGradientNormPartials, cgOptimizerStep, cgBankHalf_cgProjWeight, cgStepLearningRate, 28311552, 0.9f, 0.95f, 1e-08f, 0.1f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:22:5 (from optimizer.cg:54:33) cgImageAdamWMatrix");
   // optimizer.cg:7:5 (from optimizer.cg:55:35) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalGamma, cgBankG_cgFinalGamma, cgBankM_cgFinalGamma, cgBankV_cgFinalGamma, cgGradientNormPartials, cgOptimizerStep, 768, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalGamma, cgBankG_cgFinalGamma, cgBankM_cgFinalGamma, cgBankV_cgFinalGamma, cgGradientNormPartials, cgOptimizerStep, cgStepLearningRate, 768, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:55:35) cgImageAdamW");
   // optimizer.cg:7:5 (from optimizer.cg:56:29) cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalBeta, cgBankG_cgFinalBeta, cgBankM_cgFinalBeta, cgBankV_cgFinalBeta, cgGradientNormPartials, cgOptimizerStep, 768, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
+  CG_LAUNCH(cgImageAdamW, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_cgFinalBeta, cgBankG_cgFinalBeta, cgBankM_cgFinalBeta, cgBankV_cgFinalBeta, cgGradientNormPartials, cgOptimizerStep, cgStepLearningRate, 768, 0.9f, 0.95f, 1e-08f, 0.0f, 1.0f, 128);
   CG_LAUNCHED("optimizer.cg:7:5 (from optimizer.cg:56:29) cgImageAdamW");
 }
 
@@ -1373,8 +1376,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1435,6 +1439,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 38633472UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1455,6 +1460,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");
