@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "corpus shipped with cgc, cgc/backends/corpus.txt")
     rates = run.add_argument_group(
         "learning rate", "linear warm-up to --lr over --warmup steps, then a cosine decay to "
-                         "--lr-min at step --steps; written into a device buffer each step "
+                         "--lr-min at step --decay-steps; written into a device buffer each step "
                          "(with --resume, each defaults to the checkpoint's)")
     rates.add_argument("--lr", type=float, metavar="RATE",
                        help="the peak learning rate (default: the schedule's "
@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     rates.add_argument("--lr-min", type=float, metavar="RATE",
                        help="the floor of the cosine decay (default: --lr, no decay)")
     rates.add_argument("--warmup", type=int, metavar="N", help="warm-up steps (default 0)")
+    rates.add_argument("--decay-steps", type=int, metavar="N",
+                       help="the step at which the decay reaches --lr-min (default: --steps)")
     keep = run.add_argument_group("checkpoints and logs")
     keep.add_argument("--checkpoint-dir", metavar="DIR",
                       help="write checkpoints here (step-NNNNNNNN.safetensors, "
@@ -439,7 +441,8 @@ def _resumed(args, frontend):
     if not args.set:
         args.set = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
     rate = identity.get("learning_rate", {})
-    for option, key in (("lr", "peak"), ("lr_min", "floor"), ("warmup", "warmup")):
+    for option, key in (("lr", "peak"), ("lr_min", "floor"), ("warmup", "warmup"),
+                        ("decay_steps", "decay_steps")):
         if getattr(args, option) is None:
             setattr(args, option, rate.get(key))
     return path, values, manifest
@@ -478,7 +481,7 @@ def _run(args) -> int:
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
     _positive_options(args, ("checkpoint-every", "val-every", "val-steps", "sample-every",
-                             "warmup", "lr", "lr-min"))
+                             "warmup", "lr", "lr-min", "decay-steps"))
     if args.checkpoint_every and not args.checkpoint_dir:
         raise _UsageError("--checkpoint-every needs --checkpoint-dir DIR")
     if args.val_every and args.val_steps < 1:
@@ -536,7 +539,7 @@ def _run(args) -> int:
     floor = float(args.lr_min if args.lr_min is not None else peak)
     # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
     rate = LearningRate(float(peak), floor, int(args.warmup or 0),
-                        args.steps if floor != float(peak) else 0)
+                        (args.decay_steps or args.steps) if floor != float(peak) else 0)
     identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256)
     start, history = 0, []
     if resumed:
