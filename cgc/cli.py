@@ -236,6 +236,31 @@ def build_parser() -> argparse.ArgumentParser:
                           "write per-phase and per-launch times in Chrome's trace format "
                           "(open it in Perfetto or chrome://tracing)")
     run.add_argument("--plot", metavar="FILE.png", help="draw the loss curve")
+
+    sample = commands.add_parser(
+        "sample", help="write text with a trained model (a checkpoint of cgc run)",
+        description="Load CHECKPOINT's parameters into a forward-only schedule (by default "
+                    "schedules/sample.cg, checked by the same pipeline as the training step, "
+                    "in the checkpoint's configuration) and continue --prompt by --tokens "
+                    "byte tokens, one forward pass each: the arg-max of the last row's logits "
+                    "(--temperature 0, the default: greedy, deterministic), or a draw from "
+                    "their softmax at --temperature over the --top-k largest, seeded by --seed.")
+    sample.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="a checkpoint file, or a --checkpoint-dir folder (its latest)")
+    sample.add_argument("--prompt", default="\n", metavar="TEXT",
+                        help="the text to continue (default: a newline)")
+    sample.add_argument("--tokens", type=int, default=200, metavar="N",
+                        help="tokens to write (default 200)")
+    sample.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="0 (the default): greedy; above 0: draw from softmax(logits / T)")
+    sample.add_argument("--top-k", type=int, metavar="K",
+                        help="draw only among the K most likely tokens")
+    sample.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="seeds the draws (default 0)")
+    sample.add_argument("--schedule", metavar="FILE",
+                        help="the forward-only schedule (default: cgc's schedules/sample.cg)")
+    sample.add_argument("--backend", choices=("auto", *REGISTRY), default="auto",
+                        help="where to run (as for cgc run)")
     return parser
 
 
@@ -448,7 +473,8 @@ def _resumed(args, frontend):
     return path, values, manifest
 
 
-def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256) -> dict:
+def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
+              data_kind) -> dict:
     """What must be the same for a run to continue from a checkpoint."""
     from .backends.checkpoint import carried_buffers
     import hashlib
@@ -470,7 +496,7 @@ def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256) 
                              "init": e.init, "std": e.std} for e in program.entries},
         "carried": carried_buffers(program),
         "seed": batches_seed,
-        "data": {"sha256": data_sha256, "tokens": int(corpus.size)},
+        "data": {"sha256": data_sha256, "tokens": int(corpus.size), "kind": data_kind},
         "learning_rate": rate.manifest(),
     }
 
@@ -540,7 +566,8 @@ def _run(args) -> int:
     # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
     rate = LearningRate(float(peak), floor, int(args.warmup or 0),
                         (args.decay_steps or args.steps) if floor != float(peak) else 0)
-    identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256)
+    identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256,
+                         tokens.kind)
     start, history = 0, []
     if resumed:
         path, values, manifest = resumed
@@ -618,8 +645,105 @@ def _run(args) -> int:
     return EXIT_INTERRUPTED if training.stopped else EXIT_OK
 
 
+def _sample_schedule(asked: str | None) -> str:
+    if asked:
+        return asked
+    from .resources import data_dir
+    try:
+        return str(data_dir("schedules") / "sample.cg")
+    except FileNotFoundError:
+        raise _UsageError("cgc is installed without its schedules/ folder: give --schedule "
+                          "FILE") from None
+
+
+def _open_sampler(backend: str, schedule: str, identity: dict, overrides_text: list[str]):
+    """The forward-only schedule in the checkpoint's configuration, as a Sampler; an error
+    naming what differs where its model is not the checkpoint's."""
+    from .backends import checkpoint as checkpoints
+    from .backends.sampling import Sampler
+    from .pipeline import open_run
+    frontend = analyse([schedule])
+    overrides = _overrides(frontend, overrides_text)
+    config = _configs(frontend, [identity["config"]] if identity.get("config") else None)[0]
+    run = open_run(backend, frontend, schedule, config, overrides, 0)
+    program = run.program
+    try:
+        program.role("logits")
+    except KeyError as error:
+        raise checkpoints.CheckpointError(f"{schedule} cannot sample: {error.args[0]}") from None
+    mine = {"entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
+                                 "init": e.init, "std": e.std} for e in program.entries},
+            "vocab": program.roles.get("vocab"), "low": program.low}
+    theirs = {"entries": identity.get("entries"), "vocab": identity.get("roles", {}).get("vocab"),
+              "low": identity.get("low")}
+    differs = checkpoints.differences(theirs, mine)
+    if differs:
+        raise checkpoints.CheckpointError(f"{schedule} is not the checkpoint's model: "
+                                          + "; ".join(differs))
+    return Sampler(run)
+
+
 def _sampler(args, runner, frontend):
-    return None
+    """For --sample-every: a greedy continuation of a newline, 64 tokens, from the parameters
+    the training run has now."""
+    from .backends import checkpoint as checkpoints
+    from .backends.sampling import decode_bytes
+    identity = {"config": runner.program.config, "low": runner.program.low,
+                "entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
+                                     "init": e.init, "std": e.std}
+                            for e in runner.program.entries},
+                "roles": {"vocab": runner.program.roles.get("vocab")}}
+    sampler = _open_sampler(runner.name, _sample_schedule(None), identity, args.set)
+
+    def sample() -> str:
+        sampler.load(checkpoints.tensors(runner))
+        return decode_bytes(sampler.generate(list(b"\n"), 64))
+
+    return sample
+
+
+def _sample(args) -> int:
+    from .backends import checkpoint as checkpoints, choose
+    from .backends.base import Unavailable
+    from .backends.sampling import decode_bytes
+    if args.tokens < 1:
+        raise _UsageError("--tokens must be at least 1")
+    if args.temperature < 0:
+        raise _UsageError("--temperature must not be negative")
+    if args.top_k is not None and args.top_k < 1:
+        raise _UsageError("--top-k must be at least 1")
+    _readable([args.checkpoint], folders=True)
+    schedule = _sample_schedule(args.schedule)
+    _readable([schedule])
+    try:
+        backend, _ = choose(args.backend)
+    except Unavailable as error:
+        print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
+              "runs anywhere: --backend numpy", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    path = checkpoints.latest(args.checkpoint)
+    values, manifest = checkpoints.load(path)
+    identity = manifest.get("identity", {})
+    if identity.get("data", {}).get("kind", "bytes") != "bytes":
+        raise checkpoints.CheckpointError(
+            f"{path} was trained on token files: cgc has no tokenizer to turn --prompt into "
+            "its tokens (it samples byte-level models)")
+    overrides = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
+    sampler = _open_sampler(backend, schedule, identity, overrides)
+    prompt = list(args.prompt.encode("utf-8"))
+    if not prompt:
+        raise _UsageError("--prompt is empty; give at least one character")
+    if max(prompt) >= sampler.vocab:
+        raise _UsageError(f"--prompt has a byte past the model's vocabulary ({sampler.vocab})")
+    sampler.load(values)
+    tokens = sampler.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed)
+    sys.stdout.write(args.prompt + decode_bytes(tokens) + "\n")
+    print(f"sampled {_count(args.tokens, 'token')} from {path} (step {manifest.get('step')}) "
+          f"on the {backend} backend, "
+          + ("greedy" if args.temperature == 0 else
+             f"temperature {args.temperature:g}" + (f", top {args.top_k}" if args.top_k else "")
+             + f", seed {args.seed}"), file=sys.stderr)
+    return EXIT_OK
 
 
 # Set by Ctrl-C (SIGINT) while `cgc run` trains (_STEPPING): it stops after the step under
@@ -778,7 +902,7 @@ def _silence_broken_pipes() -> None:
 
 
 _COMMANDS = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,
-             "doc": _doc}
+             "doc": _doc, "sample": _sample}
 
 
 if __name__ == "__main__":

@@ -120,6 +120,7 @@ def load_corpus(paths: list[str] | None = None, limit: int | None = None) -> np.
 
 LLM_C_MAGIC = 20240520
 LLM_C_VERSION = 1  # uint16 tokens
+LLM_C_TOKEN = np.dtype("<u2")  # a token in llm.c's files: little-endian uint16
 LLM_C_HEADER_INTS = 256
 END_OF_TEXT = 50256  # GPT-2's <|endoftext|>: llm.c's files begin every document with it
 HELD_OUT_EVERY = 10  # validation holds out every tenth document
@@ -172,17 +173,17 @@ def read_token_file(path, vocab: int | None, limit: int = DATA_LIMIT) -> np.ndar
         raise ValueError(f"{path}: the header says {count:,} tokens, the file holds "
                          f"{body // 2:,} (truncated?)")
     count = min(count, limit // 2)
-    tokens = np.frombuffer(bytes(data[header_bytes:header_bytes + 2 * count]), dtype="<u2")
+    tokens = np.frombuffer(bytes(data[header_bytes:header_bytes + 2 * count]), dtype=LLM_C_TOKEN)
     if vocab is not None and tokens.size and int(tokens.max()) >= vocab:
         where = int(np.flatnonzero(tokens >= vocab)[0])
         raise ValueError(f"{path}: token {where:,} is {int(tokens[where])}, past the "
                          f"vocabulary (0 .. {vocab - 1})")
-    return tokens.astype(np.uint16)
+    return tokens.astype(LLM_C_TOKEN.newbyteorder("="))
 
 
 def write_token_file(path, tokens) -> None:
     """An llm.c token file (for tests and tools): the header, then the uint16 tokens."""
-    tokens = np.asarray(tokens, dtype="<u2")
+    tokens = np.asarray(tokens, dtype=LLM_C_TOKEN)
     header = np.zeros(LLM_C_HEADER_INTS, dtype="<i4")
     header[:3] = (LLM_C_MAGIC, LLM_C_VERSION, tokens.size)
     with open(path, "wb") as handle:

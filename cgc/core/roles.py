@@ -25,6 +25,8 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("ids", "buffer", "int32", None, "the input token ids, one per row"),
     Role("targets", "buffer", "int32", None, "the next-token targets, one per row (-1: ignored)"),
     Role("loss", "buffer", "float32", None, "the cross-entropy of each row"),
+    Role("logits", "buffer", "float32", None,
+         "the logits of every row, rows x vocabulary (what `cgc sample` reads)"),
     Role("rows", "Nat", None, "kRows", "token rows per step (batch x context)"),
     Role("batch", "Nat", None, "kBatch", "sequences per step"),
     Role("context", "Nat", None, "kContext", "tokens per sequence"),
