@@ -194,7 +194,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
             result.validation.append((step, loss))
             _log(log, {"kind": "validation", "step": step, "loss": loss})
             out.write(f"step {step}: validation loss {loss:.4f} "
-                      f"({_plural(validation.steps, 'batch')})\n" if validation.steps != 1 else
+                      f"({validation.steps} batches)\n" if validation.steps != 1 else
                       f"step {step}: validation loss {loss:.4f}\n")
             out.flush()
         if sample is not None and sample_every and step % sample_every == 0:
