@@ -83,6 +83,7 @@ class Run(ABC):
 
     name: str = ""  # the registry's name for the backend
     peak_flops: float | None = None  # for MFU, where the hardware's peak is known
+    rate_written = False  # whether set_learning_rate has written the step's rate
 
     def __init__(self, program: Program, plan: MemoryPlan, seed: int):
         self.program, self.plan, self.seed = program, plan, seed
@@ -118,6 +119,8 @@ class Run(ABC):
     def step(self, ids: np.ndarray, targets: np.ndarray, trace: list | None = None) -> StepResult:
         vocab = self.program.roles.get("vocab")
         check_tokens(ids, targets, int(vocab) if vocab is not None else None)
+        if not self.rate_written:  # a caller that never sets one steps at the peak rate
+            self.set_learning_rate(None)
         self.store(self.program.role("ids"), ids)
         self.store(self.program.role("targets"), targets)
         seconds = self.run_step(trace)
@@ -158,6 +161,7 @@ class Run(ABC):
         if label is None:
             return float(np.float32(self.program.roles.get("peakLearningRate", rate)))
         self.store(label, np.array([rate], dtype=np.float32))
+        self.rate_written = True
         return float(np.float32(rate))
 
     def gradient_norm(self) -> float:
