@@ -518,6 +518,14 @@ def _run(args) -> int:
         _readable([args.resume], folders=True)
     for path in (args.trace, args.plot, args.log):
         _writable(path)
+    if args.checkpoint_dir:  # made before any work, so that a bad one is told at once
+        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+            raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
+        try:
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+        except OSError as error:
+            raise _PathError(f"cannot write {args.checkpoint_dir}: "
+                             f"{error.strerror or error}") from None
     try:
         backend, why = choose(args.backend)
     except Unavailable as error:

@@ -264,6 +264,12 @@ def test_checkpoint_every_needs_a_folder(capsys):
     assert status == 2 and "--checkpoint-dir" in err
 
 
+def test_an_unusable_checkpoint_folder_is_told_before_any_step(capsys):
+    status, out, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--checkpoint-dir",
+                           "/dev/zero")
+    assert status == 2 and "not a folder" in err and out == ""
+
+
 def test_a_validation_pass_leaves_the_run_as_it_was(tmp_path, capsys):
     """Validation every step must not change training: the losses equal a run that validates
     only at the end (the same held-out documents, so the same training windows). Run.evaluate
