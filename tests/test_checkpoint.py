@@ -284,3 +284,57 @@ def test_a_validation_pass_leaves_the_run_as_it_was(tmp_path, capsys):
     assert step_lines(often) == step_lines(once)
     assert often.count(": validation loss") == 4 and once.count(": validation loss") == 1
     assert "validation loss" in often.splitlines()[-1]
+
+
+# ---- the CuPy backend, through the fake CuPy (tests/fake_cupy.py) --------------------------
+
+
+def test_the_cupy_backend_takes_each_rate_through_its_graph_and_resumes_bit_identically(
+        monkeypatch, tmp_path):
+    """On the CuPy backend the step is captured once as a graph and replayed: the warm-up
+    and decay reach the optimizer through the learning-rate buffer (the losses follow the
+    numpy backend's, which reads the same rates), the graph is never rebuilt, and a run
+    resumed from a checkpoint ends as the run that never stopped, byte for byte."""
+    import io
+
+    import fake_cupy
+    from cgc.backends.data import Batches, load_corpus
+    from cgc.backends.training import Checkpointing, LearningRate, train
+    from cgc.frontend.api import analyse
+    from cgc.pipeline import open_run
+    frontend = analyse([TRAIN])
+    reference = open_run("numpy", frontend, TRAIN, "tiny32", {}, seed=2)
+    fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
+                      reference.machine.constants)
+    rate = LearningRate(0.01, 0.001, warmup=2, decay_steps=4)
+    corpus = load_corpus(None)
+
+    def run_cupy():
+        return open_run("cupy", frontend, TRAIN, "tiny32", {}, seed=2)
+
+    straight = run_cupy()
+    result = train(straight, Batches(corpus, 4, 64, 2), 4, out=io.StringIO(),
+                   learning_rate=rate, checkpointing=Checkpointing(str(tmp_path / "a"), 0, {}))
+    graph = straight.graph
+    expected = train(reference, Batches(corpus, 4, 64, 2), 4, out=io.StringIO(),
+                     learning_rate=rate).losses
+    for ours, theirs in zip(result.losses, expected):
+        assert abs(ours - theirs) <= 1e-5 * theirs  # TOLERANCES of test_cupy_backend.py
+    assert straight.graph is graph and straight.steps_run == 4  # captured once
+
+    first = run_cupy()
+    batches = Batches(corpus, 4, 64, 2)
+    train(first, batches, 2, out=io.StringIO(), learning_rate=rate,
+          checkpointing=Checkpointing(str(tmp_path / "b"), 0, {}))
+    values, manifest = checkpoint.load(checkpoint.latest(str(tmp_path / "b")))
+    second = run_cupy()
+    checkpoint.restore(second, values)
+    resumed_batches = Batches(corpus, 4, 64, 2)
+    resumed_batches.restore(manifest["data_position"])
+    resumed = train(second, resumed_batches, 4, out=io.StringIO(), learning_rate=rate,
+                    start=2, history=manifest["losses"],
+                    checkpointing=Checkpointing(str(tmp_path / "b"), 0, {}))
+    assert resumed.losses == result.losses
+    ours, theirs = final(tmp_path / "b"), final(tmp_path / "a")
+    for label in theirs:
+        assert ours[label].tobytes() == theirs[label].tobytes(), label

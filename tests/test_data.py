@@ -217,3 +217,18 @@ def test_bfloat16_decoding_widens_every_pattern_exactly():
     bits = np.arange(1 << 16, dtype=np.uint16)
     expected = (bits.astype(np.uint32) << np.uint32(16))
     assert (from_bfloat16_bits(bits).view(np.uint32) == expected).all()
+
+
+def test_every_steps_rate_reaches_the_optimizer(capsys):
+    """A one-step warm-up (step 1 at the peak) and a decay ending at step 2 change only the
+    second step's rate (0.0003 against 0.003): losses 1 and 2 agree, loss 3 differs. (A rate written once and never again,
+    as a scalar baked into a captured graph would be, makes loss 3 agree.)"""
+    losses = []
+    for floor in ("0.003", "0.0003"):
+        assert main(["run", TRAIN, "--backend", "numpy", "--steps", "3", "--lr", "0.003",
+                     "--lr-min", floor, "--warmup", "1", "--decay-steps", "2"]) == 0
+        out = capsys.readouterr().out
+        losses.append([line.split("loss ")[1].split()[0] for line in out.splitlines()
+                       if line.startswith("step ")])
+    assert losses[0][:2] == losses[1][:2]
+    assert losses[0][2] != losses[1][2]
