@@ -452,7 +452,7 @@ def _positive_options(args, names) -> None:
             raise _UsageError(f"--{name} must not be negative")
 
 
-def _resumed(args, frontend):
+def _resumed(args):
     """The checkpoint --resume names, its tensors and manifest; the options a user did not
     give take the checkpoint's values."""
     from .backends import checkpoint
@@ -537,7 +537,7 @@ def _run(args) -> int:
     from .backends.training import Checkpointing, LearningRate, Validation, summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
-    resumed = _resumed(args, frontend) if args.resume else None
+    resumed = _resumed(args) if args.resume else None
     seed = args.seed if args.seed is not None else 0
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
@@ -580,8 +580,6 @@ def _run(args) -> int:
     if resumed:
         path, values, manifest = resumed
         saved = manifest.get("identity", {})
-        # the decay's end is --steps: a longer run may continue a shorter one's checkpoint
-        # only where the schedule gives the same rates (no decay)
         differs = checkpoints.differences(saved, identity)
         if differs:
             raise checkpoints.CheckpointError(

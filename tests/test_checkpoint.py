@@ -4,14 +4,12 @@ not load; a checkpoint of another run, or a broken file, is a one-line error."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest

@@ -36,7 +36,6 @@ _NAME = re.compile(r"^step-(\d{8})\.safetensors$")
 # ml_dtypes, which numpy lacks).
 _DTYPES = {"F32": np.dtype(np.float32), "I32": np.dtype(np.int32),
            "BF16": np.dtype(ml_dtypes.bfloat16)}
-_WRITES = ("write", "readwrite", "accumulate")
 
 
 class CheckpointError(CompileError):
