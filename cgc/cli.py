@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import signal
 import stat
 import sys
 import threading
@@ -184,12 +185,48 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{name}: {what}" for name, (_, what) in REGISTRY.items())
                      + "; auto (the default): cupy when a GPU is present, else numpy")
     run.add_argument("--steps", type=int, default=10, metavar="N",
-                     help="training steps to run (default 10)")
-    run.add_argument("--seed", type=int, default=0, metavar="S",
-                     help="seeds the parameters and the choice of windows (default 0)")
+                     help="train up to step N, counting the steps of a resumed run "
+                          "(default 10)")
+    run.add_argument("--seed", type=int, metavar="S",
+                     help="seeds the parameters and the choice of windows (default 0; with "
+                          "--resume, the checkpoint's)")
     run.add_argument("--data", nargs="+", metavar="PATH",
-                     help="text files or folders to take byte tokens from (default: the corpus "
-                          "shipped with cgc, cgc/backends/corpus.txt)")
+                     help="text files or folders to take byte tokens from, or llm.c token "
+                          "files (.bin: uint16 tokens after a 256-int32 header); default: the "
+                          "corpus shipped with cgc, cgc/backends/corpus.txt")
+    rates = run.add_argument_group(
+        "learning rate", "linear warm-up to --lr over --warmup steps, then a cosine decay to "
+                         "--lr-min at step --decay-steps; written into a device buffer each step "
+                         "(with --resume, each defaults to the checkpoint's)")
+    rates.add_argument("--lr", type=float, metavar="RATE",
+                       help="the peak learning rate (default: the schedule's "
+                            "peakLearningRate role)")
+    rates.add_argument("--lr-min", type=float, metavar="RATE",
+                       help="the floor of the cosine decay (default: --lr, no decay)")
+    rates.add_argument("--warmup", type=int, metavar="N", help="warm-up steps (default 0)")
+    rates.add_argument("--decay-steps", type=int, metavar="N",
+                       help="the step at which the decay reaches --lr-min (default: --steps)")
+    keep = run.add_argument_group("checkpoints and logs")
+    keep.add_argument("--checkpoint-dir", metavar="DIR",
+                      help="write checkpoints here (step-NNNNNNNN.safetensors, "
+                           "docs/checkpoint-format.md): at the end, every --checkpoint-every "
+                           "steps, and on Ctrl-C or SIGTERM")
+    keep.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                      help="also checkpoint every N steps")
+    keep.add_argument("--resume", metavar="DIR_OR_FILE",
+                      help="continue a run from a checkpoint (a folder: its latest); the "
+                           "continued run is bit-identical to one that never stopped")
+    keep.add_argument("--log", metavar="FILE.jsonl",
+                      help="write one JSON object per step and per validation")
+    held = run.add_argument_group("validation and samples")
+    held.add_argument("--val-every", type=int, default=0, metavar="N",
+                      help="every N steps (and at the end), the loss on held-out documents "
+                           "(every tenth document of the data is held out)")
+    held.add_argument("--val-steps", type=int, default=4, metavar="K",
+                      help="held-out batches averaged per validation (default 4)")
+    held.add_argument("--sample-every", type=int, default=0, metavar="N",
+                      help="every N steps, print a greedy sample from the model "
+                           "(schedules/sample.cg)")
     run.add_argument("--dump", metavar="DIR",
                      help="write the run for replay: configuration, tokens, every entry before "
                           "and after the first step, its gradients, the losses "
@@ -205,6 +242,31 @@ def build_parser() -> argparse.ArgumentParser:
                           "share of every step's sequences and the schedule's all-reduce "
                           "averages the gradients (schedules/train_parallel.cg, "
                           "docs/parallel.md)")
+
+    sample = commands.add_parser(
+        "sample", help="write text with a trained model (a checkpoint of cgc run)",
+        description="Load CHECKPOINT's parameters into a forward-only schedule (by default "
+                    "schedules/sample.cg, checked by the same pipeline as the training step, "
+                    "in the checkpoint's configuration) and continue --prompt by --tokens "
+                    "byte tokens, one forward pass each: the arg-max of the last row's logits "
+                    "(--temperature 0, the default: greedy, deterministic), or a draw from "
+                    "their softmax at --temperature over the --top-k largest, seeded by --seed.")
+    sample.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="a checkpoint file, or a --checkpoint-dir folder (its latest)")
+    sample.add_argument("--prompt", default="\n", metavar="TEXT",
+                        help="the text to continue (default: a newline)")
+    sample.add_argument("--tokens", type=int, default=200, metavar="N",
+                        help="tokens to write (default 200)")
+    sample.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="0 (the default): greedy; above 0: draw from softmax(logits / T)")
+    sample.add_argument("--top-k", type=int, metavar="K",
+                        help="draw only among the K most likely tokens")
+    sample.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="seeds the draws (default 0)")
+    sample.add_argument("--schedule", metavar="FILE",
+                        help="the forward-only schedule (default: cgc's schedules/sample.cg)")
+    sample.add_argument("--backend", choices=("auto", *REGISTRY), default="auto",
+                        help="where to run (as for cgc run)")
     return parser
 
 
@@ -389,6 +451,62 @@ def _doc(args) -> int:
     return EXIT_OK
 
 
+def _positive_options(args, names) -> None:
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value < 0:
+            raise _UsageError(f"--{name} must not be negative")
+
+
+def _resumed(args):
+    """The checkpoint --resume names, its tensors and manifest; the options a user did not
+    give take the checkpoint's values."""
+    from .backends import checkpoint
+    path = checkpoint.latest(args.resume)
+    values, manifest = checkpoint.load(path)
+    identity = manifest.get("identity", {})
+    given = {"config": args.config, "seed": args.seed}
+    for option, value in given.items():
+        if value is None:
+            setattr(args, option, identity.get(option))
+    if not args.set:
+        args.set = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
+    rate = identity.get("learning_rate", {})
+    for option, key in (("lr", "peak"), ("lr_min", "floor"), ("warmup", "warmup"),
+                        ("decay_steps", "decay_steps")):
+        if getattr(args, option) is None:
+            setattr(args, option, rate.get(key))
+    return path, values, manifest
+
+
+def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
+              data_kind) -> dict:
+    """What must be the same for a run to continue from a checkpoint."""
+    from .backends.checkpoint import carried_buffers
+    import hashlib
+    root = os.path.dirname(os.path.abspath(args.file))
+    sources = {}
+    for module in frontend.modules:
+        with open(module.path, "rb") as handle:
+            sources[os.path.relpath(os.path.abspath(module.path), root)] = \
+                hashlib.sha256(handle.read()).hexdigest()
+    constants = {name: (value if isinstance(value, (int, float, str)) else float(value))
+                 for name, value in sorted(program.constants.items())}
+    return {
+        "schedule": {"entry": program.entry, "sources": sources},
+        "config": program.config, "low": program.low,
+        "overrides": {t.split("=", 1)[0]: t.split("=", 1)[1] for t in args.set},
+        "constants": constants,
+        "roles": {role: value for role, value in sorted(program.roles.items())},
+        "entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
+                             "init": e.init, "std": e.std} for e in program.entries},
+        "carried": carried_buffers(program),
+        "seed": batches_seed,
+        "data": {"sha256": data_sha256, "tokens": int(corpus.size), "kind": data_kind},
+        "learning_rate": rate.manifest(),
+    }
+
+
 def _run(args) -> int:
     from .backends import choose
     from .backends.base import DataError, RunFault, Unavailable
@@ -410,25 +528,43 @@ def _run(args) -> int:
         return EXIT_DIAGNOSTICS
     if args.ranks is not None and args.ranks != communicator.size:
         raise _UsageError(f"--ranks {args.ranks}, but mpirun started {communicator.size}")
+    _positive_options(args, ("checkpoint-every", "val-every", "val-steps", "sample-every",
+                             "warmup", "lr", "lr-min", "decay-steps"))
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise _UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+    if args.val_every and args.val_steps < 1:
+        raise _UsageError("--val-steps must be at least 1")
     _readable([args.file])
     _readable(args.data or (), folders=True)
-    for path in (args.trace, args.plot):
+    if args.resume:
+        _readable([args.resume], folders=True)
+    for path in (args.trace, args.plot, args.log):
         _writable(path)
+    if args.checkpoint_dir:  # made before any work, so that a bad one is told at once
+        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+            raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
+        try:
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+        except OSError as error:
+            raise _PathError(f"cannot write {args.checkpoint_dir}: "
+                             f"{error.strerror or error}") from None
     try:
         backend, why = choose(args.backend)
     except Unavailable as error:
         print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
               "runs anywhere: --backend numpy", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    from .backends.data import Batches, describe, load_corpus
-    from .backends.training import summary, train
+    from .backends import checkpoint as checkpoints
+    from .backends.data import Batches, describe, load_tokens, split_documents
+    from .backends.training import Checkpointing, LearningRate, Validation, summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
+    resumed = _resumed(args) if args.resume else None
+    seed = args.seed if args.seed is not None else 0
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     try:
-        runner = open_run(backend, frontend, args.file, config, overrides, args.seed,
-                          args.entry)
+        runner = open_run(backend, frontend, args.file, config, overrides, seed, args.entry)
     except RunFault as error:
         print(f"cgc: error: the {backend} backend cannot run {args.file}: {error}",
               file=sys.stderr)
@@ -451,32 +587,75 @@ def _run(args) -> int:
         print(f"cgc: error: {args.file} cannot be trained: {error.args[0]}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     try:
-        corpus = load_corpus(args.data)
-        if corpus.max() >= vocab:
-            raise ValueError(f"a byte value ({int(corpus.max())}) is past the vocabulary "
-                             f"({vocab})")
-        batches = Batches(corpus, batch * communicator.size, context, args.seed)
+        tokens = load_tokens(args.data, vocab)
+        training_tokens, held_out = split_documents(tokens, held_out=bool(args.val_every))
+        batches = Batches(training_tokens, batch * communicator.size, context, seed)
         if communicator.size > 1:  # this rank's share of the step's windows
             batches = parallel.ShardedBatches(batches, communicator.rank, communicator.size)
+        validation = (Validation(Batches(held_out, batch, context, seed + 1), args.val_every,
+                                 args.val_steps) if args.val_every else None)
     except OSError as error:  # a file inside a --data folder
         raise _PathError(f"cannot read {error.filename}: {error.strerror or error}") from None
     except ValueError as error:
         print(f"cgc: error: cannot use the training data: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
+    peak = args.lr if args.lr is not None else program.roles.get("peakLearningRate")
+    if peak is None:
+        raise _UsageError(f"{args.file} declares no peakLearningRate role: give --lr")
+    floor = float(args.lr_min if args.lr_min is not None else peak)
+    # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
+    rate = LearningRate(float(peak), floor, int(args.warmup or 0),
+                        (args.decay_steps or args.steps) if floor != float(peak) else 0)
+    identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256,
+                         tokens.kind)
+    start, history = 0, []
+    if resumed:
+        path, values, manifest = resumed
+        saved = manifest.get("identity", {})
+        differs = checkpoints.differences(saved, identity)
+        if differs:
+            raise checkpoints.CheckpointError(
+                f"--resume {path}: this run differs from the checkpoint's: " + "; ".join(differs))
+        checkpoints.check_tensors(program, values, path)
+        start, history = int(manifest["step"]), list(manifest.get("losses", []))
+        if start >= args.steps:
+            raise _UsageError(f"--resume {path}: the checkpoint is at step {start}; --steps "
+                              f"must be more to continue")
+        checkpoints.restore(runner, values)
+        batches.restore(manifest["data_position"])
+        if validation and manifest.get("validation_position"):
+            validation.batches.restore(manifest["validation_position"])
+        if communicator.lead:
+            print(f"resumed from {path} at step {start}", file=sys.stderr)
     ranks = ("" if communicator.size == 1 else
              f"; {communicator.size} ranks, {batch} of {batch * communicator.size} sequences "
              "a step each")
     if communicator.lead:
         print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
-              f"{backend} backend ({why}); {corpus.size:,} bytes of {describe(args.data)}"
+              f"{backend} backend ({why}); {tokens.describe()} of {describe(args.data)}"
               f"{ranks}", file=sys.stderr)
-    if not communicator.lead:  # rank 0 alone prints, dumps, traces and plots
-        args.dump = args.trace = args.plot = None
+    else:  # rank 0 alone prints, dumps, traces, plots, logs, samples and checkpoints
+        args.dump = args.trace = args.plot = args.log = args.checkpoint_dir = None
+        args.sample_every = 0
+    checkpointing = (Checkpointing(args.checkpoint_dir, args.checkpoint_every,
+                                   {"identity": identity, "backend": backend,
+                                    "ranks": communicator.size})
+                     if args.checkpoint_dir else None)
+    sampler = _sampler(args, runner, frontend) if args.sample_every else None
     timings: list | None = [] if args.trace else None
+    log = None
+    if args.log:
+        try:
+            log = open(args.log, "a" if resumed else "w", encoding="utf-8")
+        except OSError as error:
+            raise _PathError(f"cannot write {args.log}: {error.strerror or error}") from None
     _STEPPING.set()
     try:
         training = train(runner, batches, args.steps, parallel.quiet_unless_lead(communicator),
-                         dump=args.dump, trace=timings, stop=_STOP)
+                         dump=args.dump, trace=timings, stop=_STOP, learning_rate=rate,
+                         start=start, history=history, log=log, checkpointing=checkpointing,
+                         validation=validation, sample=sampler,
+                         sample_every=args.sample_every)
     except parallel.CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
@@ -498,8 +677,12 @@ def _run(args) -> int:
         return EXIT_DIAGNOSTICS
     finally:
         _STEPPING.clear()
-    if args.dump and training.losses:
+        if log is not None:
+            log.close()
+    if args.dump and len(training.losses) > start:
         print(f"dumped the run to {args.dump}", file=sys.stderr)
+    if training.checkpoint:
+        print(f"wrote the checkpoint {training.checkpoint}", file=sys.stderr)
     if args.trace and timings:
         from .tools.trace import write_trace
         write_trace(args.trace, timings, backend)
@@ -512,6 +695,107 @@ def _run(args) -> int:
         print(summary(training) + ("" if communicator.size == 1
                                    else f" on {communicator.size} ranks"))
     return EXIT_INTERRUPTED if training.stopped else EXIT_OK
+
+
+def _sample_schedule(asked: str | None) -> str:
+    if asked:
+        return asked
+    from .resources import data_dir
+    try:
+        return str(data_dir("schedules") / "sample.cg")
+    except FileNotFoundError:
+        raise _UsageError("cgc is installed without its schedules/ folder: give --schedule "
+                          "FILE") from None
+
+
+def _open_sampler(backend: str, schedule: str, identity: dict, overrides_text: list[str]):
+    """The forward-only schedule in the checkpoint's configuration, as a Sampler; an error
+    naming what differs where its model is not the checkpoint's."""
+    from .backends import checkpoint as checkpoints
+    from .backends.sampling import Sampler
+    from .pipeline import open_run
+    frontend = analyse([schedule])
+    overrides = _overrides(frontend, overrides_text)
+    config = _configs(frontend, [identity["config"]] if identity.get("config") else None)[0]
+    run = open_run(backend, frontend, schedule, config, overrides, 0)
+    program = run.program
+    try:
+        program.role("logits")
+    except KeyError as error:
+        raise checkpoints.CheckpointError(f"{schedule} cannot sample: {error.args[0]}") from None
+    mine = {"entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
+                                 "init": e.init, "std": e.std} for e in program.entries},
+            "vocab": program.roles.get("vocab"), "low": program.low}
+    theirs = {"entries": identity.get("entries"), "vocab": identity.get("roles", {}).get("vocab"),
+              "low": identity.get("low")}
+    differs = checkpoints.differences(theirs, mine)
+    if differs:
+        raise checkpoints.CheckpointError(f"{schedule} is not the checkpoint's model: "
+                                          + "; ".join(differs))
+    return Sampler(run)
+
+
+def _sampler(args, runner, frontend):
+    """For --sample-every: a greedy continuation of a newline, 64 tokens, from the parameters
+    the training run has now."""
+    from .backends import checkpoint as checkpoints
+    from .backends.sampling import decode_bytes
+    identity = {"config": runner.program.config, "low": runner.program.low,
+                "entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
+                                     "init": e.init, "std": e.std}
+                            for e in runner.program.entries},
+                "roles": {"vocab": runner.program.roles.get("vocab")}}
+    sampler = _open_sampler(runner.name, _sample_schedule(None), identity, args.set)
+
+    def sample() -> str:
+        sampler.load(checkpoints.tensors(runner))
+        return decode_bytes(sampler.generate(list(b"\n"), 64))
+
+    return sample
+
+
+def _sample(args) -> int:
+    from .backends import checkpoint as checkpoints, choose
+    from .backends.base import Unavailable
+    from .backends.sampling import decode_bytes
+    if args.tokens < 1:
+        raise _UsageError("--tokens must be at least 1")
+    if args.temperature < 0:
+        raise _UsageError("--temperature must not be negative")
+    if args.top_k is not None and args.top_k < 1:
+        raise _UsageError("--top-k must be at least 1")
+    _readable([args.checkpoint], folders=True)
+    schedule = _sample_schedule(args.schedule)
+    _readable([schedule])
+    try:
+        backend, _ = choose(args.backend)
+    except Unavailable as error:
+        print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
+              "runs anywhere: --backend numpy", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    path = checkpoints.latest(args.checkpoint)
+    values, manifest = checkpoints.load(path)
+    identity = manifest.get("identity", {})
+    if identity.get("data", {}).get("kind", "bytes") != "bytes":
+        raise checkpoints.CheckpointError(
+            f"{path} was trained on token files: cgc has no tokenizer to turn --prompt into "
+            "its tokens (it samples byte-level models)")
+    overrides = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
+    sampler = _open_sampler(backend, schedule, identity, overrides)
+    prompt = list(args.prompt.encode("utf-8"))
+    if not prompt:
+        raise _UsageError("--prompt is empty; give at least one character")
+    if max(prompt) >= sampler.vocab:
+        raise _UsageError(f"--prompt has a byte past the model's vocabulary ({sampler.vocab})")
+    sampler.load(values)
+    tokens = sampler.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed)
+    sys.stdout.write(args.prompt + decode_bytes(tokens) + "\n")
+    print(f"sampled {_count(args.tokens, 'token')} from {path} (step {manifest.get('step')}) "
+          f"on the {backend} backend, "
+          + ("greedy" if args.temperature == 0 else
+             f"temperature {args.temperature:g}" + (f", top {args.top_k}" if args.top_k else "")
+             + f", seed {args.seed}"), file=sys.stderr)
+    return EXIT_OK
 
 
 # Set by Ctrl-C (SIGINT) while `cgc run` trains (_STEPPING): it stops after the step under
@@ -541,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_requested = 0.0
     _STOP.clear()
     _STEPPING.clear()
+    previous_term = _take_sigterm()
     try:
         worker.start()
         while not finished.is_set():
@@ -559,9 +844,24 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
     finally:
         sys.setrecursionlimit(previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
     if not result:
         return EXIT_INTERNAL
     return EXIT_INTERRUPTED if _STOP.is_set() and result[0] == EXIT_OK else result[0]
+
+
+def _take_sigterm():
+    """SIGTERM (a batch system's stop) as Ctrl-C: a training run stops after the step under
+    way and writes its checkpoint. Returns the handler it replaced (None off the main
+    thread, where Python cannot set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 # A second SIGINT this soon after the first is the same Ctrl-C: `timeout -s INT` and some
@@ -655,7 +955,7 @@ def _silence_broken_pipes() -> None:
 
 
 _COMMANDS = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,
-             "doc": _doc}
+             "doc": _doc, "sample": _sample}
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ class Run(ABC):
     # The ranks of a data-parallel run (cgc/backends/parallel.py): the schedule's collectives
     # reduce over them, and the loss is their mean. One rank unless the caller sets it.
     communicator: Communicator = SingleRank()
+    rate_written = False  # whether set_learning_rate has written the step's rate
 
     def __init__(self, program: Program, plan: MemoryPlan, seed: int):
         self.program, self.plan, self.seed = program, plan, seed
@@ -122,6 +123,8 @@ class Run(ABC):
     def step(self, ids: np.ndarray, targets: np.ndarray, trace: list | None = None) -> StepResult:
         vocab = self.program.roles.get("vocab")
         check_tokens(ids, targets, int(vocab) if vocab is not None else None)
+        if not self.rate_written:  # a caller that never sets one steps at the peak rate
+            self.set_learning_rate(None)
         self.store(self.program.role("ids"), ids)
         self.store(self.program.role("targets"), targets)
         seconds = self.run_step(trace)
@@ -148,6 +151,44 @@ class Run(ABC):
         for bank in self.banks[role]:
             for name, value in values.items():
                 self.store(f"{bank}.{name}", value)
+
+    # ---- the optimizer's scalars, and the state a checkpoint keeps --------------------
+
+    def set_learning_rate(self, rate: float | None) -> float:
+        """Writes this step's learning rate into the buffer of the `learningRate` role (one
+        float32 the optimizer reads on the device: a captured graph need not change). With
+        no rate, the buffer keeps the schedule's peak (the `peakLearningRate` role). Returns
+        the rate the step uses."""
+        label = self.program.roles.get("learningRate")
+        if rate is None:
+            rate = float(self.program.roles.get("peakLearningRate", 0.0))
+        if label is None:
+            return float(np.float32(self.program.roles.get("peakLearningRate", rate)))
+        self.store(label, np.array([rate], dtype=np.float32))
+        self.rate_written = True
+        return float(np.float32(rate))
+
+    def gradient_norm(self) -> float:
+        """The global norm of the last step's gradient, before clipping: the square root of
+        the sum (in float64) of the partial sums of squares the step computed (the
+        `gradientSquares` role), or of every gradient's square where it declares none."""
+        label = self.program.roles.get("gradientSquares")
+        if label is not None:
+            squares = self.fetch(label).astype(np.float64).sum()
+        else:
+            squares = sum(float(np.square(value.astype(np.float64)).sum())
+                          for value in self.bank_values("gradients").values())
+        return float(np.sqrt(squares))
+
+    def evaluate(self, ids: np.ndarray, targets: np.ndarray) -> float:
+        """The loss of one batch with the parameters as they are, which stay as they are: the
+        step runs (its forward pass computes the loss) and the state a checkpoint keeps is
+        put back as it was, bit for bit."""
+        from .checkpoint import restore, tensors
+        saved = tensors(self)
+        loss = self.step(ids, targets).loss
+        restore(self, saved)
+        return loss
 
     def mean_loss(self) -> float:
         losses = self.fetch(self.program.role("loss")).astype(np.float64)

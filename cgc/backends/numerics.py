@@ -1,28 +1,35 @@
 """Element storage for the reference machine: float32, int32, and bfloat16 as bit patterns.
 
 bfloat16 is kept as its 16-bit pattern (uint16), so a buffer takes exactly the bytes the
-memory plan gives it; values are rounded to nearest, ties to even, when written.
+memory plan gives it; values are rounded to nearest, ties to even, when written. The
+conversions are ml_dtypes' (its bfloat16 type): measured bit-identical to the hand-written
+rounding cgc had before over all 2^32 float32 patterns (a NaN is written as the one quiet NaN
+0x7FC0, as before), and about 4x faster to encode (tests/test_data.py keeps the check).
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..core.elements import ELEMENTS, concrete
 
+QUIET_NAN_BFLOAT16 = 0x7FC0  # what every NaN is written as
+
 
 def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    result = (rounded >> np.uint32(16)).astype(ELEMENTS["bfloat16"].storage)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    with np.errstate(invalid="ignore"):  # a NaN is a value like any other here
+        result = values.astype(ml_dtypes.bfloat16).view(ELEMENTS["bfloat16"].storage)
     nan = np.isnan(values)
     if nan.any():
-        result[nan] = 0x7FC0
+        result[nan] = QUIET_NAN_BFLOAT16
     return result
 
 
 def from_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.ascontiguousarray(bits, dtype=ELEMENTS["bfloat16"].storage) \
+        .view(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def round_to_bfloat16(values: np.ndarray) -> np.ndarray:

@@ -180,6 +180,12 @@ class ShardedBatches:
         self.batch, self.context = whole.batch // size, whole.context
         self.corpus = whole.corpus
 
+    def position(self) -> dict:
+        return self.whole.position()
+
+    def restore(self, position: dict) -> None:
+        self.whole.restore(position)
+
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         ids, targets = self.whole.next()
         rows = self.batch * self.context

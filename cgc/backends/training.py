@@ -7,6 +7,7 @@ done is returned as it would be at the end, so the caller can still report and p
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
@@ -22,9 +23,38 @@ from .base import Run
 
 @dataclass
 class Training:
-    losses: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # every step's, resumed ones included
+    seconds: list[float] = field(default_factory=list)  # the steps run here
     stopped: bool = False  # ended early by a stop request
+    validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
+    checkpoint: str | None = None  # the last checkpoint written
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    """Linear warm-up from peak / warmup to `peak` over the first `warmup` steps, then a
+    cosine decay to `floor` at step `decay_steps` (and `floor` after it). Step numbers start
+    at 1; the rate is computed in float64 and rounded once to float32, as the device buffer
+    holds it."""
+
+    peak: float
+    floor: float = 0.0
+    warmup: int = 0
+    decay_steps: int = 0  # 0: no decay (the peak after the warm-up)
+
+    def at(self, step: int) -> float:
+        if self.warmup and step <= self.warmup:
+            rate = self.peak * step / self.warmup
+        elif self.decay_steps <= self.warmup or not self.decay_steps:
+            rate = self.peak
+        else:
+            progress = min(1.0, (step - self.warmup) / (self.decay_steps - self.warmup))
+            rate = self.floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.peak - self.floor)
+        return float(np.float32(rate))
+
+    def manifest(self) -> dict:
+        return {"peak": self.peak, "floor": self.floor, "warmup": self.warmup,
+                "decay_steps": self.decay_steps}
 
 
 def model_flops_per_token(program) -> float | None:
@@ -44,56 +74,156 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def progress_line(run: Run, step: int, steps: int, loss: float, seconds: float,
-                  tokens: int, note: str = "") -> str:
-    width = 24
-    done = int(width * step / steps)
-    line = (f"step {step:>{len(str(steps))}}/{steps} [{'#' * done}{'.' * (width - done)}] "
-            f"loss {loss:.4f}  {seconds:.3f} s/step")
-    if seconds <= 0:  # a clock too coarse to time the step says nothing of its speed
-        return line + (f"  ({note})" if note else "")
-    line += f"  {tokens / seconds:,.0f} tokens/s"
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step reports: the progress line and the --log object are made from it."""
+
+    step: int
+    loss: float
+    gradient_norm: float  # before clipping
+    learning_rate: float
+    seconds: float
+    tokens_per_second: float | None
+    mfu: float | None  # a fraction of the hardware's peak, where it is known
+
+    def json(self) -> dict:
+        record = {"kind": "step", "step": self.step, "loss": self.loss,
+                  "gradient_norm": self.gradient_norm, "learning_rate": self.learning_rate,
+                  "ms": 1000.0 * self.seconds}
+        if self.tokens_per_second is not None:
+            record["tokens_per_second"] = self.tokens_per_second
+        if self.mfu is not None:
+            record["mfu"] = self.mfu
+        return record
+
+
+def step_record(run: Run, step: int, loss: float, gradient_norm: float, rate: float,
+                seconds: float, tokens: int) -> StepRecord:
+    speed = tokens / seconds if seconds > 0 else None  # a clock too coarse says nothing
     flops = model_flops_per_token(run.program)
-    if run.peak_flops and flops:
-        line += f"  MFU {100 * flops * tokens / seconds / run.peak_flops:.1f}%"
+    mfu = flops * speed / run.peak_flops if (speed and run.peak_flops and flops) else None
+    return StepRecord(step, loss, gradient_norm, rate, seconds, speed, mfu)
+
+
+def progress_line(record: StepRecord, steps: int, note: str = "") -> str:
+    width = 24
+    done = int(width * record.step / steps)
+    line = (f"step {record.step:>{len(str(steps))}}/{steps} [{'#' * done}{'.' * (width - done)}] "
+            f"loss {record.loss:.4f}  norm {record.gradient_norm:.4f}  "
+            f"lr {record.learning_rate:.3e}  {1000 * record.seconds:.1f} ms")
+    if record.tokens_per_second is not None:
+        line += f"  {record.tokens_per_second:,.0f} tok/s"
+    if record.mfu is not None:
+        line += f"  MFU {100 * record.mfu:.1f}%"
     return line + (f"  ({note})" if note else "")
 
 
+@dataclass
+class Checkpointing:
+    """Where and how often to checkpoint, and the manifest's fixed part (docs/checkpoint-format.md)."""
+
+    folder: str
+    every: int  # 0: only at the end and on a stop request
+    manifest: dict
+
+
+@dataclass
+class Validation:
+    batches: object  # a Batches over the held-out documents
+    every: int
+    steps: int  # batches averaged per validation
+
+
+def validation_loss(run: Run, validation: Validation) -> float:
+    """The mean loss over `steps` held-out batches (Run.evaluate: the parameters, moments
+    and step counter are as before)."""
+    losses = [run.evaluate(*validation.batches.next()) for _ in range(validation.steps)]
+    return float(np.mean(losses))
+
+
+def _log(log, record: dict) -> None:
+    if log is not None:
+        log.write(json.dumps(record, sort_keys=True) + "\n")
+        log.flush()
+
+
 def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None,
-          trace: list | None = None, stop: threading.Event | None = None) -> Training:
-    """Runs `steps` steps. `trace` gets the first step's per-launch times; `dump` the run
-    for replay (docs/dump-format.md)."""
-    result = Training()
+          trace: list | None = None, stop: threading.Event | None = None, *,
+          learning_rate: LearningRate | None = None, start: int = 0,
+          history: list[float] | None = None, log=None,
+          checkpointing: Checkpointing | None = None, validation: Validation | None = None,
+          sample=None, sample_every: int = 0) -> Training:
+    """Runs steps start+1 .. `steps`. `trace` gets the first step's per-launch times; `dump`
+    the run for replay (docs/dump-format.md); `history` the losses of the steps before
+    `start` (a resumed run). Each step sets the learning rate (`learning_rate`, or the
+    schedule's constant where none is given), prints a progress line and writes one JSON
+    object to `log`; checkpoints, validation and samples come every so many steps."""
+    result = Training(losses=list(history or []))
     if dump:
         check_dump_folder(dump)  # before the steps, not after them
-    all_ids, all_targets = [], []
+    all_ids, all_targets, rates = [], [], []
     before = run.bank_values("parameters") if dump else None
     first = None
     tokens = int(run.program.role("batch")) * int(run.program.role("context")) \
         * run.communicator.size  # every rank's: the step's throughput
     interactive = out.isatty() if hasattr(out, "isatty") else False
-    for step in range(1, steps + 1):
+    step = start
+    for step in range(start + 1, steps + 1):
         if stop is not None and stop.is_set():
             result.stopped = True
+            step -= 1
             break
         ids, targets = batches.next()
-        outcome = run.step(ids, targets, trace if step == 1 else None)
+        rate = run.set_learning_rate(learning_rate.at(step) if learning_rate else None)
+        outcome = run.step(ids, targets, trace if step == start + 1 else None)
+        norm = run.gradient_norm()
         result.losses.append(outcome.loss)
         result.seconds.append(outcome.seconds)
         all_ids.append(ids)
         all_targets.append(targets)
-        if step == 1 and dump:
+        rates.append(rate)
+        if step == start + 1 and dump:
             first = (run.bank_values("gradients"), run.bank_values("parameters"))
-        line = progress_line(run, step, steps, outcome.loss, outcome.seconds, tokens,
-                             outcome.note)
+        record = step_record(run, step, outcome.loss, norm, rate, outcome.seconds, tokens)
+        _log(log, record.json())
+        line = progress_line(record, steps, outcome.note)
         last = step == steps or (stop is not None and stop.is_set())
         out.write(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
         out.flush()
-    if dump and result.losses:
-        write_dump(dump, run, result.losses, np.stack(all_ids), np.stack(all_targets), before,
-                   *first, run.bank_values("parameters"),
-                   corpus_sha256=_corpus_sha256(batches))
+        if validation and validation.every and (step % validation.every == 0 or step == steps):
+            loss = validation_loss(run, validation)
+            result.validation.append((step, loss))
+            _log(log, {"kind": "validation", "step": step, "loss": loss})
+            out.write(f"step {step}: validation loss {loss:.4f} "
+                      f"({validation.steps} batches)\n" if validation.steps != 1 else
+                      f"step {step}: validation loss {loss:.4f}\n")
+            out.flush()
+        if sample is not None and sample_every and step % sample_every == 0:
+            out.write(f"step {step}: sample: {sample()!r}\n")
+            out.flush()
+        if checkpointing and checkpointing.every and step % checkpointing.every == 0 \
+                and step != steps:
+            result.checkpoint = write_checkpoint(run, checkpointing, step, batches,
+                                                 result.losses, validation)
+    if checkpointing and step > start:  # the end, or a stop request (Ctrl-C, SIGTERM)
+        result.checkpoint = write_checkpoint(run, checkpointing, step, batches, result.losses,
+                                             validation)
+    if dump and len(result.losses) > len(history or []):
+        write_dump(dump, run, result.losses[len(history or []):], np.stack(all_ids),
+                   np.stack(all_targets), before, *first, run.bank_values("parameters"),
+                   corpus_sha256=_corpus_sha256(batches), learning_rates=rates,
+                   learning_rate=learning_rate)
     return result
+
+
+def write_checkpoint(run: Run, checkpointing: Checkpointing, step: int, batches, losses,
+                     validation: Validation | None) -> str:
+    from . import checkpoint
+    manifest = dict(checkpointing.manifest)
+    manifest.update({"format": checkpoint.FORMAT, "step": step, "losses": list(losses),
+                     "data_position": batches.position(),
+                     "validation_position": validation.batches.position() if validation else None})
+    return checkpoint.save(checkpointing.folder, step, checkpoint.tensors(run), manifest)
 
 
 def _corpus_sha256(batches) -> str | None:
@@ -141,7 +271,8 @@ def check_dump_folder(folder: str) -> None:
 
 
 def write_dump(folder: str, run: Run, losses, ids, targets, before, gradients, after,
-               final, corpus_sha256: str | None = None) -> None:
+               final, corpus_sha256: str | None = None, learning_rates=None,
+               learning_rate: LearningRate | None = None) -> None:
     """Writes the dump into a temporary folder beside `folder`, every file flushed to the
     disk, then renames it into place: `folder` is never seen half written. An earlier dump
     there is renamed aside first and deleted after (a crash between the two renames leaves
@@ -154,7 +285,7 @@ def write_dump(folder: str, run: Run, losses, ids, targets, before, gradients, a
     os.mkdir(staging)  # as any new folder (the umask's mode), unlike mkdtemp's 0700
     try:
         _write_dump_files(staging, run, losses, ids, targets, before, gradients, after, final,
-                          corpus_sha256)
+                          corpus_sha256, learning_rates, learning_rate)
         _install(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -195,7 +326,8 @@ def _save(path: str, array: np.ndarray) -> None:
 
 
 def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradients, after,
-                      final, corpus_sha256: str | None) -> None:
+                      final, corpus_sha256: str | None, learning_rates=None,
+                      learning_rate: LearningRate | None = None) -> None:
     program = run.program
     entries = {entry.name: {"count": entry.count, "items": entry.stack, "matrix": entry.matrix}
                for entry in program.entries}
@@ -215,7 +347,12 @@ def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradi
         "corpus_sha256": corpus_sha256,
         # Data parallel: the ranks that ran; the tokens are rank 0's share (docs/parallel.md).
         "ranks": getattr(getattr(run, "communicator", None), "size", 1),
+        "learning_rates": list(learning_rates) if learning_rates is not None else None,
+        "learning_rate_schedule": learning_rate.manifest() if learning_rate else None,
     }
+    if learning_rates is not None:
+        _save(os.path.join(folder, "learning_rates.npy"),
+              np.asarray(learning_rates, dtype=np.float32))
     _save(os.path.join(folder, "ids.npy"), ids.astype(np.int32))
     _save(os.path.join(folder, "targets.npy"), targets.astype(np.int32))
     for name, values in (("before", before), ("gradients", gradients), ("after", after),
@@ -238,4 +375,7 @@ def summary(training: Training) -> str:
     if not losses:
         return "stopped before the first step finished"
     text = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {_plural(len(losses), 'step')}"
+    if training.validation:
+        step, loss = training.validation[-1]
+        text += f", validation loss {loss:.4f} (step {step})"
     return text + (" (stopped early)" if training.stopped else "")

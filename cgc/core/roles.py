@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Role:
     name: str
-    kind: str  # buffer | Nat | Schedule
+    kind: str  # buffer | Nat | Float | Schedule
     element: str | None  # a buffer's element type
     kernel_constant: str | None  # its C name in the kernels, for a Nat
     meaning: str
@@ -27,6 +27,8 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("targets", "buffer", "int32", None, "the next-token targets, one per row (-1: ignored)",
          "in"),
     Role("loss", "buffer", "float32", None, "the cross-entropy of each row", "out"),
+    Role("logits", "buffer", "float32", None,
+         "the logits of every row, rows x vocabulary (what `cgc sample` reads)"),
     Role("rows", "Nat", None, "kRows", "token rows per step (batch x context)"),
     Role("batch", "Nat", None, "kBatch", "sequences per step"),
     Role("context", "Nat", None, "kContext", "tokens per sequence"),
@@ -36,6 +38,14 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("heads", "Nat", None, "kHeads", "attention heads"),
     Role("headWidth", "Nat", None, "kHeadWidth", "width of one attention head"),
     Role("attentionTile", "Nat", None, "kAttentionTile", "query rows per attention block"),
+    Role("learningRate", "buffer", "float32", None,
+         "the step's learning rate: one float32 the runtime writes before each step, read by "
+         "the optimizer on the device (a captured graph need not change)", "in"),
+    Role("peakLearningRate", "Float", None, None,
+         "the learning rate `cgc run` uses unless told otherwise (--lr)"),
+    Role("gradientSquares", "buffer", "float32", None,
+         "partial sums of squares of the step's gradient before clipping: the square root of "
+         "their sum is the gradient norm"),
     Role("step", "Schedule", None, None,
          "the whole training step: nothing in it may read a step buffer or arena slot before "
          "it writes it, and it must write all of the roles the runtime reads after it"),

@@ -449,7 +449,7 @@ class _Elaborator:
                 continue
             if len(clause.arguments) != 1:
                 self.report.error(f"({role} NAME) names exactly one "
-                                  f"{ {'buffer': 'buffer', 'Nat': 'constant'}.get(ROLES[role].kind, 'schedule')}",
+                                  f"{ {'buffer': 'buffer', 'Nat': 'constant', 'Float': 'constant'}.get(ROLES[role].kind, 'schedule')}",
                                   clause.span)
                 continue
             value = clause.arguments[0]

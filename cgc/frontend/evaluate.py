@@ -268,6 +268,10 @@ class Evaluator:
                 if storage is None:
                     continue
                 values[role] = storage.label  # its element type is checked in elaboration
+            elif ROLES[role].kind == "Float":
+                value = self.eval(binding.value, {}, ())
+                if value is not POISON:
+                    values[role] = float(value)
             else:
                 value = self.natural_constant(binding.value, f"role '{role}'")
                 if value is not None:

@@ -255,6 +255,8 @@ class TypeChecker:
         for binding in self.declarations.roles.values():
             if ROLES[binding.role].kind == "Nat":
                 self.expect(binding.value, NAT, f"role '{binding.role}'")
+            elif ROLES[binding.role].kind == "Float":
+                self.expect(binding.value, FLOAT, f"role '{binding.role}'")
             elif ROLES[binding.role].kind == "Schedule":
                 self.expect(binding.value, SCHEDULE, f"role '{binding.role}'")
         for config in self.declarations.configs.values():

@@ -355,9 +355,13 @@ class Emitter:
                             "half_copy": copy[0] if copy else "nullptr"})
         names = {role: program.storages[program.roles[role]].name
                  for role in ("ids", "targets", "loss")}
+        # the buffer the learning rate is copied into before each step, where there is one
+        learning_rates = [program.storages[program.roles["learningRate"]].name] \
+            if "learningRate" in program.roles else []
         rows = program.storages[program.roles["ids"]].count
         return template.render(entries=entries, rows=rows, low=self.low, names=names,
-                               collectives=bool(self.collectives()))
+                               collectives=bool(self.collectives()),
+                               learning_rates=learning_rates)
 
     def products(self) -> list[dict]:
         """The host functions of the cuBLAS images the program uses, from CUBLAS_PRODUCTS."""

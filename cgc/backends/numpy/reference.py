@@ -355,7 +355,7 @@ def adamw(k: Kernel) -> None:
     beta1, beta2 = F32(s["beta1"]), F32(s["beta2"])
     m = beta1 * k.pointers["moment1"].read(0, n) + (F32(1) - beta1) * gradient
     v = beta2 * k.pointers["moment2"].read(0, n) + (F32(1) - beta2) * gradient * gradient
-    rate = F32(s["learningRate"])
+    rate = F32(k.pointers["learningRate"].read(0, 1)[0])
     correction1 = F32(1) - beta1 ** step
     correction2 = F32(1) - beta2 ** step
     decay = np.where(np.arange(n) < matrices, F32(1) - rate * F32(s["weightDecay"]), F32(1))

@@ -837,7 +837,7 @@ static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf 
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 4486009344 bytes: 14 step buffers
+static char* cg_buffers = nullptr;  // 4486009600 bytes: 15 step buffers
 static char* cg_arena = nullptr;  // 239599616 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
@@ -870,15 +870,16 @@ static float* cgBankG_cgFinalBeta = nullptr;  // float32[768]: cgBankG.cgFinalBe
 static int* cgIds = nullptr;  // int32[8192]: step buffer
 static int* cgTargets = nullptr;  // int32[8192]: step buffer
 static float* cgLoss = nullptr;  // float32[8192]: step buffer
+static float* cgLogits = nullptr;  // float32[412090368]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[6291456]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[16384]: step buffer
 static float* cgBoundaries = nullptr;  // float32[6291456] x 13 items: step buffer
-static float* cgLogits = nullptr;  // float32[412090368]: step buffer
 static int* cgCorrect = nullptr;  // int32[8192]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[412090368]: step buffer
 static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[412090368]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
@@ -912,8 +913,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 494426112UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 494426112UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 4486009344UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 4486009344UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 4486009600UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 4486009600UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 239599616UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 239599616UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -946,17 +947,18 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 32768UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 65536UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 98304UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 12681216UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 12746752UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 339902464UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988263936UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988296704UL);
-  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636658176UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460838912UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 4486004736UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 4486008832UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486009088UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 98304UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 1648459776UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1648460032UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 1648464128UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 1661047040UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 1661112576UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988268288UL);
+  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988301056UL);
+  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636662528UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460843264UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 4486009088UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486009344UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
@@ -977,20 +979,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 4486009344UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 4486009600UL);
   CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgTargets, 32768UL);
   CG_REGION(cgLoss, 32768UL);
+  CG_REGION(cgLogits, 1648361472UL);
+  CG_REGION(cgStepLearningRate, 4UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgFinalHalf, 12582912UL);
   CG_REGION(cgFinalStatistics, 65536UL);
   CG_REGION(cgBoundaries, 327155712UL);
-  CG_REGION(cgLogits, 1648361472UL);
   CG_REGION(cgCorrect, 32768UL);
   CG_REGION(cgLogitsGradient, 1648361472UL);
   CG_REGION(cgLogitsGradientHalf, 824180736UL);
   CG_REGION(cgFinalGradient, 25165824UL);
-  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
@@ -1205,8 +1208,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1267,6 +1271,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 38633472UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1287,6 +1292,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");

@@ -837,7 +837,7 @@ static char* cg_bank_cgBankHalf = nullptr;  // 229376 bytes: bank cgBankHalf (co
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 961024 bytes: 14 step buffers
+static char* cg_buffers = nullptr;  // 961280 bytes: 15 step buffers
 static char* cg_arena = nullptr;  // 630784 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -870,15 +870,16 @@ static float* cgBankG_cgFinalBeta = nullptr;  // float32[64]: cgBankG.cgFinalBet
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgLoss = nullptr;  // float32[256]: step buffer
+static float* cgLogits = nullptr;  // float32[65536]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
-static float* cgLogits = nullptr;  // float32[65536]: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
 static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[65536]: arena slot
@@ -912,8 +913,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 961024UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 961024UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 961280UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 961280UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 630784UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 630784UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -946,17 +947,18 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 1024UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 2048UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3072UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 35840UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 37888UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 234496UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 496640UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 497664UL);
-  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 759808UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 890880UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 956416UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 960512UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 960768UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 3072UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 265216UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 265472UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 269568UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 302336UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 304384UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 500992UL);
+  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 502016UL);
+  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 764160UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 895232UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 960768UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 961024UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
@@ -977,20 +979,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 626688UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 628736UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 961024UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 961280UL);
   CG_SHARED_ALLOCATION(cg_arena, 630784UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
+  CG_REGION(cgLogits, 262144UL);
+  CG_REGION(cgStepLearningRate, 4UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgFinalHalf, 32768UL);
   CG_REGION(cgFinalStatistics, 2048UL);
   CG_REGION(cgBoundaries, 196608UL);
-  CG_REGION(cgLogits, 262144UL);
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgLogitsGradient, 262144UL);
   CG_REGION(cgLogitsGradientHalf, 131072UL);
   CG_REGION(cgFinalGradient, 65536UL);
-  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 131072UL);
@@ -1204,8 +1207,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1266,6 +1270,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 16384UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1286,6 +1291,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");

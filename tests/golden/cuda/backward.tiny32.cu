@@ -837,7 +837,7 @@ static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (co
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 1124864 bytes: 14 step buffers
+static char* cg_buffers = nullptr;  // 1125120 bytes: 15 step buffers
 static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -870,15 +870,16 @@ static float* cgBankG_cgFinalBeta = nullptr;  // float32[64]: cgBankG.cgFinalBet
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgLoss = nullptr;  // float32[256]: step buffer
+static float* cgLogits = nullptr;  // float32[65536]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
-static float* cgLogits = nullptr;  // float32[65536]: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
 static float* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static float* cgFcAct = nullptr;  // low[65536]: arena slot
@@ -912,8 +913,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 1124864UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 1124864UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 1125120UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 1125120UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 1122304UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 1122304UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -946,17 +947,18 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 1024UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 2048UL);
-  cgFinalHalf = reinterpret_cast<float*>(cg_buffers + 3072UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 68608UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 70656UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 267264UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 529408UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 530432UL);
-  cgLogitsGradientHalf = reinterpret_cast<float*>(cg_buffers + 792576UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1054720UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1120256UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1124352UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1124608UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 3072UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 265216UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 265472UL);
+  cgFinalHalf = reinterpret_cast<float*>(cg_buffers + 269568UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 335104UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 337152UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 533760UL);
+  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 534784UL);
+  cgLogitsGradientHalf = reinterpret_cast<float*>(cg_buffers + 796928UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1059072UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1124608UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1124864UL);
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -977,20 +979,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 1124864UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 1125120UL);
   CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
+  CG_REGION(cgLogits, 262144UL);
+  CG_REGION(cgStepLearningRate, 4UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgFinalHalf, 65536UL);
   CG_REGION(cgFinalStatistics, 2048UL);
   CG_REGION(cgBoundaries, 196608UL);
-  CG_REGION(cgLogits, 262144UL);
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgLogitsGradient, 262144UL);
   CG_REGION(cgLogitsGradientHalf, 262144UL);
   CG_REGION(cgFinalGradient, 65536UL);
-  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 262144UL);
@@ -1205,8 +1208,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1267,6 +1271,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 16384UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1287,6 +1292,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");

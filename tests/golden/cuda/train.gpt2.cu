@@ -377,15 +377,15 @@ __device__ __forceinline__ void load_rows(low_t* tile, const low_t* from, size_t
 
 // ---- kernels: one per image, parameters generated from the image's declaration --------
 
-// cgImageAdamW: AdamW with bias correction over every parameter at once, four elements (16 bytes) a thread: the gradient scaled by norm[1]; the first `matrices` elements, the matrices (the banks put them first), also decayed and copied to 16 bits.
+// cgImageAdamW: AdamW with bias correction over every parameter at once, four elements (16 bytes) a thread: the gradient scaled by norm[1]; the first `matrices` elements, the matrices (the banks put them first), also decayed and copied to 16 bits. The learning rate is read from a one-element buffer the runtime writes before each step.
 // AdamW over every parameter in one launch, 4 elements (16 bytes) a thread: bias correction,
 // the gradient scaled by the clip factor the norm launch computed once (norm[1]), and for
 // the first `matrices` elements (the matrices: the banks put them first) weight decay and
 // the 16-bit copy.
-extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ norm, const int* __restrict__ step, __nv_bfloat16* __restrict__ copy, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, int matrices) {
+extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ norm, const int* __restrict__ step, __nv_bfloat16* __restrict__ copy, const float* __restrict__ learningRate, int count, float beta1, float beta2, float epsilon, float weightDecay, int matrices) {
   adamw_update4(parameter, gradient, moment1, moment2, norm, step, copy,
                 (static_cast<long>(blockIdx.x) * 256 + threadIdx.x) * 4, count,
-                learningRate, beta1, beta2, epsilon, weightDecay, matrices);
+                learningRate[0], beta1, beta2, epsilon, weightDecay, matrices);
 }
 
 // cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
@@ -910,7 +910,7 @@ static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf 
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 4486009344 bytes: 14 step buffers
+static char* cg_buffers = nullptr;  // 4486009600 bytes: 15 step buffers
 static char* cg_arena = nullptr;  // 239599616 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
@@ -948,15 +948,16 @@ static float* cgBankV_all = nullptr;  // float32[123606528]: the whole of cgBank
 static int* cgIds = nullptr;  // int32[8192]: step buffer
 static int* cgTargets = nullptr;  // int32[8192]: step buffer
 static float* cgLoss = nullptr;  // float32[8192]: step buffer
+static float* cgLogits = nullptr;  // float32[412090368]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgBoundaries = nullptr;  // float32[6291456] x 13 items: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[6291456]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[16384]: step buffer
-static float* cgLogits = nullptr;  // float32[412090368]: step buffer
 static int* cgCorrect = nullptr;  // int32[8192]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[412090368]: step buffer
 static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[412090368]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
@@ -990,8 +991,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 494426112UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 494426112UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 4486009344UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 4486009344UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 4486009600UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 4486009600UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 239599616UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 239599616UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -1029,17 +1030,18 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 32768UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 65536UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 98304UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 327254016UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 339836928UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 339902464UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988263936UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988296704UL);
-  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636658176UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460838912UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 4486004736UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 4486008832UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486009088UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 98304UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 1648459776UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1648460032UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 1648464128UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 1975619840UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 1988202752UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988268288UL);
+  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988301056UL);
+  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636662528UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460843264UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 4486009088UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486009344UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
@@ -1060,20 +1062,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 4486009344UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 4486009600UL);
   CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgTargets, 32768UL);
   CG_REGION(cgLoss, 32768UL);
+  CG_REGION(cgLogits, 1648361472UL);
+  CG_REGION(cgStepLearningRate, 4UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgBoundaries, 327155712UL);
   CG_REGION(cgFinalHalf, 12582912UL);
   CG_REGION(cgFinalStatistics, 65536UL);
-  CG_REGION(cgLogits, 1648361472UL);
   CG_REGION(cgCorrect, 32768UL);
   CG_REGION(cgLogitsGradient, 1648361472UL);
   CG_REGION(cgLogitsGradientHalf, 824180736UL);
   CG_REGION(cgFinalGradient, 25165824UL);
-  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
@@ -1329,7 +1332,7 @@ static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:19:9 cgImageStepAdvance");
   // optimizer.cg:20:9 cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, 123606528, 0.0006f, 0.9f, 0.95f, 1e-08f, 0.1f, 123568128);
+  CG_LAUNCH(cgImageAdamW, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, cgStepLearningRate, 123606528, 0.9f, 0.95f, 1e-08f, 0.1f, 123568128);
   CG_LAUNCHED("optimizer.cg:20:9 cgImageAdamW");
 }
 
@@ -1353,8 +1356,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1415,6 +1419,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 38633472UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1435,6 +1440,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");

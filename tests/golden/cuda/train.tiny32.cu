@@ -377,15 +377,15 @@ __device__ __forceinline__ void load_rows(low_t* tile, const low_t* from, size_t
 
 // ---- kernels: one per image, parameters generated from the image's declaration --------
 
-// cgImageAdamW: AdamW with bias correction over every parameter at once, four elements (16 bytes) a thread: the gradient scaled by norm[1]; the first `matrices` elements, the matrices (the banks put them first), also decayed and copied to 16 bits.
+// cgImageAdamW: AdamW with bias correction over every parameter at once, four elements (16 bytes) a thread: the gradient scaled by norm[1]; the first `matrices` elements, the matrices (the banks put them first), also decayed and copied to 16 bits. The learning rate is read from a one-element buffer the runtime writes before each step.
 // AdamW over every parameter in one launch, 4 elements (16 bytes) a thread: bias correction,
 // the gradient scaled by the clip factor the norm launch computed once (norm[1]), and for
 // the first `matrices` elements (the matrices: the banks put them first) weight decay and
 // the 16-bit copy.
-extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ norm, const int* __restrict__ step, float* __restrict__ copy, int count, float learningRate, float beta1, float beta2, float epsilon, float weightDecay, int matrices) {
+extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict__ parameter, const float* __restrict__ gradient, float* __restrict__ moment1, float* __restrict__ moment2, const float* __restrict__ norm, const int* __restrict__ step, float* __restrict__ copy, const float* __restrict__ learningRate, int count, float beta1, float beta2, float epsilon, float weightDecay, int matrices) {
   adamw_update4(parameter, gradient, moment1, moment2, norm, step, copy,
                 (static_cast<long>(blockIdx.x) * 256 + threadIdx.x) * 4, count,
-                learningRate, beta1, beta2, epsilon, weightDecay, matrices);
+                learningRate[0], beta1, beta2, epsilon, weightDecay, matrices);
 }
 
 // cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
@@ -910,7 +910,7 @@ static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (co
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 1124864 bytes: 14 step buffers
+static char* cg_buffers = nullptr;  // 1125120 bytes: 15 step buffers
 static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -948,15 +948,16 @@ static float* cgBankV_all = nullptr;  // float32[115328]: the whole of cgBankV
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgLoss = nullptr;  // float32[256]: step buffer
+static float* cgLogits = nullptr;  // float32[65536]: step buffer
+static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
+static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static float* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
-static float* cgLogits = nullptr;  // float32[65536]: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
 static float* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
-static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static float* cgFcAct = nullptr;  // low[65536]: arena slot
@@ -990,8 +991,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 1124864UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 1124864UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 1125120UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 1125120UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 1122304UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 1122304UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -1029,17 +1030,18 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 1024UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 2048UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 3072UL);
-  cgFinalHalf = reinterpret_cast<float*>(cg_buffers + 199680UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 265216UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 267264UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 529408UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 530432UL);
-  cgLogitsGradientHalf = reinterpret_cast<float*>(cg_buffers + 792576UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1054720UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1120256UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1124352UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1124608UL);
+  cgLogits = reinterpret_cast<float*>(cg_buffers + 3072UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 265216UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 265472UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 269568UL);
+  cgFinalHalf = reinterpret_cast<float*>(cg_buffers + 466176UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 531712UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 533760UL);
+  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 534784UL);
+  cgLogitsGradientHalf = reinterpret_cast<float*>(cg_buffers + 796928UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1059072UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1124608UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1124864UL);
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -1060,20 +1062,21 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 1124864UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 1125120UL);
   CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
+  CG_REGION(cgLogits, 262144UL);
+  CG_REGION(cgStepLearningRate, 4UL);
+  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgFinalHalf, 65536UL);
   CG_REGION(cgFinalStatistics, 2048UL);
-  CG_REGION(cgLogits, 262144UL);
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgLogitsGradient, 262144UL);
   CG_REGION(cgLogitsGradientHalf, 262144UL);
   CG_REGION(cgFinalGradient, 65536UL);
-  CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 262144UL);
@@ -1329,7 +1332,7 @@ static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:19:9 cgImageStepAdvance");
   // optimizer.cg:20:9 cgImageAdamW
-  CG_LAUNCH(cgImageAdamW, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, 115328, 0.003f, 0.9f, 0.95f, 1e-08f, 0.1f, 114688);
+  CG_LAUNCH(cgImageAdamW, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, cgStepLearningRate, 115328, 0.9f, 0.95f, 1e-08f, 0.1f, 114688);
   CG_LAUNCHED("optimizer.cg:20:9 cgImageAdamW");
 }
 
@@ -1353,8 +1356,9 @@ void cg_step(cudaStream_t stream) {
 // main: replays a run dumped by `cgc run --dump DIR`
 // ======================================================================================
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
-// tokens from row s of DIR/ids.npy and DIR/targets.npy, and each step prints its loss: the
-// same numbers `cgc run` prints for the same dump.
+// tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
+// of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
+// prints its loss: the same numbers `cgc run` prints for the same dump.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -1415,6 +1419,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s holds tokens for %d steps\n", folder.c_str(), available);
     return 2;
   }
+  std::vector<char> rates = cg_read_npy(folder + "/learning_rates.npy", steps * sizeof(float));
   cg_allocate();
   cg_prepare();
   cg_load_entry(folder, "cgEmbeddingEntry", 16384UL, cgBankP_cgEmbeddingEntry, cgBankHalf_cgEmbeddingEntry);
@@ -1435,6 +1440,7 @@ int main(int argc, char** argv) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
+    cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
     cg_step(stream);
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");

@@ -1,0 +1,229 @@
+"""Checkpoints: a training run saved in one safetensors file, and read back for `--resume`.
+
+What a checkpoint holds is read off the program, not off today's model: every entry of
+every bank whose role is parameters, state (the AdamW moments) or copies (the 16-bit copies,
+as bfloat16 through ml_dtypes where the program's low type is bfloat16), and the step
+buffers the step carries from one step to the next (those whose first access in the step is
+a read-modify-write, such as the optimizer's step counter). Gradients and the arena are not
+kept: the step writes them before it reads them (the checker proves it). The manifest (the
+format, the step, the seed, the data position, the configuration, every constant, the
+schedule sources' SHA-256, the learning-rate schedule) is the file's metadata, as JSON under
+the key `cgc`. docs/checkpoint-format.md describes the file.
+
+A checkpoint is written to a temporary file beside its name, flushed to the disk and renamed
+onto it, so a run killed at any moment leaves either the previous checkpoint or the new one,
+never half of one; a folder's checkpoint is the one with the highest step whose name reads
+`step-NNNNNNNN.safetensors` (temporary files are never read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+
+import ml_dtypes
+import numpy as np
+
+from ..core.diagnostics import CompileError, Diagnostic
+
+FORMAT = "cgc-checkpoint-1"
+METADATA_KEY = "cgc"
+SAVED_BANK_ROLES = ("parameters", "state", "copies")
+_NAME = re.compile(r"^step-(\d{8})\.safetensors$")
+# safetensors' dtype names for the element types a storage can hold (bfloat16 through
+# ml_dtypes, which numpy lacks).
+_DTYPES = {"F32": np.dtype(np.float32), "I32": np.dtype(np.int32),
+           "BF16": np.dtype(ml_dtypes.bfloat16)}
+
+
+class CheckpointError(CompileError):
+    """A checkpoint cgc cannot write or resume from: told as an error (exit 1), in one line."""
+
+    def __init__(self, message: str):
+        super().__init__([Diagnostic("error", message, None)])
+        self.message = message
+
+
+def file_name(step: int) -> str:
+    return f"step-{step:08d}.safetensors"
+
+
+def carried_buffers(program) -> list[str]:
+    """The step buffers whose first access in the step reads what the previous step left
+    (readwrite or accumulate): state the run carries, kept by a checkpoint."""
+    first: dict[str, str] = {}
+    for launch, _, _ in program.launches():
+        for binding in launch.pointers:
+            parameter = launch.image.pointers.get(binding.index)
+            storage = binding.view.storage
+            if parameter is None or storage.kind != "buffer":
+                continue
+            first.setdefault(storage.label, parameter.access)
+    return [label for label, access in first.items() if access in ("readwrite", "accumulate")]
+
+
+def saved_labels(program) -> list[str]:
+    """Every storage a checkpoint keeps, by label, in a stable order."""
+    labels = []
+    for role in SAVED_BANK_ROLES:
+        for bank in program.bank_of_role(role):
+            labels += [f"{bank}.{entry.name}" for entry in program.entries
+                       if f"{bank}.{entry.name}" in program.storages]
+    return labels + carried_buffers(program)
+
+
+def _element_dtype(program, label: str) -> np.dtype:
+    from ..core.elements import concrete
+    element = concrete(program.storages[label].element, program.low).name
+    return {"float32": _DTYPES["F32"], "int32": _DTYPES["I32"],
+            "bfloat16": _DTYPES["BF16"]}[element]
+
+
+def tensors(run) -> dict[str, np.ndarray]:
+    """What the run's checkpoint holds, each storage in its own element type (a 16-bit copy
+    as bfloat16: fetch widens it to float32 exactly, and narrowing it back is exact too)."""
+    program = run.program
+    return {label: np.ascontiguousarray(run.fetch(label).astype(_element_dtype(program, label)))
+            for label in saved_labels(program)}
+
+
+def restore(run, values: dict[str, np.ndarray]) -> None:
+    """Stores a checkpoint's tensors into the run (widened to float32 or int32 for `store`,
+    which rounds them to the storage's type: exact, as they came from that type)."""
+    for label, array in values.items():
+        wide = array.astype(np.int32 if array.dtype == np.int32 else np.float32)
+        run.store(label, wide)
+
+
+def _write_all(handle, data: bytes) -> None:
+    """The file's bytes, in pieces (a kill between two pieces leaves a partial temporary
+    file, which is what tests/test_checkpoint.py does to prove it is never read)."""
+    view = memoryview(data)
+    for start in range(0, len(view), 1 << 20):
+        handle.write(view[start:start + (1 << 20)])
+
+
+def _sync_folder(folder: str) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) -> str:
+    """Writes `values` and `manifest` as FOLDER/step-NNNNNNNN.safetensors: a temporary file,
+    flushed, then renamed into place. Returns the path."""
+    from safetensors.numpy import save as serialize
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise CheckpointError(f"--checkpoint-dir {folder}: {error.strerror or error}") from None
+    data = serialize(values, metadata={METADATA_KEY: json.dumps(manifest, sort_keys=True)})
+    path = os.path.join(folder, file_name(step))
+    temporary = os.path.join(folder, f".{file_name(step)}.{secrets.token_hex(6)}.cgc-tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            _write_all(handle, data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise CheckpointError(f"cannot write the checkpoint {path}: "
+                              f"{error.strerror or error}") from None
+    _sync_folder(folder)
+    return path
+
+
+def latest(path: str) -> str:
+    """The checkpoint `--resume PATH` means: PATH itself, or a folder's highest step."""
+    if not os.path.isdir(path):
+        if not os.path.exists(path):
+            raise CheckpointError(f"--resume {path}: no such file or folder")
+        return path
+    try:
+        names = [name for name in os.listdir(path) if _NAME.match(name)]
+    except OSError as error:
+        raise CheckpointError(f"--resume {path}: {error.strerror or error}") from None
+    if not names:
+        raise CheckpointError(f"--resume {path}: the folder holds no checkpoint "
+                              "(no step-NNNNNNNN.safetensors)")
+    return os.path.join(path, max(names))
+
+
+def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """A checkpoint's tensors and manifest; CheckpointError, naming the file, for anything
+    that is not a whole cgc checkpoint (truncated, corrupt, another format)."""
+    import safetensors
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise CheckpointError(f"cannot read the checkpoint {path}: "
+                              f"{error.strerror or error}") from None
+    broken = f"{path} is not a whole cgc checkpoint"
+    try:
+        header_bytes = int.from_bytes(data[:8], "little")
+        if len(data) < 8 or 8 + header_bytes > len(data):
+            raise ValueError(f"the file has {len(data)} bytes, fewer than its header says "
+                             "(truncated?)")
+        header = json.loads(data[8:8 + header_bytes])
+        manifest = json.loads(header.get("__metadata__", {})[METADATA_KEY])
+        items = safetensors.deserialize(data)
+    except (ValueError, KeyError, TypeError, AttributeError, safetensors.SafetensorError) as error:
+        raise CheckpointError(f"{broken}: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{broken}: its format is {manifest.get('format')!r}, not "
+                              f"{FORMAT!r}" if isinstance(manifest, dict) else broken)
+    values = {}
+    for name, item in items:
+        dtype = _DTYPES.get(item["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{broken}: tensor {name} has the type {item['dtype']}")
+        values[name] = np.frombuffer(bytes(item["data"]), dtype=dtype).reshape(item["shape"])
+    return values, manifest
+
+
+def check_tensors(program, values: dict[str, np.ndarray], path: str) -> None:
+    """Every storage the program's checkpoint keeps is there, with its size and type."""
+    for label in saved_labels(program):
+        if label not in values:
+            raise CheckpointError(f"{path} has no tensor {label}, which this schedule keeps")
+        storage, array = program.storages[label], values[label]
+        if array.size != storage.count or array.dtype != _element_dtype(program, label):
+            raise CheckpointError(f"{path}: tensor {label} holds {array.size} {array.dtype} "
+                                  f"values; this schedule's holds {storage.count} "
+                                  f"{_element_dtype(program, label)}")
+    extra = sorted(set(values) - set(saved_labels(program)))
+    if extra:
+        raise CheckpointError(f"{path} holds tensors this schedule does not have: "
+                              f"{', '.join(extra[:5])}")
+
+
+def differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """What differs between two manifests' fields, as 'name: saved -> now' (nested keys
+    joined with dots)."""
+    found = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix}{key}: {_short(a)} in the checkpoint, {_short(b)} now")
+    return found
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

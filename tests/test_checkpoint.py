@@ -1,0 +1,338 @@
+"""Checkpoints (cgc/backends/checkpoint.py, docs/checkpoint-format.md): a resumed run is the
+run that never stopped, byte for byte; a killed writer never leaves a checkpoint that does
+not load; a checkpoint of another run, or a broken file, is a one-line error."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cgc.backends import checkpoint
+from cgc.cli import main
+
+from conftest import ROOT, SCHEDULES
+
+TRAIN = str(SCHEDULES / "train.cg")
+# A warm-up and a cosine decay, so that a resumed run must also take up the learning-rate
+# schedule where it was (a rate recomputed from step 1 would change every later loss).
+RATES = ["--lr", "0.004", "--lr-min", "0.0004", "--warmup", "2", "--decay-steps", "6"]
+
+
+def cgc(capsys, *arguments) -> tuple[int, str, str]:
+    status = main([str(a) for a in arguments])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+STEP = re.compile(r"^step +(\d+)/\d+ \[[#.]+\] (loss \S+  norm \S+  lr \S+)  ")
+
+
+def step_lines(out: str) -> list[tuple[int, str]]:
+    """Each printed step's number, loss, gradient norm and learning rate, as printed (not its
+    timings, which differ run to run, nor its progress bar, drawn against --steps)."""
+    return [(int(m.group(1)), m.group(2)) for m in map(STEP.match, out.splitlines()) if m]
+
+
+def final(folder) -> dict[str, np.ndarray]:
+    values, _ = checkpoint.load(checkpoint.latest(str(folder)))
+    return values
+
+
+@pytest.mark.parametrize("backend, steps, stop", [("numpy", 6, 2), ("emulated", 3, 1)])
+def test_a_resumed_run_is_bit_identical_to_one_that_never_stopped(backend, steps, stop,
+                                                                  tmp_path, capsys):
+    """N steps straight equal k steps, a stop, a resume and N - k steps: every printed loss,
+    gradient norm and learning rate, and every byte of the final parameters, moments, 16-bit
+    copies and step counter. (Restoring no step counter, or restarting the windows or the
+    rate schedule from step 1, makes this fail: the counter changes the bias correction, the
+    windows the losses, the schedule the rates.)"""
+    common = [TRAIN, "--backend", backend, *RATES]
+    status, straight, _ = cgc(capsys, "run", *common, "--steps", steps,
+                              "--checkpoint-dir", tmp_path / "straight")
+    assert status == 0
+    status, first, _ = cgc(capsys, "run", *common, "--steps", stop,
+                           "--checkpoint-dir", tmp_path / "parts")
+    assert status == 0
+    status, second, err = cgc(capsys, "run", TRAIN, "--backend", backend, "--steps", steps,
+                              "--resume", tmp_path / "parts",
+                              "--checkpoint-dir", tmp_path / "parts")
+    assert status == 0, err
+    assert f"at step {stop}" in err
+    assert step_lines(first) + step_lines(second) == step_lines(straight)
+    assert len(step_lines(straight)) == steps
+    assert second.splitlines()[-1] == straight.splitlines()[-1]  # the summary: first -> last
+    ours, theirs = final(tmp_path / "parts"), final(tmp_path / "straight")
+    assert sorted(ours) == sorted(theirs)
+    for label in theirs:
+        assert ours[label].tobytes() == theirs[label].tobytes(), label
+
+
+def test_a_checkpoint_keeps_every_bank_of_the_program_and_the_step_counter(tmp_path, capsys):
+    assert cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 2,
+               "--checkpoint-dir", tmp_path)[0] == 0
+    values, manifest = checkpoint.load(checkpoint.latest(str(tmp_path)))
+    banks = {label.split(".")[0] for label in values if "." in label}
+    assert banks == {"cgBankP", "cgBankM", "cgBankV", "cgBankHalf"}  # not the gradients
+    assert values["cgOptimizerStep"].tolist() == [2]
+    assert values["cgBankHalf.cgQkvWeight"].dtype.name == "bfloat16"  # through ml_dtypes
+    # the 16-bit copies are the parameters rounded, as the optimizer writes them
+    np.testing.assert_array_equal(
+        values["cgBankHalf.cgQkvWeight"].astype(np.float32),
+        values["cgBankP.cgQkvWeight"].astype(values["cgBankHalf.cgQkvWeight"].dtype)
+        .astype(np.float32))
+    assert manifest["format"] == checkpoint.FORMAT and manifest["step"] == 2
+    identity = manifest["identity"]
+    assert identity["config"] == "tiny" and identity["seed"] == 0
+    assert set(identity["schedule"]["sources"]) >= {"train.cg", "model.cg", "optimizer.cg"}
+    assert identity["constants"]["cgWidth"] == 64
+    assert manifest["data_position"]["bit_generator"] == "PCG64"
+
+
+# ---- a killed writer ---------------------------------------------------------------------
+
+_KILLED_WRITER = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from cgc.backends import checkpoint
+from cgc.cli import main
+saves = []
+original = checkpoint._write_all
+def write(handle, data):
+    saves.append(1)
+    if len(saves) == 2:  # the second checkpoint: half of it, then kill -9
+        handle.write(data[:len(data) // 2])
+        handle.flush()
+        os.fsync(handle.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+    original(handle, data)
+checkpoint._write_all = write
+main({arguments!r})
+"""
+
+
+def test_kill_9_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path, capsys):
+    """The writer is killed (SIGKILL) half way through the second checkpoint: the folder's
+    latest checkpoint is still the first one, whole, and a run resumed from it ends as the
+    run that was never killed. (Written straight to its name, the half file would be the
+    latest and fail to load: this test fails if save() stops going through a temporary file.)"""
+    folder = tmp_path / "run"
+    arguments = ["run", TRAIN, "--backend", "numpy", "--steps", "3", "--checkpoint-every", "1",
+                 "--checkpoint-dir", str(folder)]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(
+        root=str(ROOT), arguments=arguments)], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    names = sorted(os.listdir(folder))
+    assert names[-1] == "step-00000001.safetensors"  # the partial one is a hidden .cgc-tmp
+    assert any(name.endswith(".cgc-tmp") for name in names)
+    assert checkpoint.latest(str(folder)).endswith("step-00000001.safetensors")
+    values, manifest = checkpoint.load(checkpoint.latest(str(folder)))
+    assert manifest["step"] == 1
+    status, resumed, _ = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 3,
+                             "--resume", folder)
+    assert status == 0
+    status, straight, _ = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 3)
+    assert step_lines(resumed) == step_lines(straight)[1:]
+
+
+def test_sigterm_stops_after_the_step_and_writes_a_final_checkpoint(tmp_path):
+    folder = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", TRAIN, "--backend", "numpy", "--steps", "100000",
+         "--checkpoint-dir", str(folder)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = []
+    while len(lines) < 3:
+        line = process.stdout.readline()
+        assert line, process.stderr.read()
+        lines.append(line)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    lines += out.splitlines()
+    assert process.returncode == 130, err
+    last = step_lines("".join(lines))[-1][0]
+    values, manifest = checkpoint.load(checkpoint.latest(str(folder)))
+    assert manifest["step"] == last >= 3
+    assert values["cgOptimizerStep"].tolist() == [last]
+    assert "Traceback" not in err and "wrote the checkpoint" in err
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("saved")
+    assert main(["run", TRAIN, "--backend", "numpy", "--steps", "2", "--checkpoint-dir",
+                 str(folder)]) == 0
+    return checkpoint.latest(str(folder))
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--config", "tiny32"], 'config: "tiny" in the checkpoint, "tiny32" now'),
+    (["--seed", "5"], "seed: 0 in the checkpoint, 5 now"),
+    (["--lr", "0.01"], "learning_rate.peak: 0.003 in the checkpoint, 0.01 now"),
+    (["--set", "cgWidth=128"], "constants.cgWidth: 64 in the checkpoint, 128 now"),
+])
+def test_resuming_another_run_names_what_differs(saved, options, named, capsys):
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
+                         "--resume", saved, *options)
+    assert status == 1
+    assert named in err and "differs from the checkpoint" in err
+    assert "Traceback" not in err
+
+
+def test_resuming_with_a_changed_schedule_names_the_file(saved, tmp_path, capsys):
+    copy = tmp_path / "schedules"
+    shutil.copytree(SCHEDULES, copy)
+    with open(copy / "library.cg", "a", encoding="utf-8") as handle:
+        handle.write("-- a comment changes the sources' hash\n")
+    status, _, err = cgc(capsys, "run", copy / "train.cg", "--backend", "numpy", "--steps", 4,
+                         "--resume", saved)
+    assert status == 1
+    assert "schedule.sources.library.cg" in err
+
+
+def _truncated(path, tmp_path):
+    data = open(path, "rb").read()
+    target = tmp_path / "truncated.safetensors"
+    target.write_bytes(data[:len(data) // 2])
+    return target
+
+
+def _flipped_header(path, tmp_path):
+    data = bytearray(open(path, "rb").read())
+    data[10:20] = b"\xff" * 10  # inside the JSON header
+    target = tmp_path / "flipped.safetensors"
+    target.write_bytes(bytes(data))
+    return target
+
+
+def _garbage(path, tmp_path):
+    target = tmp_path / "garbage.safetensors"
+    target.write_bytes(os.urandom(4096))
+    return target
+
+
+def _empty(path, tmp_path):
+    target = tmp_path / "empty.safetensors"
+    target.write_bytes(b"")
+    return target
+
+
+def _other_safetensors(path, tmp_path):
+    from safetensors.numpy import save_file
+    target = tmp_path / "other.safetensors"
+    save_file({"weight": np.zeros(4, np.float32)}, str(target))
+    return target
+
+
+@pytest.mark.parametrize("broken", [_truncated, _flipped_header, _garbage, _empty,
+                                    _other_safetensors])
+def test_a_broken_checkpoint_is_a_one_line_error(saved, broken, tmp_path, capsys):
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
+                         "--resume", broken(saved, tmp_path))
+    assert status == 1, err
+    assert err.startswith("cgc: error: ") and "is not a whole cgc checkpoint" in err
+    assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_folder_without_checkpoints_and_a_missing_path_are_errors(tmp_path, capsys):
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--resume", tmp_path)
+    assert status == 1 and "holds no checkpoint" in err
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--resume",
+                         tmp_path / "nothing")
+    assert status == 2 and "cannot read" in err
+
+
+def test_a_checkpoint_at_or_past_steps_is_a_usage_error(saved, capsys):
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 2,
+                         "--resume", saved)
+    assert status == 2 and "at step 2" in err
+
+
+def test_checkpoint_every_needs_a_folder(capsys):
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--checkpoint-every", 2)
+    assert status == 2 and "--checkpoint-dir" in err
+
+
+def test_an_unusable_checkpoint_folder_is_told_before_any_step(capsys):
+    status, out, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--checkpoint-dir",
+                           "/dev/zero")
+    assert status == 2 and "not a folder" in err and out == ""
+
+
+def test_a_validation_pass_leaves_the_run_as_it_was(tmp_path, capsys):
+    """Validation every step must not change training: the losses equal a run that validates
+    only at the end (the same held-out documents, so the same training windows). Run.evaluate
+    puts the state back; without that, each held-out step's update would show in every
+    later loss."""
+    status, often, _ = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
+                           "--val-every", 1, "--val-steps", 1)
+    assert status == 0
+    status, once, _ = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
+                          "--val-every", 4, "--val-steps", 1)
+    assert status == 0
+    assert step_lines(often) == step_lines(once)
+    assert often.count(": validation loss") == 4 and once.count(": validation loss") == 1
+    assert "validation loss" in often.splitlines()[-1]
+
+
+# ---- the CuPy backend, through the fake CuPy (tests/fake_cupy.py) --------------------------
+
+
+def test_the_cupy_backend_takes_each_rate_through_its_graph_and_resumes_bit_identically(
+        monkeypatch, tmp_path):
+    """On the CuPy backend the step is captured once as a graph and replayed: the warm-up
+    and decay reach the optimizer through the learning-rate buffer (the losses follow the
+    numpy backend's, which reads the same rates), the graph is never rebuilt, and a run
+    resumed from a checkpoint ends as the run that never stopped, byte for byte."""
+    import io
+
+    import fake_cupy
+    from cgc.backends.data import Batches, load_corpus
+    from cgc.backends.training import Checkpointing, LearningRate, train
+    from cgc.frontend.api import analyse
+    from cgc.pipeline import open_run
+    frontend = analyse([TRAIN])
+    reference = open_run("numpy", frontend, TRAIN, "tiny32", {}, seed=2)
+    fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
+                      reference.machine.constants)
+    rate = LearningRate(0.01, 0.001, warmup=2, decay_steps=4)
+    corpus = load_corpus(None)
+
+    def run_cupy():
+        return open_run("cupy", frontend, TRAIN, "tiny32", {}, seed=2)
+
+    straight = run_cupy()
+    result = train(straight, Batches(corpus, 4, 64, 2), 4, out=io.StringIO(),
+                   learning_rate=rate, checkpointing=Checkpointing(str(tmp_path / "a"), 0, {}))
+    graph = straight.graph
+    expected = train(reference, Batches(corpus, 4, 64, 2), 4, out=io.StringIO(),
+                     learning_rate=rate).losses
+    for ours, theirs in zip(result.losses, expected):
+        assert abs(ours - theirs) <= 1e-5 * theirs  # TOLERANCES of test_cupy_backend.py
+    assert straight.graph is graph and straight.steps_run == 4  # captured once
+
+    first = run_cupy()
+    batches = Batches(corpus, 4, 64, 2)
+    train(first, batches, 2, out=io.StringIO(), learning_rate=rate,
+          checkpointing=Checkpointing(str(tmp_path / "b"), 0, {}))
+    values, manifest = checkpoint.load(checkpoint.latest(str(tmp_path / "b")))
+    second = run_cupy()
+    checkpoint.restore(second, values)
+    resumed_batches = Batches(corpus, 4, 64, 2)
+    resumed_batches.restore(manifest["data_position"])
+    resumed = train(second, resumed_batches, 4, out=io.StringIO(), learning_rate=rate,
+                    start=2, history=manifest["losses"],
+                    checkpointing=Checkpointing(str(tmp_path / "b"), 0, {}))
+    assert resumed.losses == result.losses
+    ours, theirs = final(tmp_path / "b"), final(tmp_path / "a")
+    for label in theirs:
+        assert ours[label].tobytes() == theirs[label].tobytes(), label
