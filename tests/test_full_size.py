@@ -82,6 +82,7 @@ def partitions(c) -> dict:
         "cgImageCastDown": Partition(0, {"output": 2048, "input": 2048}, 2048),
         "cgImageZero": Partition(0, {"output": 1024}, 1024),
         "cgImageLoss": Partition(0, {"loss": 1, "correct": 1, "logits": V, "targets": 1}),
+        "cgImageClassifier": Partition(0, {"logits": V, "loss": 1, "correct": 1, "targets": 1}),
         "cgImageCrossEntropyBackward": Partition(0, {"logitsGradient": V, "logits": V,
                                                      "loss": 1, "correct": 1, "targets": 1}),
         "cgImageLayerNormBackward": Partition(0, {"gradientInput": rows32, "gradientOutput":
@@ -132,6 +133,7 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     per_row = {"cgImageEmbedding": {"output": W},
                "cgImageLayerNorm": {"output": W, "statistics": 2},
                "cgImageAttentionDelta": {"delta": H}, "cgImageLoss": {"loss": 1, "correct": 1},
+               "cgImageClassifier": {"logits": V, "loss": 1, "correct": 1},
                "cgImageSquareSum": {"partials": 1}, "cgImageStepAdvance": {"step": 1},
                "cgImageLayerNormBackward": {"gradientInput": 32 * W, "partials": 2 * W},
                "cgImageLayerNormBackwardAdd": {"gradientInput": 32 * W, "partials": 2 * W}}

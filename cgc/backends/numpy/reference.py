@@ -307,6 +307,25 @@ def cross_entropy_backward(k: Kernel) -> None:
     out.write(0, full.reshape(-1)[:span])
 
 
+def classifier(k: Kernel) -> None:
+    """The fused classifier: each row's loss and hit from its logits, then the logits
+    overwritten with their gradient (softmax - one-hot) * scale, stored in the low type."""
+    rows, vocab = k.grid[0], int(k.constants["vocab"])
+    logits = k.pointers["logits"].read(0, rows * vocab).reshape(rows, vocab)
+    targets = k.pointers["targets"].read(0, rows).astype(np.int64)
+    counted = (targets >= 0) & (targets != k.scalars["ignoreIndex"]) & (targets < vocab)
+    top = logits.max(axis=1)
+    lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
+    safe = np.where(counted, targets, 0)
+    everywhere = np.arange(rows)
+    k.pointers["loss"].write(0, np.where(counted, lse - logits[everywhere, safe], F32(0)))
+    k.pointers["correct"].write(0, (counted & (logits.argmax(axis=1) == safe)).astype(np.int32))
+    gradient = np.exp(logits - lse[:, None]).astype(F32)
+    gradient[everywhere, safe] -= F32(1)
+    gradient = np.where(counted[:, None], gradient * F32(k.scalars["scale"]), F32(0))
+    k.pointers["logits"].write(0, gradient)
+
+
 def scatter(k: Kernel) -> None:
     """Every row of the step, whatever the grid: the blocks share out the vocabulary."""
     rows, width, vocab = int(k.constants["rows"]), _width(k), int(k.constants["vocab"])
@@ -390,6 +409,7 @@ KERNELS = {
     "cgImageCastDown": cast_down,
     "cgImageLoss": loss,
     "cgImageCrossEntropyBackward": cross_entropy_backward,
+    "cgImageClassifier": classifier,
     "cgImageScatter": scatter,
     "cgImageZero": zero,
     "cgImageSquareSum": square_sum,

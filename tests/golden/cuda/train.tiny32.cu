@@ -574,22 +574,121 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(float* __restr
   }
 }
 
-// cgImageCrossEntropyBackward: dlogits = (exp2((logit - lse) * log2e) - [j == target]) * scale, the row's lse recovered from its loss and its target's logit; blockX vocabulary entries per block.
-// dlogit = (exp2((logit - lse) * log2e) - [j == target]) * scale, one entry a thread;
-// the row's lse is its loss plus its target's logit. An ignored row's gradient is 0.
-extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(float* __restrict__ logitsGradient, const float* __restrict__ logits, const float* __restrict__ loss, const int* __restrict__ correct, const int* __restrict__ targets, float log2e, int ignoreIndex, float scale) {
-  const int row = blockIdx.x;
-  const int column = blockIdx.y * blockDim.x + threadIdx.x;
-  if (column >= kVocab) return;
-  const size_t at = static_cast<size_t>(row) * kVocab + column;
-  const int target = targets[row];
-  if (target < 0 || target == ignoreIndex || target >= kVocab) {
-    logitsGradient[at] = 0.0f;
-    return;
+// cgImageClassifier: The fused classifier: one row per block, held in registers. Writes the row's loss (lse - logit[target]) and whether its largest logit is the target, and overwrites its logits, in place and in the low type, with their gradient (softmax - [j == target]) * scale: one read and one write of each row. An ignored row's loss and gradient are 0.
+// The fused classifier (the design of llm.c's, written for cgc): one block a row. The row's
+// logits come in once, 16 bytes a load, and stay in registers (kHeld groups of 16 bytes a
+// thread); the block finds the row's largest logit, its index and the sum of exponentials
+// (an online log-sum-exp, merged across the block); then every thread overwrites its own
+// logits with their gradient, (e^(logit - lse) - [j == target]) * scale, in the low type.
+// One read and one write of each row, no float32 copy of the logits or of their gradient.
+// Ties for the largest logit go to the smallest index, as in cgImageLoss.
+// A group: 16 bytes of a row, one load or store, held as raw words so that a thread's
+// groups take 4 registers each (bfloat16 values kept one to a register would spill).
+constexpr int kClassifierPerGroup = 16 / sizeof(low_t);  // 8 bfloat16 or 4 float32
+
+__device__ __forceinline__ unsigned int classifier_word(const uint4& group, int word) {
+  return word == 0 ? group.x : word == 1 ? group.y : word == 2 ? group.z : group.w;
+}
+
+// Value j of a group: a bfloat16 is the upper half of a float32's bits.
+__device__ __forceinline__ float classifier_value(const uint4& group, int j) {
+  if constexpr (sizeof(low_t) == 2) {
+    const unsigned int word = classifier_word(group, j / 2);
+    return __uint_as_float(j % 2 == 1 ? word & 0xffff0000u : word << 16);
+  } else {
+    return __uint_as_float(classifier_word(group, j));
   }
-  const float lse = loss[row] + logits[static_cast<size_t>(row) * kVocab + target];
-  const float p = exp2f((logits[at] - lse) * log2e);
-  logitsGradient[at] = (p - (column == target ? 1.0f : 0.0f)) * scale;
+}
+
+// sum * e^(top - merged), 0 for a part that saw no finite logit (as loss_rescaled does).
+__device__ __forceinline__ float classifier_rescaled(float sum, float top, float merged) {
+  return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) cgImageClassifier(float* __restrict__ logits, float* __restrict__ loss, int* __restrict__ correct, const int* __restrict__ targets, float scale, int ignoreIndex) {
+  constexpr int kGroups = kVocab / kClassifierPerGroup;  // cgVocab: a multiple of 8 (model.cg)
+  constexpr int kHeld = (kGroups + 1024 - 1) / 1024;
+  constexpr int kWarps = 1024 / 32;
+  __shared__ float shared_top[kWarps], shared_sum[kWarps];
+  __shared__ int shared_best[kWarps];
+  __shared__ float shared_row[3];  // the row's largest logit, sum of exponentials, target logit
+  const int row = blockIdx.x;
+  low_t* x = logits + static_cast<size_t>(row) * kVocab;
+  const int target = targets[row];
+  const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
+  uint4 held[kHeld];
+  float top = -CG_INFINITY, sum = 0.0f;
+  int best = 0;
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int group = threadIdx.x + i * 1024;
+    if (group < kGroups) held[i] = *reinterpret_cast<const uint4*>(x + kClassifierPerGroup * group);
+  }
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int group = threadIdx.x + i * 1024;
+    if (group >= kGroups) continue;
+#pragma unroll
+    for (int j = 0; j < kClassifierPerGroup; ++j) {
+      const float v = classifier_value(held[i], j);
+      const int column = kClassifierPerGroup * group + j;
+      if (column == target) shared_row[2] = v;  // one thread of the block holds the target
+      if (v > top) {
+        sum = sum * __expf(top - v) + 1.0f;
+        top = v;
+        best = column;
+      } else if (v > -CG_INFINITY) {
+        sum += __expf(v - top);
+      }
+    }
+  }
+  // Combine (max, sum, argmax) across the warp, then across the warps.
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_top = __shfl_xor_sync(0xffffffffu, top, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+    const int other_best = __shfl_xor_sync(0xffffffffu, best, offset);
+    const float merged = fmaxf(top, other_top);
+    sum = classifier_rescaled(sum, top, merged) + classifier_rescaled(other_sum, other_top, merged);
+    if (other_top > top || (other_top == top && other_best < best)) best = other_best;
+    top = merged;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    shared_top[warp] = top;
+    shared_sum[warp] = sum;
+    shared_best[warp] = best;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      const float merged = fmaxf(top, shared_top[w]);
+      sum = classifier_rescaled(sum, top, merged) + classifier_rescaled(shared_sum[w], shared_top[w], merged);
+      if (shared_top[w] > top || (shared_top[w] == top && shared_best[w] < best))
+        best = shared_best[w];
+      top = merged;
+    }
+    shared_row[0] = top;
+    shared_row[1] = sum;
+    loss[row] = counted ? top + __logf(sum) - shared_row[2] : 0.0f;
+    correct[row] = counted && best == target ? 1 : 0;
+  }
+  __syncthreads();
+  const float lse = shared_row[0] + __logf(shared_row[1]);
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int group = threadIdx.x + i * 1024;
+    if (group >= kGroups) continue;
+    __align__(16) low_t gradient[kClassifierPerGroup];
+#pragma unroll
+    for (int j = 0; j < kClassifierPerGroup; ++j) {
+      const float p = __expf(classifier_value(held[i], j) - lse);
+      const float g = (p - (kClassifierPerGroup * group + j == target ? 1.0f : 0.0f)) * scale;
+      gradient[j] = from_float<low_t>(counted ? g : 0.0f);
+    }
+    *reinterpret_cast<uint4*>(x + kClassifierPerGroup * group) =
+        *reinterpret_cast<const uint4*>(gradient);
+  }
 }
 
 // cgImageEmbedding: x[row] = E[ids[row]]: one block per token row.
@@ -707,68 +806,6 @@ extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradi
   }
 }
 
-// cgImageLoss: Per-row cross-entropy: loss = lse - logit[target]; correct = argmax == target.
-// One row per block: an online log-sum-exp and argmax over the vocabulary, then
-// loss = lse - logit[target] and correct = (argmax == target); 0 for an ignored row.
-// sum * e^(top - merged): a part that saw no finite logit (top = -inf, sum = 0) adds 0,
-// where 0 * e^(-inf - -inf) would be NaN (a thread past the vocabulary, a row of -inf).
-__device__ __forceinline__ float loss_rescaled(float sum, float top, float merged) {
-  return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
-}
-
-extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const float* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
-  __shared__ float shared_max[32], shared_sum[32];
-  __shared__ int shared_index[32];
-  const int row = blockIdx.x;
-  const float* x = logits + static_cast<size_t>(row) * kVocab;
-  float top = -CG_INFINITY, sum = 0.0f;
-  int best = 0;
-  for (int c = threadIdx.x; c < kVocab; c += 128) {
-    const float v = x[c];
-    if (v > top) {
-      sum = sum * __expf(top - v) + 1.0f;
-      top = v;
-      best = c;
-    } else if (v > -CG_INFINITY) {
-      sum += __expf(v - top);
-    }
-  }
-  // Combine (max, sum, argmax) across the warp, then across the warps.
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_top = __shfl_xor_sync(0xffffffffu, top, offset);
-    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
-    const int other_best = __shfl_xor_sync(0xffffffffu, best, offset);
-    const float merged = fmaxf(top, other_top);
-    sum = loss_rescaled(sum, top, merged) + loss_rescaled(other_sum, other_top, merged);
-    if (other_top > top || (other_top == top && other_best < best)) best = other_best;
-    top = merged;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    shared_max[warp] = top;
-    shared_sum[warp] = sum;
-    shared_index[warp] = best;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    top = shared_max[0];
-    sum = shared_sum[0];
-    best = shared_index[0];
-    for (int w = 1; w < 128 / 32; ++w) {
-      const float merged = fmaxf(top, shared_max[w]);
-      sum = loss_rescaled(sum, top, merged) + loss_rescaled(shared_sum[w], shared_max[w], merged);
-      if (shared_max[w] > top || (shared_max[w] == top && shared_index[w] < best))
-        best = shared_index[w];
-      top = merged;
-    }
-    const int target = targets[row];
-    const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
-    loss[row] = counted ? top + __logf(sum) - x[target] : 0.0f;
-    correct[row] = counted && best == target ? 1 : 0;
-  }
-}
-
 // cgImageScatter: table[ids[row]] += gradient[row] for every row: the embedding's share of the input gradient. Block b owns vocabulary rows b * ceil(V / gridX) onwards and adds the rows whose id it owns in row order: no atomics, the same bits every run.
 // table[ids[row]] += gradient[row] for every row, without atomics: block b owns vocabulary
 // rows b * ceil(V / gridDim.x) onwards, and adds the rows whose id it owns, in row order.
@@ -870,7 +907,7 @@ static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (paramete
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
-static char* cg_buffers = nullptr;  // 1121024 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 596736 bytes: 11 step buffers
 static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankG.cgEmbeddingEntry
@@ -927,12 +964,10 @@ static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static float* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
-static float* cgLogits = nullptr;  // float32[65536]: step buffer
+static float* cgLogits = nullptr;  // low[65536]: step buffer
 static float* cgLoss = nullptr;  // float32[256]: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static int* cgTargets = nullptr;  // int32[256]: step buffer
-static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
-static float* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
@@ -967,8 +1002,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_bank_cgBankHalf, 458752UL), "allocating cg_bank_cgBankHalf");
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 458752UL), "clearing cg_bank_cgBankHalf");
-  cg_check(cudaMalloc(&cg_buffers, 1121024UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 1121024UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 596736UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 596736UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 1122304UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 1122304UL), "clearing cg_arena");
   cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
@@ -1029,11 +1064,9 @@ static void cg_allocate() {
   cgLoss = reinterpret_cast<float*>(cg_buffers + 527360UL);
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 528384UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 529408UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 530432UL);
-  cgLogitsGradientHalf = reinterpret_cast<float*>(cg_buffers + 792576UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1054720UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1120256UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1120768UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 530432UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 595968UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 596480UL);
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -1054,7 +1087,7 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 1121024UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 596736UL);
   CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
   CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgIds, 1024UL);
@@ -1064,8 +1097,6 @@ static void cg_allocate() {
   CG_REGION(cgLoss, 1024UL);
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgTargets, 1024UL);
-  CG_REGION(cgLogitsGradient, 262144UL);
-  CG_REGION(cgLogitsGradientHalf, 262144UL);
   CG_REGION(cgFinalGradient, 65536UL);
   CG_REGION(cgGradientNormPartials, 512UL);
   CG_REGION(cgOptimizerStep, 4UL);
@@ -1168,142 +1199,136 @@ static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
 // phase cgPhaseLayerForward
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 2; ++layer) {
-    // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
+    // library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:249:11 (from forward.cg:12:7) cgImageAttention
+    CG_LAUNCHED("library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
+    // library.cg:253:11 (from forward.cg:12:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:249:11 (from forward.cg:12:7) cgImageAttention");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
-    // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
+    CG_LAUNCHED("library.cg:253:11 (from forward.cg:12:7) cgImageAttention");
+    // library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
+    // library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
-    // library.cg:126:9 (from forward.cg:12:7) cgImageGelu
+    CG_LAUNCHED("library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
+    // library.cg:130:9 (from forward.cg:12:7) cgImageGelu
     CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-    CG_LAUNCHED("library.cg:126:9 (from forward.cg:12:7) cgImageGelu");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 16384L * (layer), cgMiddle, 256, 64, 256);
+    CG_LAUNCHED("library.cg:130:9 (from forward.cg:12:7) cgImageGelu");
+    // library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 16384L * (layer), cgMiddle, 256, 64, 256);
   }
 }
 
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:157:5 (from library.cg:379:33) cgImageZero
+  // library.cg:161:5 (from library.cg:417:33) cgImageZero
   CG_LAUNCH(cgImageZero, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 115328);
-  CG_LAUNCHED("library.cg:157:5 (from library.cg:379:33) cgImageZero");
+  CG_LAUNCHED("library.cg:161:5 (from library.cg:417:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
+  // library.cg:174:13 (from library.cg:369:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
-  // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:371:9 cgImageLoss
-  CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:371:9 cgImageLoss");
+  CG_LAUNCHED("library.cg:174:13 (from library.cg:369:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:372:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:372:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:11:9 cgImageCrossEntropyBackward
-  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
-  CG_LAUNCHED("backward.cg:11:9 cgImageCrossEntropyBackward");
+  // library.cg:394:11 (from backward.cg:9:11) cgImageClassifier
+  CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
+  CG_LAUNCHED("library.cg:394:11 (from backward.cg:9:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:126:9 (from backward.cg:21:19) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalf, cgLogitsGradient, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:21:19) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 256, 64, 256);
-  // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
-  cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
+  // library.cg:38:13 (from backward.cg:9:11) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:9:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:9:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:9:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:207:19 (from backward.cg:9:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
-  // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:207:19 (from backward.cg:9:11) cgImageLayerNormBackward");
+  // library.cg:186:7 (from backward.cg:9:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:9:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
+  // library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
+  CG_LAUNCHED("library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
+  // library.cg:253:11 (from backward.cg:11:7) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:253:11 (from backward.cg:11:7) cgImageAttention");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductResidual
+  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
+  // library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGelu
+  CG_LAUNCHED("library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:130:9 (from backward.cg:11:7) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGelu");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageGelu");
+  // library.cg:130:9 (from backward.cg:11:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:130:9 (from backward.cg:11:7) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients");
+  // library.cg:130:9 (from backward.cg:11:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:329:35 (from backward.cg:11:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
-  // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:329:35 (from backward.cg:11:7) cgImageAttentionDelta");
+  // library.cg:335:37 (from backward.cg:11:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:335:37 (from backward.cg:11:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:44:13 cgImageScatter
+  // backward.cg:17:9 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:44:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:17:9 cgImageScatter");
 }
 
 // phase cgPhaseGradientNorm
