@@ -355,4 +355,4 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
         before.clear()
         gc.collect()
     print("\n" + "\n".join(report))
-    assert len(checked) >= 19, checked  # every kernel image of the step
+    assert len(checked) >= 18, checked  # every kernel image of the step (the classifier: one)
