@@ -22,7 +22,7 @@ from cgc.backends.cuda.toolchain import nvcc_build, nvrtc_compile, ptxas_report
 from conftest import ROOT, SCHEDULES
 
 GOLDEN = ROOT / "tests" / "golden" / "cuda"
-CASES = [(stem, config) for stem in ("backward", "train") for config in ("tiny", "tiny32", "gpt2")]
+CASES = [(stem, config) for stem in ("backward", "train", "train_recompute") for config in ("tiny", "tiny32", "gpt2")]
 IDS = [f"{s}-{c}" for s, c in CASES]
 
 

@@ -132,6 +132,9 @@ class Declarations:
     constants: dict[str, ConstantDeclaration] = field(default_factory=dict)
     configs: dict[str, ConfigDeclaration] = field(default_factory=dict)
     roles: dict[str, RoleBinding] = field(default_factory=dict)
+    # A schedule role given again names another schedule of the same kind: two schedules of
+    # one training step (train.cg, train_recompute.cg), each checked as the step.
+    more_schedules: dict[str, list[RoleBinding]] = field(default_factory=dict)
     requirements: list[Requirement] = field(default_factory=list)
 
 
@@ -395,7 +398,8 @@ class _Elaborator:
                                   f"{ {'buffer': 'buffer', 'Nat': 'constant'}.get(ROLES[role].kind, 'schedule')}",
                                   clause.span)
                 continue
-            if role in self.result.roles:
+            again = role in self.result.roles and ROLES[role].kind == "Schedule"
+            if role in self.result.roles and not again:
                 first = self.result.roles[role]
                 self.report.error(f"role '{role}' is given twice", clause.keyword.span,
                                   Note("first given here", first.span))
@@ -424,8 +428,11 @@ class _Elaborator:
                                       value.span, Note(f"'{value.text}' is declared here",
                                                        target.span))
                     continue
-            self.result.roles[role] = RoleBinding(role, value, clause.span,
-                                                  declaration.name.text)
+            binding = RoleBinding(role, value, clause.span, declaration.name.text)
+            if again:
+                self.result.more_schedules.setdefault(role, []).append(binding)
+            else:
+                self.result.roles[role] = binding
 
     def require(self, declaration: Declaration) -> None:
         allowed = {kind: (2, 2, f"({kind} A B): A {words} B")

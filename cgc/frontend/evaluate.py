@@ -759,6 +759,10 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     entries = tuple(evaluator.entry(s) for s in declarations.storages.values()
                     if s.kind == "entry")
     roles, role_spans = evaluator.roles()
+    for role, bindings in declarations.more_schedules.items():  # the one this program runs
+        for binding in bindings:
+            if binding.value.text == entry:
+                roles[role], role_spans[role] = entry, binding.span
     report.raise_if_errors()
     evaluator.check_requirements(roles)
     report.raise_if_errors()

@@ -908,7 +908,7 @@ static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_buffers = nullptr;  // 1189282560 bytes: 11 step buffers
-static char* cg_arena = nullptr;  // 239599616 bytes: 19 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 2548039680 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankG.cgEmbeddingEntry
 static float* cgBankG_cgLn1Gamma = nullptr;  // float32[9216] x 12 items: cgBankG.cgLn1Gamma
@@ -971,25 +971,25 @@ static int* cgTargets = nullptr;  // int32[8192]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
-static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
+static __nv_bfloat16* cgSavedFcAct = nullptr;  // low[301989888]: arena slot
+static __nv_bfloat16* cgSavedFcPre = nullptr;  // low[301989888]: arena slot
+static __nv_bfloat16* cgSavedQkv = nullptr;  // low[226492416]: arena slot
+static float* cgSavedMiddle = nullptr;  // float32[75497472]: arena slot
+static __nv_bfloat16* cgSavedAttention = nullptr;  // low[75497472]: arena slot
+static __nv_bfloat16* cgSavedNormed1 = nullptr;  // low[75497472]: arena slot
+static __nv_bfloat16* cgSavedNormed2 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
 static float* cgNormPartials = nullptr;  // float32[393216]: arena slot
-static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
-static __nv_bfloat16* cgFcPre = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
-static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
-static __nv_bfloat16* cgQkv = nullptr;  // low[18874368]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
-static float* cgMiddle = nullptr;  // float32[6291456]: arena slot
-static __nv_bfloat16* cgAttention = nullptr;  // low[6291456]: arena slot
+static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[6291456]: arena slot
-static __nv_bfloat16* cgNormed1 = nullptr;  // low[6291456]: arena slot
-static __nv_bfloat16* cgNormed2 = nullptr;  // low[6291456]: arena slot
-static float* cgAttentionLse = nullptr;  // float32[98304]: arena slot
-static float* cgStatistics1 = nullptr;  // float32[16384]: arena slot
-static float* cgStatistics2 = nullptr;  // float32[16384]: arena slot
+static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
+static float* cgSavedAttentionLse = nullptr;  // float32[1179648]: arena slot
+static float* cgSavedStatistics1 = nullptr;  // float32[196608]: arena slot
+static float* cgSavedStatistics2 = nullptr;  // float32[196608]: arena slot
 
 static void cg_allocate() {
   cg_check(cudaMalloc(&cg_bank_cgBankG, 494426112UL), "allocating cg_bank_cgBankG");
@@ -1004,8 +1004,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 247136256UL), "clearing cg_bank_cgBankHalf");
   cg_check(cudaMalloc(&cg_buffers, 1189282560UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 1189282560UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 239599616UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 239599616UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 2548039680UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2548039680UL), "clearing cg_arena");
   cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
   cgBankG_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 154533888UL);
   cgBankG_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 154570752UL);
@@ -1067,28 +1067,28 @@ static void cg_allocate() {
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1164115968UL);
   cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1189281792UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1189282304UL);
-  cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 37748736UL);
-  cgFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 50331648UL);
-  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 62914560UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 62914560UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 75497472UL);
-  cgQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 100663296UL);
-  cgDy0 = reinterpret_cast<float*>(cg_arena + 138412032UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 163577856UL);
-  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 188743680UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 201326592UL);
-  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 213909504UL);
-  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 226492416UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 239075328UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
+  cgSavedFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
+  cgSavedFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 603979776UL);
+  cgSavedQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1207959552UL);
+  cgSavedMiddle = reinterpret_cast<float*>(cg_arena + 1660944384UL);
+  cgSavedAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1962934272UL);
+  cgSavedNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2113929216UL);
+  cgSavedNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2264924160UL);
+  cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
+  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 2415919104UL);
+  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2453667840UL);
+  cgDy0 = reinterpret_cast<float*>(cg_arena + 2466250752UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 2491416576UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2516582400UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2516582400UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2516582400UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2541748224UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2546466816UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2547253248UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 1189282560UL);
-  CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2548039680UL);
   CG_REGION(cgBoundaries, 327155712UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgFinalHalf, 12582912UL);
@@ -1100,25 +1100,25 @@ static void cg_allocate() {
   CG_REGION(cgFinalGradient, 25165824UL);
   CG_REGION(cgGradientNormPartials, 512UL);
   CG_REGION(cgOptimizerStep, 4UL);
-  CG_REGION(cgFcAct, 50331648UL);
+  CG_REGION(cgSavedFcAct, 603979776UL);
+  CG_REGION(cgSavedFcPre, 603979776UL);
+  CG_REGION(cgSavedQkv, 452984832UL);
+  CG_REGION(cgSavedMiddle, 301989888UL);
+  CG_REGION(cgSavedAttention, 150994944UL);
+  CG_REGION(cgSavedNormed1, 150994944UL);
+  CG_REGION(cgSavedNormed2, 150994944UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
   CG_REGION(cgNormPartials, 1572864UL);
-  CG_REGION(cgDy1, 25165824UL);
-  CG_REGION(cgFcPre, 50331648UL);
   CG_REGION(cgGradientAttention, 12582912UL);
-  CG_REGION(cgGradientNormed, 25165824UL);
-  CG_REGION(cgAttentionDelta, 393216UL);
-  CG_REGION(cgQkv, 37748736UL);
   CG_REGION(cgDy0, 25165824UL);
-  CG_REGION(cgMiddle, 25165824UL);
-  CG_REGION(cgAttention, 12582912UL);
+  CG_REGION(cgDy1, 25165824UL);
+  CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgGradientLow, 12582912UL);
-  CG_REGION(cgNormed1, 12582912UL);
-  CG_REGION(cgNormed2, 12582912UL);
-  CG_REGION(cgAttentionLse, 393216UL);
-  CG_REGION(cgStatistics1, 65536UL);
-  CG_REGION(cgStatistics2, 65536UL);
+  CG_REGION(cgGradientNormed, 25165824UL);
+  CG_REGION(cgSavedAttentionLse, 4718592UL);
+  CG_REGION(cgSavedStatistics1, 786432UL);
+  CG_REGION(cgSavedStatistics2, 786432UL);
 }
 
 static void cg_release() {
@@ -1191,144 +1191,126 @@ static void cg_prepare() {
 
 // phase cgPhaseEmbedding
 static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
-  // forward.cg:7:7 cgImageEmbedding
+  // forward.cg:8:5 cgImageEmbedding
   CG_LAUNCH(cgImageEmbedding, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBoundaries + 6291456L * (0), cgBankP_cgEmbeddingEntry, cgIds);
-  CG_LAUNCHED("forward.cg:7:7 cgImageEmbedding");
+  CG_LAUNCHED("forward.cg:8:5 cgImageEmbedding");
 }
 
 // phase cgPhaseLayerForward
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 12; ++layer) {
-    // library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (layer), cgBankP_cgLn1Gamma + 768L * (layer), cgBankP_cgLn1Beta + 768L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // library.cg:253:11 (from forward.cg:12:7) cgImageAttention
-    CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:253:11 (from forward.cg:12:7) cgImageAttention");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
-    // library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (layer), cgBankP_cgLn2Beta + 768L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (layer), 8192, 3072, 768);
-    // library.cg:130:9 (from forward.cg:12:7) cgImageGelu
-    CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 25165824);
-    CG_LAUNCHED("library.cg:130:9 (from forward.cg:12:7) cgImageGelu");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 2359296L * (layer), cgMiddle, 8192, 768, 3072);
+    // library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed1 + 6291456L * (layer), cgSavedStatistics1 + 16384L * (layer), cgBoundaries + 6291456L * (layer), cgBankP_cgLn1Gamma + 768L * (layer), cgBankP_cgLn1Beta + 768L * (layer), 1e-05f);
+    CG_LAUNCHED("library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
+    // library.cg:268:11 (from forward.cg:17:7) cgImageAttention
+    CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer));
+    CG_LAUNCHED("library.cg:268:11 (from forward.cg:17:7) cgImageAttention");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
+    // library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed2 + 6291456L * (layer), cgSavedStatistics2 + 16384L * (layer), cgSavedMiddle + 6291456L * (layer), cgBankP_cgLn2Gamma + 768L * (layer), cgBankP_cgLn2Beta + 768L * (layer), 1e-05f);
+    CG_LAUNCHED("library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedFcPre + 25165824L * (layer), cgSavedNormed2 + 6291456L * (layer), cgBankHalf_cgFcWeight + 2359296L * (layer), 8192, 3072, 768);
+    // library.cg:130:9 (from forward.cg:17:7) cgImageGelu
+    CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgSavedFcAct + 25165824L * (layer), cgSavedFcPre + 25165824L * (layer), 25165824);
+    CG_LAUNCHED("library.cg:130:9 (from forward.cg:17:7) cgImageGelu");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgSavedFcAct + 25165824L * (layer), cgBankHalf_cgProjWeight + 2359296L * (layer), cgSavedMiddle + 6291456L * (layer), 8192, 768, 3072);
   }
 }
 
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:161:5 (from library.cg:417:33) cgImageZero
+  // library.cg:161:5 (from library.cg:525:33) cgImageZero
   CG_LAUNCH(cgImageZero, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 123606528);
-  CG_LAUNCHED("library.cg:161:5 (from library.cg:417:33) cgImageZero");
+  CG_LAUNCHED("library.cg:161:5 (from library.cg:525:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:369:5) cgImageLayerNorm
+  // library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:369:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:372:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:372:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:394:11 (from backward.cg:9:11) cgImageClassifier
+  // library.cg:502:11 (from backward.cg:17:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:394:11 (from backward.cg:9:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:502:11 (from backward.cg:17:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:9:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:9:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
-  // library.cg:38:13 (from backward.cg:9:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:9:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:207:19 (from backward.cg:9:11) cgImageLayerNormBackward
+  // library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+  // library.cg:38:13 (from backward.cg:17:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:207:19 (from backward.cg:9:11) cgImageLayerNormBackward");
-  // library.cg:186:7 (from backward.cg:9:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward");
+  // library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:9:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // library.cg:253:11 (from backward.cg:11:7) cgImageAttention
-  CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:253:11 (from backward.cg:11:7) cgImageAttention");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:11:7) cgImageGelu
-  CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageGelu");
-  // library.cg:130:9 (from backward.cg:11:7) cgImageCastDown
+  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:11:7) cgImageGeluBackward
-  CG_LAUNCH(cgImageGeluBackward, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
+  // library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward
+  CG_LAUNCH(cgImageGeluBackward, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgSavedFcPre + 25165824L * (11 - fromTop), 25165824);
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients");
-  // library.cg:130:9 (from backward.cg:11:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
+  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:329:35 (from backward.cg:11:7) cgImageAttentionDelta
-  CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:329:35 (from backward.cg:11:7) cgImageAttentionDelta");
-  // library.cg:335:37 (from backward.cg:11:7) cgImageAttentionBackward
-  CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:335:37 (from backward.cg:11:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta
+  CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
+  CG_LAUNCHED("library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta");
+  // library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward
+  CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
+  CG_LAUNCHED("library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:17:9 cgImageScatter
+  // backward.cg:9:5 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:17:9 cgImageScatter");
+  CG_LAUNCHED("backward.cg:9:5 cgImageScatter");
 }
 
 // phase cgPhaseGradientNorm

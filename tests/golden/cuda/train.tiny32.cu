@@ -908,7 +908,7 @@ static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, f
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_buffers = nullptr;  // 596736 bytes: 11 step buffers
-static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 2441216 bytes: 19 arena slots, shared where never live together
 
 static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankG.cgEmbeddingEntry
 static float* cgBankG_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Gamma
@@ -971,25 +971,25 @@ static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[128]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
-static float* cgFcAct = nullptr;  // low[65536]: arena slot
+static float* cgSavedFcAct = nullptr;  // low[131072]: arena slot
+static float* cgSavedFcPre = nullptr;  // low[131072]: arena slot
+static float* cgSavedQkv = nullptr;  // low[98304]: arena slot
 static float* cgGradientFc = nullptr;  // low[65536]: arena slot
 static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
-static float* cgFcPre = nullptr;  // low[65536]: arena slot
+static float* cgSavedAttention = nullptr;  // low[32768]: arena slot
+static float* cgSavedMiddle = nullptr;  // float32[32768]: arena slot
+static float* cgSavedNormed1 = nullptr;  // low[32768]: arena slot
+static float* cgSavedNormed2 = nullptr;  // low[32768]: arena slot
+static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
-static float* cgQkv = nullptr;  // low[49152]: arena slot
-static float* cgAttention = nullptr;  // low[16384]: arena slot
-static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientLow = nullptr;  // low[16384]: arena slot
-static float* cgMiddle = nullptr;  // float32[16384]: arena slot
-static float* cgNormed1 = nullptr;  // low[16384]: arena slot
-static float* cgNormed2 = nullptr;  // low[16384]: arena slot
-static float* cgAttentionLse = nullptr;  // float32[1024]: arena slot
-static float* cgStatistics1 = nullptr;  // float32[512]: arena slot
-static float* cgStatistics2 = nullptr;  // float32[512]: arena slot
+static float* cgSavedAttentionLse = nullptr;  // float32[2048]: arena slot
+static float* cgSavedStatistics1 = nullptr;  // float32[1024]: arena slot
+static float* cgSavedStatistics2 = nullptr;  // float32[1024]: arena slot
 
 static void cg_allocate() {
   cg_check(cudaMalloc(&cg_bank_cgBankG, 461312UL), "allocating cg_bank_cgBankG");
@@ -1004,8 +1004,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 458752UL), "clearing cg_bank_cgBankHalf");
   cg_check(cudaMalloc(&cg_buffers, 596736UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 596736UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 1122304UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 1122304UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 2441216UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2441216UL), "clearing cg_arena");
   cgBankG_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankG + 0UL);
   cgBankG_cgLn1Gamma = reinterpret_cast<float*>(cg_bank_cgBankG + 65536UL);
   cgBankG_cgLn1Beta = reinterpret_cast<float*>(cg_bank_cgBankG + 66048UL);
@@ -1067,28 +1067,28 @@ static void cg_allocate() {
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 530432UL);
   cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 595968UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 596480UL);
-  cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 196608UL);
-  cgFcPre = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 327680UL);
-  cgQkv = reinterpret_cast<float*>(cg_arena + 524288UL);
-  cgAttention = reinterpret_cast<float*>(cg_arena + 720896UL);
-  cgDy0 = reinterpret_cast<float*>(cg_arena + 786432UL);
-  cgGradientLow = reinterpret_cast<float*>(cg_arena + 851968UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 917504UL);
-  cgNormed1 = reinterpret_cast<float*>(cg_arena + 983040UL);
-  cgNormed2 = reinterpret_cast<float*>(cg_arena + 1048576UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 1114112UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
+  cgSavedFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
+  cgSavedFcPre = reinterpret_cast<float*>(cg_arena + 524288UL);
+  cgSavedQkv = reinterpret_cast<float*>(cg_arena + 1048576UL);
+  cgGradientFc = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgGradientQkv = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 1638400UL);
+  cgSavedAttention = reinterpret_cast<float*>(cg_arena + 1703936UL);
+  cgSavedMiddle = reinterpret_cast<float*>(cg_arena + 1835008UL);
+  cgSavedNormed1 = reinterpret_cast<float*>(cg_arena + 1966080UL);
+  cgSavedNormed2 = reinterpret_cast<float*>(cg_arena + 2097152UL);
+  cgDy0 = reinterpret_cast<float*>(cg_arena + 2228224UL);
+  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 2293760UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2293760UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2359296UL);
+  cgGradientLow = reinterpret_cast<float*>(cg_arena + 2359296UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2424832UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2433024UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2437120UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 596736UL);
-  CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2441216UL);
   CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgFinalHalf, 65536UL);
@@ -1100,25 +1100,25 @@ static void cg_allocate() {
   CG_REGION(cgFinalGradient, 65536UL);
   CG_REGION(cgGradientNormPartials, 512UL);
   CG_REGION(cgOptimizerStep, 4UL);
-  CG_REGION(cgFcAct, 262144UL);
+  CG_REGION(cgSavedFcAct, 524288UL);
+  CG_REGION(cgSavedFcPre, 524288UL);
+  CG_REGION(cgSavedQkv, 393216UL);
   CG_REGION(cgGradientFc, 262144UL);
   CG_REGION(cgGradientQkv, 196608UL);
   CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgDy1, 65536UL);
-  CG_REGION(cgFcPre, 262144UL);
+  CG_REGION(cgSavedAttention, 131072UL);
+  CG_REGION(cgSavedMiddle, 131072UL);
+  CG_REGION(cgSavedNormed1, 131072UL);
+  CG_REGION(cgSavedNormed2, 131072UL);
+  CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgGradientAttention, 65536UL);
   CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgAttentionDelta, 4096UL);
-  CG_REGION(cgQkv, 196608UL);
-  CG_REGION(cgAttention, 65536UL);
-  CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgGradientLow, 65536UL);
-  CG_REGION(cgMiddle, 65536UL);
-  CG_REGION(cgNormed1, 65536UL);
-  CG_REGION(cgNormed2, 65536UL);
-  CG_REGION(cgAttentionLse, 4096UL);
-  CG_REGION(cgStatistics1, 2048UL);
-  CG_REGION(cgStatistics2, 2048UL);
+  CG_REGION(cgSavedAttentionLse, 8192UL);
+  CG_REGION(cgSavedStatistics1, 4096UL);
+  CG_REGION(cgSavedStatistics2, 4096UL);
 }
 
 static void cg_release() {
@@ -1191,144 +1191,126 @@ static void cg_prepare() {
 
 // phase cgPhaseEmbedding
 static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
-  // forward.cg:7:7 cgImageEmbedding
+  // forward.cg:8:5 cgImageEmbedding
   CG_LAUNCH(cgImageEmbedding, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBoundaries + 16384L * (0), cgBankP_cgEmbeddingEntry, cgIds);
-  CG_LAUNCHED("forward.cg:7:7 cgImageEmbedding");
+  CG_LAUNCHED("forward.cg:8:5 cgImageEmbedding");
 }
 
 // phase cgPhaseLayerForward
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 2; ++layer) {
-    // library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:253:11 (from forward.cg:12:7) cgImageAttention
-    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:253:11 (from forward.cg:12:7) cgImageAttention");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
-    // library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:174:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
-    // library.cg:130:9 (from forward.cg:12:7) cgImageGelu
-    CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-    CG_LAUNCHED("library.cg:130:9 (from forward.cg:12:7) cgImageGelu");
-    // library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:12:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 16384L * (layer), cgMiddle, 256, 64, 256);
+    // library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed1 + 16384L * (layer), cgSavedStatistics1 + 512L * (layer), cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCHED("library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
+    // library.cg:268:11 (from forward.cg:17:7) cgImageAttention
+    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgSavedAttention + 16384L * (layer), cgSavedAttentionLse + 1024L * (layer), cgSavedQkv + 49152L * (layer));
+    CG_LAUNCHED("library.cg:268:11 (from forward.cg:17:7) cgImageAttention");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
+    // library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed2 + 16384L * (layer), cgSavedStatistics2 + 512L * (layer), cgSavedMiddle + 16384L * (layer), cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCHED("library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedFcPre + 65536L * (layer), cgSavedNormed2 + 16384L * (layer), cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
+    // library.cg:130:9 (from forward.cg:17:7) cgImageGelu
+    CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgSavedFcAct + 65536L * (layer), cgSavedFcPre + 65536L * (layer), 65536);
+    CG_LAUNCHED("library.cg:130:9 (from forward.cg:17:7) cgImageGelu");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgSavedFcAct + 65536L * (layer), cgBankHalf_cgProjWeight + 16384L * (layer), cgSavedMiddle + 16384L * (layer), 256, 64, 256);
   }
 }
 
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:161:5 (from library.cg:417:33) cgImageZero
+  // library.cg:161:5 (from library.cg:525:33) cgImageZero
   CG_LAUNCH(cgImageZero, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 115328);
-  CG_LAUNCHED("library.cg:161:5 (from library.cg:417:33) cgImageZero");
+  CG_LAUNCHED("library.cg:161:5 (from library.cg:525:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:369:5) cgImageLayerNorm
+  // library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:369:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:372:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:372:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:394:11 (from backward.cg:9:11) cgImageClassifier
+  // library.cg:502:11 (from backward.cg:17:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:394:11 (from backward.cg:9:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:502:11 (from backward.cg:17:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:9:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:9:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:9:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:9:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:207:19 (from backward.cg:9:11) cgImageLayerNormBackward
+  // library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:17:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:207:19 (from backward.cg:9:11) cgImageLayerNormBackward");
-  // library.cg:186:7 (from backward.cg:9:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward");
+  // library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:9:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:253:11 (from backward.cg:11:7) cgImageAttention
-  CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:253:11 (from backward.cg:11:7) cgImageAttention");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:11:7) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:130:9 (from backward.cg:11:7) cgImageGelu
-  CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageGelu");
-  // library.cg:130:9 (from backward.cg:11:7) cgImageCastDown
+  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:130:9 (from backward.cg:11:7) cgImageGeluBackward
-  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward
+  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgSavedFcPre + 65536L * (1 - fromTop), 65536);
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients");
-  // library.cg:130:9 (from backward.cg:11:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
+  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:11:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:329:35 (from backward.cg:11:7) cgImageAttentionDelta
-  CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:329:35 (from backward.cg:11:7) cgImageAttentionDelta");
-  // library.cg:335:37 (from backward.cg:11:7) cgImageAttentionBackward
-  CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:335:37 (from backward.cg:11:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
-  // library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:11:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:11:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta
+  CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
+  CG_LAUNCHED("library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta");
+  // library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward
+  CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
+  CG_LAUNCHED("library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:11:7) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:17:9 cgImageScatter
+  // backward.cg:9:5 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:17:9 cgImageScatter");
+  CG_LAUNCHED("backward.cg:9:5 cgImageScatter");
 }
 
 // phase cgPhaseGradientNorm
