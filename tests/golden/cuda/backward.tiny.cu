@@ -1097,14 +1097,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm
+  // library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:486:7 cgImageLoss
+  CG_LAUNCHED("library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:497:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:486:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:497:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -1138,9 +1138,9 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:174:13 (from backward.cg:73:11) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:268:11 (from backward.cg:73:11) cgImageAttention
+  // library.cg:268:31 (from backward.cg:73:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 35328, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:268:11 (from backward.cg:73:11) cgImageAttention");
+  CG_LAUNCHED("library.cg:268:31 (from backward.cg:73:11) cgImageAttention");
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
   // library.cg:174:13 (from backward.cg:73:11) cgImageLayerNorm
@@ -1178,12 +1178,12 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:398:35 (from backward.cg:73:11) cgImageAttentionDelta
+  // library.cg:402:51 (from backward.cg:73:11) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:398:35 (from backward.cg:73:11) cgImageAttentionDelta");
-  // library.cg:404:37 (from backward.cg:73:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:402:51 (from backward.cg:73:11) cgImageAttentionDelta");
+  // library.cg:410:53 (from backward.cg:73:11) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:404:37 (from backward.cg:73:11) cgImageAttentionBackward");
+  CG_LAUNCHED("library.cg:410:53 (from backward.cg:73:11) cgImageAttentionBackward");
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed

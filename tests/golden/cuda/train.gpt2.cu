@@ -1204,9 +1204,9 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // library.cg:268:11 (from forward.cg:17:7) cgImageAttention
+    // library.cg:268:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer));
-    CG_LAUNCHED("library.cg:268:11 (from forward.cg:17:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:268:31 (from forward.cg:17:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
     // library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm
@@ -1224,86 +1224,86 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:161:5 (from library.cg:525:33) cgImageZero
+  // library.cg:161:5 (from library.cg:535:33) cgImageZero
   CG_LAUNCH(cgImageZero, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 123606528);
-  CG_LAUNCHED("library.cg:161:5 (from library.cg:525:33) cgImageZero");
+  CG_LAUNCHED("library.cg:161:5 (from library.cg:535:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm
+  // library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:502:11 (from backward.cg:17:11) cgImageClassifier
+  // library.cg:512:11 (from backward.cg:16:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:502:11 (from backward.cg:17:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:512:11 (from backward.cg:16:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
-  // library.cg:38:13 (from backward.cg:17:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward
+  // library.cg:38:13 (from backward.cg:16:11) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:16:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+  // library.cg:38:13 (from backward.cg:16:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:16:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:207:19 (from backward.cg:16:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward");
-  // library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:207:19 (from backward.cg:16:11) cgImageLayerNormBackward");
+  // library.cg:186:7 (from backward.cg:16:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:16:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
+  // library.cg:130:9 (from backward.cg:18:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:18:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
+  // library.cg:130:9 (from backward.cg:18:7) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgSavedFcPre + 25165824L * (11 - fromTop), 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:18:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+  // library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
-  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients");
+  // library.cg:130:9 (from backward.cg:18:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:18:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:402:51 (from backward.cg:18:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
-  CG_LAUNCHED("library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta");
-  // library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:402:51 (from backward.cg:18:7) cgImageAttentionDelta");
+  // library.cg:410:53 (from backward.cg:18:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
-  CG_LAUNCHED("library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:410:53 (from backward.cg:18:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+  // library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter

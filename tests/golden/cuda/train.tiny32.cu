@@ -1204,9 +1204,9 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:268:11 (from forward.cg:17:7) cgImageAttention
+    // library.cg:268:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgSavedAttention + 16384L * (layer), cgSavedAttentionLse + 1024L * (layer), cgSavedQkv + 49152L * (layer));
-    CG_LAUNCHED("library.cg:268:11 (from forward.cg:17:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:268:31 (from forward.cg:17:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:174:13 (from forward.cg:17:7) cgImageLayerNorm
@@ -1224,86 +1224,86 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 
 // phase cgPhaseZeroGradients
 static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:161:5 (from library.cg:525:33) cgImageZero
+  // library.cg:161:5 (from library.cg:535:33) cgImageZero
   CG_LAUNCH(cgImageZero, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 115328);
-  CG_LAUNCHED("library.cg:161:5 (from library.cg:525:33) cgImageZero");
+  CG_LAUNCHED("library.cg:161:5 (from library.cg:535:33) cgImageZero");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm
+  // library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:477:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:480:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:502:11 (from backward.cg:17:11) cgImageClassifier
+  // library.cg:512:11 (from backward.cg:16:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:502:11 (from backward.cg:17:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:512:11 (from backward.cg:16:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:17:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:17:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward
+  // library.cg:38:13 (from backward.cg:16:11) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:16:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:16:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:16:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:207:19 (from backward.cg:16:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:207:19 (from backward.cg:17:11) cgImageLayerNormBackward");
-  // library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:207:19 (from backward.cg:16:11) cgImageLayerNormBackward");
+  // library.cg:186:7 (from backward.cg:16:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:17:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:16:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
+  // library.cg:130:9 (from backward.cg:18:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:18:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:130:9 (from backward.cg:18:7) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgSavedFcPre + 65536L * (1 - fromTop), 65536);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:18:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
-  // library.cg:130:9 (from backward.cg:19:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients");
+  // library.cg:130:9 (from backward.cg:18:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:19:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:130:9 (from backward.cg:18:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:402:51 (from backward.cg:18:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
-  CG_LAUNCHED("library.cg:398:35 (from backward.cg:19:7) cgImageAttentionDelta");
-  // library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:402:51 (from backward.cg:18:7) cgImageAttentionDelta");
+  // library.cg:410:53 (from backward.cg:18:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
-  CG_LAUNCHED("library.cg:404:37 (from backward.cg:19:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
-  // library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:19:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:410:53 (from backward.cg:18:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:18:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:19:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:229:21 (from backward.cg:18:7) cgImageLayerNormBackwardAdd");
+  // library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:19:7) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:186:7 (from backward.cg:18:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
