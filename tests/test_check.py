@@ -194,10 +194,10 @@ def test_the_read_before_write_rule_needs_the_whole_step(schedules):
 
 
 @pytest.mark.parametrize("image,pattern", [
-    ("cgImageAttention", r"(\(cgLaunch cgImageAttention )\(naturalDivideUnchecked cgContext "
-                         r"cgAttentionTile\)"),
-    ("cgImageAttentionBackward", r"(\(cgLaunch cgImageAttentionBackward\s+)\(naturalDivideUnchecked "
-                                 r"cgContext cgAttentionTile\)"),
+    ("cgImageAttention", r"(\(cgLaunch cgImageAttention\s+)\(naturalDivideUnchecked\s+cgContext"
+                         r"\s+cgAttentionTile\)"),
+    ("cgImageAttentionBackward", r"(\(cgLaunch cgImageAttentionBackward\s+)\(naturalDivideUnchecked"
+                                 r"\s+cgContext\s+cgAttentionTile\)"),
     ("cgImageLayerNormParameterGradients", r"(\(cgLaunch cgImageLayerNormParameterGradients\s+)"
                                            r"\(naturalDivideCeiling \(naturalMultiply 2 cgWidth\) 256\)"),
 ])
