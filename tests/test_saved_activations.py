@@ -80,8 +80,8 @@ def test_both_steps_are_checked_as_the_whole_step(schedules):
     """The second (step ...) role makes the recomputing step a whole step too: a forward
     taken out of it leaves the backward reading boundaries nothing wrote."""
     checked(schedules / "train_recompute.cg")
-    edit(schedules / "train_recompute.cg", "(cgThen cgForward (cgThen cgZeroGradients",
-         "(cgThen cgZeroGradients (cgThen cgZeroGradients")
+    edit(schedules / "train_recompute.cg", "(cgThen cgForward (cgThen cgRecomputeBackward",
+         "(cgThen cgZeroGradients (cgThen cgRecomputeBackward")
     with pytest.raises(CompileError) as error:
         checked(schedules / "train_recompute.cg")
     assert any("cgBoundaries" in d.message and "'cgRecomputeTrainStep'" in d.message

@@ -86,9 +86,9 @@ def layer_norm_parameter_gradients(k: Kernel) -> None:
     sums = partials.sum(axis=0, dtype=F32)
     columns = min(k.grid[0] * k.block[0], 2 * width)
     if columns > 0:
-        k.pointers["gradientGamma"].accumulate(0, sums[:min(columns, width)])
+        k.pointers["gradientGamma"].write(0, sums[:min(columns, width)])
     if columns > width:
-        k.pointers["gradientBeta"].accumulate(0, sums[width:columns])
+        k.pointers["gradientBeta"].write(0, sums[width:columns])
 
 
 def _operands(k: Kernel, transposed: bool, weight: bool):
@@ -116,6 +116,10 @@ def product_residual(k: Kernel) -> None:
 
 def product_weight(k: Kernel) -> None:
     k.pointers["output"].accumulate(0, _operands(k, transposed=False, weight=True))
+
+
+def product_weight_set(k: Kernel) -> None:
+    k.pointers["output"].write(0, _operands(k, transposed=False, weight=True))
 
 
 def _rotary_tables(positions: int, head_width: int):
@@ -401,6 +405,7 @@ KERNELS = {
     "cgImageProductTransposedLow": product_transposed,
     "cgImageProductResidual": product_residual,
     "cgImageProductWeight": product_weight,
+    "cgImageProductWeightSet": product_weight_set,
     "cgImageAttention": attention,
     "cgImageAttentionDelta": attention_delta,
     "cgImageAttentionBackward": attention_backward,

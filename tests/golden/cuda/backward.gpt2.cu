@@ -664,17 +664,17 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(fl
                                                gamma, partials, residual);
 }
 
-// cgImageLayerNormParameterGradients: dgamma += the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order.
-// dgamma and dbeta += the blocks' partial sums, a thread a column, the blocks in order.
+// cgImageLayerNormParameterGradients: dgamma = the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order. Written, not added: a layer norm's parameters get all their gradient from its one backward, so nothing needs zeroing before it.
+// dgamma and dbeta = the blocks' partial sums, a thread a column, the blocks in order.
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
   const int column = blockIdx.x * 256 + threadIdx.x;
   if (column >= 2 * kWidth) return;
   float sum = 0.0f;
   for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
   if (column < kWidth) {
-    gradientGamma[column] += sum;
+    gradientGamma[column] = sum;
   } else {
-    gradientBeta[column - kWidth] += sum;
+    gradientBeta[column - kWidth] = sum;
   }
 }
 
@@ -1085,6 +1085,11 @@ static void cgImageProductWeight(cudaStream_t stream, const char* where, float* 
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
 }
 
+// cgImageProductWeightSet: output[M, N] = A[K, M]^T B[K, N]: a weight gradient written whole (beta = 0, output not read), for a gradient that one product gives all of: no zeroing needed before it.
+static void cgImageProductWeightSet(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 0.0f);
+}
+
 // Kernels that take more than 48 KiB of shared memory say so once.
 static void cg_prepare() {
   cg_check(cublasCreate(&cg_cublas), "creating the cuBLAS handle");
@@ -1098,14 +1103,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm
+  // library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
-  // library.cg:497:7 cgImageLoss
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  // library.cg:510:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:497:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:510:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -1117,84 +1122,84 @@ static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:130:9 (from backward.cg:57:19) cgImageCastDown
+  // library.cg:143:9 (from backward.cg:57:19) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(201216, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 412090368);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:57:19) cgImageCastDown");
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:57:19) cgImageCastDown");
   // library.cg:38:13 (from backward.cg:59:15) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:59:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 50304, 768, 8192);
   // library.cg:38:13 (from backward.cg:63:17) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:63:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:207:19 (from backward.cg:65:17) cgImageLayerNormBackward
+  // library.cg:220:19 (from backward.cg:65:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:207:19 (from backward.cg:65:17) cgImageLayerNormBackward");
-  // library.cg:186:7 (from backward.cg:65:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:65:17) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:65:17) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:65:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:65:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:174:13 (from backward.cg:73:11) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:73:11) cgImageLayerNorm");
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // library.cg:268:31 (from backward.cg:73:11) cgImageAttention
+  // library.cg:281:31 (from backward.cg:73:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:268:31 (from backward.cg:73:11) cgImageAttention");
+  CG_LAUNCHED("library.cg:281:31 (from backward.cg:73:11) cgImageAttention");
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:174:13 (from backward.cg:73:11) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:73:11) cgImageLayerNorm");
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:73:11) cgImageGelu
+  // library.cg:143:9 (from backward.cg:73:11) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:73:11) cgImageGelu");
-  // library.cg:130:9 (from backward.cg:73:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageGelu");
+  // library.cg:143:9 (from backward.cg:73:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:73:11) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:73:11) cgImageGeluBackward
+  // library.cg:143:9 (from backward.cg:73:11) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:73:11) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:229:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd
+  // library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients");
-  // library.cg:130:9 (from backward.cg:73:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:73:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:73:11) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:402:51 (from backward.cg:73:11) cgImageAttentionDelta
+  // library.cg:415:51 (from backward.cg:73:11) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:402:51 (from backward.cg:73:11) cgImageAttentionDelta");
-  // library.cg:410:53 (from backward.cg:73:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:73:11) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:73:11) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:410:53 (from backward.cg:73:11) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:73:11) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
   // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:229:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd
+  // library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter

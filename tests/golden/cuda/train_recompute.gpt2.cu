@@ -792,17 +792,17 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(fl
                                                gamma, partials, residual);
 }
 
-// cgImageLayerNormParameterGradients: dgamma += the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order.
-// dgamma and dbeta += the blocks' partial sums, a thread a column, the blocks in order.
+// cgImageLayerNormParameterGradients: dgamma = the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order. Written, not added: a layer norm's parameters get all their gradient from its one backward, so nothing needs zeroing before it.
+// dgamma and dbeta = the blocks' partial sums, a thread a column, the blocks in order.
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
   const int column = blockIdx.x * 256 + threadIdx.x;
   if (column >= 2 * kWidth) return;
   float sum = 0.0f;
   for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
   if (column < kWidth) {
-    gradientGamma[column] += sum;
+    gradientGamma[column] = sum;
   } else {
-    gradientBeta[column - kWidth] += sum;
+    gradientBeta[column - kWidth] = sum;
   }
 }
 
@@ -845,17 +845,6 @@ extern "C" __global__ void __launch_bounds__(256) cgImageSquareSum(float* __rest
 // step += 1, on the GPU, so that a captured graph counts its own steps.
 extern "C" __global__ void __launch_bounds__(1) cgImageStepAdvance(int* __restrict__ step) {
   if (threadIdx.x == 0 && blockIdx.x == 0) step[0] += 1;
-}
-
-// cgImageZero: output = 0, 1024 elements per block.
-// output = 0: one float4 a thread, 1024 elements a block.
-extern "C" __global__ void __launch_bounds__(256) cgImageZero(float* __restrict__ output, int count) {
-  const long first = (static_cast<long>(blockIdx.x) * 256 + threadIdx.x) * 4;
-  if (first + 4 <= count) {
-    *reinterpret_cast<float4*>(output + first) = make_float4(0.f, 0.f, 0.f, 0.f);
-  } else {
-    for (long i = first; i < count; ++i) output[i] = 0.0f;
-  }
 }
 
 #ifndef __CUDACC_RTC__
@@ -1173,9 +1162,9 @@ static void cgImageProductTransposedLow(cudaStream_t stream, const char* where, 
   cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, cg_low_type, 0.0f);
 }
 
-// cgImageProductWeight: output[M, N] += A[K, M]^T B[K, N]: a weight gradient, accumulated.
-static void cgImageProductWeight(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
+// cgImageProductWeightSet: output[M, N] = A[K, M]^T B[K, N]: a weight gradient written whole (beta = 0, output not read), for a gradient that one product gives all of: no zeroing needed before it.
+static void cgImageProductWeightSet(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 0.0f);
 }
 
 // Kernels that take more than 48 KiB of shared memory say so once.
@@ -1199,147 +1188,140 @@ static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
 // phase cgPhaseLayerForward
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 12; ++layer) {
-    // library.cg:174:13 (from forward.cg:25:7) cgImageLayerNorm
+    // library.cg:187:13 (from forward.cg:25:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (layer), cgBankP_cgLn1Gamma + 768L * (layer), cgBankP_cgLn1Beta + 768L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:174:13 (from forward.cg:25:7) cgImageLayerNorm");
+    CG_LAUNCHED("library.cg:187:13 (from forward.cg:25:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:25:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:25:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // library.cg:268:31 (from forward.cg:25:7) cgImageAttention
+    // library.cg:281:31 (from forward.cg:25:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:268:31 (from forward.cg:25:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:281:31 (from forward.cg:25:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:25:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:25:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
-    // library.cg:174:13 (from forward.cg:25:7) cgImageLayerNorm
+    // library.cg:187:13 (from forward.cg:25:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (layer), cgBankP_cgLn2Beta + 768L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:174:13 (from forward.cg:25:7) cgImageLayerNorm");
+    CG_LAUNCHED("library.cg:187:13 (from forward.cg:25:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:25:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:25:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (layer), 8192, 3072, 768);
-    // library.cg:130:9 (from forward.cg:25:7) cgImageGelu
+    // library.cg:143:9 (from forward.cg:25:7) cgImageGelu
     CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 25165824);
-    CG_LAUNCHED("library.cg:130:9 (from forward.cg:25:7) cgImageGelu");
+    CG_LAUNCHED("library.cg:143:9 (from forward.cg:25:7) cgImageGelu");
     // library.cg:38:13 (from forward.cg:25:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:25:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 2359296L * (layer), cgMiddle, 8192, 768, 3072);
   }
 }
 
-// phase cgPhaseZeroGradients
-static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:161:5 (from library.cg:535:33) cgImageZero
-  CG_LAUNCH(cgImageZero, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 123606528);
-  CG_LAUNCHED("library.cg:161:5 (from library.cg:535:33) cgImageZero");
-}
-
 // phase cgPhaseLoss
-static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm
+static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
+  // library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from library.cg:488:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:491:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
-static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:512:11 (from backward.cg:30:11) cgImageClassifier
+static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
+  // library.cg:525:11 (from backward.cg:30:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:512:11 (from backward.cg:30:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:525:11 (from backward.cg:30:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
-static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:30:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:30:11) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+static void cg_phase_4_cgPhaseOutputGradient(cudaStream_t stream) {
+  // library.cg:38:13 (from backward.cg:30:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:30:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
   // library.cg:38:13 (from backward.cg:30:11) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:30:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:207:19 (from backward.cg:30:11) cgImageLayerNormBackward
+  // library.cg:220:19 (from backward.cg:30:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:207:19 (from backward.cg:30:11) cgImageLayerNormBackward");
-  // library.cg:186:7 (from backward.cg:30:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:30:11) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:30:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:30:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:30:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
-static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:174:13 (from backward.cg:32:7) cgImageLayerNorm
+static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
+  // library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:32:7) cgImageLayerNorm");
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // library.cg:268:31 (from backward.cg:32:7) cgImageAttention
+  // library.cg:281:31 (from backward.cg:32:7) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:268:31 (from backward.cg:32:7) cgImageAttention");
+  CG_LAUNCHED("library.cg:281:31 (from backward.cg:32:7) cgImageAttention");
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:174:13 (from backward.cg:32:7) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:174:13 (from backward.cg:32:7) cgImageLayerNorm");
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:32:7) cgImageGelu
+  // library.cg:143:9 (from backward.cg:32:7) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:32:7) cgImageGelu");
-  // library.cg:130:9 (from backward.cg:32:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageGelu");
+  // library.cg:143:9 (from backward.cg:32:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:32:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:130:9 (from backward.cg:32:7) cgImageGeluBackward
+  // library.cg:143:9 (from backward.cg:32:7) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:32:7) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:229:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd
+  // library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients");
-  // library.cg:130:9 (from backward.cg:32:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:32:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:130:9 (from backward.cg:32:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:402:51 (from backward.cg:32:7) cgImageAttentionDelta
+  // library.cg:415:51 (from backward.cg:32:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:402:51 (from backward.cg:32:7) cgImageAttentionDelta");
-  // library.cg:410:53 (from backward.cg:32:7) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:32:7) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:32:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:410:53 (from backward.cg:32:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:32:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
   // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:229:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd
+  // library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:229:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd");
-  // library.cg:186:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:186:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
-static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
+static void cg_phase_6_cgPhaseScatter(cudaStream_t stream) {
   // backward.cg:9:5 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
   CG_LAUNCHED("backward.cg:9:5 cgImageScatter");
 }
 
 // phase cgPhaseGradientNorm
-static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
+static void cg_phase_7_cgPhaseGradientNorm(cudaStream_t stream) {
   // optimizer.cg:39:7 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 123606528);
   CG_LAUNCHED("optimizer.cg:39:7 cgImageSquareSum");
 }
 
 // phase cgPhaseUpdate
-static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
+static void cg_phase_8_cgPhaseUpdate(cudaStream_t stream) {
   // optimizer.cg:45:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:45:9 cgImageStepAdvance");
@@ -1382,16 +1364,15 @@ static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
 void cg_step(cudaStream_t stream) {
   cg_phase_0_cgPhaseEmbedding(stream);
   cg_phase_1_cgPhaseLayerForward(stream);
-  cg_phase_2_cgPhaseZeroGradients(stream);
-  cg_phase_3_cgPhaseLoss(stream);
-  cg_phase_4_cgPhaseOutput(stream);
-  cg_phase_5_cgPhaseOutputGradient(stream);
+  cg_phase_2_cgPhaseLoss(stream);
+  cg_phase_3_cgPhaseOutput(stream);
+  cg_phase_4_cgPhaseOutputGradient(stream);
   for (int fromTop = 0; fromTop < 12; ++fromTop) {
-    cg_phase_6_cgPhaseLayerBackward(stream, fromTop);
+    cg_phase_5_cgPhaseLayerBackward(stream, fromTop);
   }
-  cg_phase_7_cgPhaseScatter(stream);
-  cg_phase_8_cgPhaseGradientNorm(stream);
-  cg_phase_9_cgPhaseUpdate(stream);
+  cg_phase_6_cgPhaseScatter(stream);
+  cg_phase_7_cgPhaseGradientNorm(stream);
+  cg_phase_8_cgPhaseUpdate(stream);
 }
 
 // ======================================================================================
