@@ -80,10 +80,10 @@ def test_every_launch_is_checked_and_names_its_source_line():
     checks = re.findall(r'^\s*CG_LAUNCHED\("(\S+\.cg:\d+:\d+)', text, re.MULTILINE)
     assert launches and len(launches) == len(checks)
     source = (SCHEDULES / "backward.cg").read_text().splitlines()
-    # the training step's scatter: the first in backward.cg (the seed's cgBackward is last)
-    line = next(i for i, t in enumerate(source, 1) if "(cgLaunch cgImageScatter" in t)
+    # the training step's scatter (the seed's cgBackward, last in backward.cg, has its own)
+    line = next(i for i, t in enumerate(source, 1) if "(cgLaunch cgImageScatterSorted" in t)
     column = source[line - 1].index("(cgLaunch") + 1
-    assert f'CG_LAUNCHED("backward.cg:{line}:{column} cgImageScatter");' in text
+    assert f'CG_LAUNCHED("backward.cg:{line}:{column} cgImageScatterSorted");' in text
     assert "for (int fromTop = 0; fromTop < 2; ++fromTop) {" in text
 
 

@@ -134,6 +134,7 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
                "cgImageLayerNorm": {"output": W, "statistics": 2},
                "cgImageAttentionDelta": {"delta": H}, "cgImageLoss": {"loss": 1, "correct": 1},
                "cgImageClassifier": {"logits": V, "loss": 1, "correct": 1},
+               "cgImageScatterOrder": {"order": c["rows"]},
                "cgImageSquareSum": {"partials": 1}, "cgImageStepAdvance": {"step": 1},
                "cgImageLayerNormBackward": {"gradientInput": 32 * W, "partials": 2 * W},
                "cgImageLayerNormBackwardAdd": {"gradientInput": 32 * W, "partials": 2 * W}}
@@ -143,6 +144,18 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     per_block = {"cgImageGelu": 2048, "cgImageGeluBackward": 2048, "cgImageCastDown": 2048,
                  "cgImageZero": 1024, "cgImageAdamWMatrix": 1024, "cgImageAdamW": 1024}
     return elementwise(per_block[image])
+
+
+def sorted_scatter_owned(ids, order, coordinates, grid, c) -> list[tuple[int, int]]:
+    """The table rows the sampled blocks of cgImageScatterSorted write: the ids whose run
+    (in the order's positions) starts at a position the block takes (grid-stride)."""
+    W, keys = c["width"], ids[order]
+    found = []
+    for x, _, _ in coordinates:
+        for position in range(x, len(keys), grid[0]):
+            if position == 0 or keys[position] != keys[position - 1]:
+                found.append((int(keys[position]) * W, (int(keys[position]) + 1) * W))
+    return found
 
 
 # ---- data ------------------------------------------------------------------------------
@@ -282,6 +295,7 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
 
         # Inputs: the same fresh values on both sides (only the sampled parts if partitioned).
         filled = set()
+        fresh = {}
         before = {}
         for b in bound.pointers:
             name = b.parameter.name
@@ -295,6 +309,10 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
             spans = [(p * n, min((p + 1) * n, len(ours))) for p in parts] if n else [(0, len(ours))]
             for first, last in spans:
                 values = values_for(name, last - first, rng, c)
+                if name == "order":  # the rows sorted by the ids just given (ids come first)
+                    values = np.argsort(fresh["ids"].astype(np.int64) * len(values)
+                                        + np.arange(len(values)), kind="stable").astype(np.int32)
+                fresh[name] = values
                 encoded = encode(values, b.view.storage.element, low)
                 ours[first:last] = encoded
                 theirs[first:last] = encoded
@@ -322,8 +340,12 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
                 continue
             where = f"{image.name} {name} (grid {grid}, blocks {blocks})"
             ours = memory.raw(emulated.memory, b)
-            expected = _indices(sorted(r for xyz in coordinates
-                                       for r in owned(image.name, name, xyz, grid, scalars, c)))
+            if image.name == "cgImageScatterSorted":  # which table rows depends on the ids
+                ranges = sorted_scatter_owned(fresh["ids"], fresh["order"], coordinates, grid, c)
+            else:
+                ranges = [r for xyz in coordinates
+                          for r in owned(image.name, name, xyz, grid, scalars, c)]
+            expected = _indices(sorted(ranges))
             expected = np.unique(expected)
             if name in before:
                 written = np.flatnonzero(bits(ours) != bits(before[name]))

@@ -343,6 +343,31 @@ def scatter(k: Kernel) -> None:
     k.pointers["table"].accumulate(0, update)
 
 
+def scatter_order(k: Kernel) -> None:
+    """The rows sorted by id, the rows of one id in row order."""
+    rows = int(k.constants["rows"])
+    ids = k.pointers["ids"].read(0, rows).astype(np.int64)
+    k.pointers["order"].write(0, np.argsort(ids * rows + np.arange(rows), kind="stable")
+                              .astype(np.int32))
+
+
+def scatter_sorted(k: Kernel) -> None:
+    """Every row added to its id's table row, through the order (the kernel's positions go
+    grid-stride, so every run of one id is added whatever the grid)."""
+    rows, width, vocab = int(k.constants["rows"]), _width(k), int(k.constants["vocab"])
+    ids = k.pointers["ids"].read(0, rows).astype(np.int64)
+    order = k.pointers["order"].read(0, rows).astype(np.int64)
+    if ((ids < 0) | (ids >= vocab)).any():
+        raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")
+    if ((order < 0) | (order >= rows)).any():
+        raise Fault("data", f"an entry of the order is outside 0 .. {rows - 1}")
+    gradient = k.pointers["gradient"].read(0, rows * width).reshape(rows, width)
+    touched = int(ids.max()) + 1
+    update = np.zeros((touched, width), dtype=F32)
+    np.add.at(update, ids[order], gradient[order])
+    k.pointers["table"].accumulate(0, update)
+
+
 def zero(k: Kernel) -> None:
     k.pointers["output"].write(0, np.zeros(_elementwise_count(k, 1024), dtype=F32))
 
@@ -416,6 +441,8 @@ KERNELS = {
     "cgImageCrossEntropyBackward": cross_entropy_backward,
     "cgImageClassifier": classifier,
     "cgImageScatter": scatter,
+    "cgImageScatterOrder": scatter_order,
+    "cgImageScatterSorted": scatter_sorted,
     "cgImageZero": zero,
     "cgImageSquareSum": square_sum,
     "cgImageAdamW": adamw,

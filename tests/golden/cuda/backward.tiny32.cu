@@ -1115,98 +1115,98 @@ static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:47:9 cgImageCrossEntropyBackward
+  // backward.cg:55:9 cgImageCrossEntropyBackward
   CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradientSlot, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
-  CG_LAUNCHED("backward.cg:47:9 cgImageCrossEntropyBackward");
+  CG_LAUNCHED("backward.cg:55:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:143:9 (from backward.cg:57:19) cgImageCastDown
+  // library.cg:143:9 (from backward.cg:65:19) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:57:19) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:59:15) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:59:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:63:17) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:63:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:220:19 (from backward.cg:65:17) cgImageLayerNormBackward
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:65:19) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:71:17) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:71:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:220:19 (from backward.cg:65:17) cgImageLayerNormBackward");
-  // library.cg:199:7 (from backward.cg:65:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:65:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:281:31 (from backward.cg:73:11) cgImageAttention
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
+  // library.cg:281:31 (from backward.cg:81:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:281:31 (from backward.cg:73:11) cgImageAttention");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:281:31 (from backward.cg:81:11) cgImageAttention");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual
+  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
+  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from backward.cg:73:11) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:143:9 (from backward.cg:73:11) cgImageGelu
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:81:11) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageGelu");
-  // library.cg:143:9 (from backward.cg:73:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGelu");
+  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:143:9 (from backward.cg:73:11) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd");
-  // library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients");
-  // library.cg:143:9 (from backward.cg:73:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:73:11) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:415:51 (from backward.cg:73:11) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:415:51 (from backward.cg:81:11) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:415:51 (from backward.cg:73:11) cgImageAttentionDelta");
-  // library.cg:423:53 (from backward.cg:73:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:81:11) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:81:11) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:423:53 (from backward.cg:73:11) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
-  // library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:73:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:81:11) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:242:21 (from backward.cg:73:11) cgImageLayerNormBackwardAdd");
-  // library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:80:13 cgImageScatter
+  // backward.cg:88:13 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:80:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:88:13 cgImageScatter");
 }
 
 // One training step: cgBackward.

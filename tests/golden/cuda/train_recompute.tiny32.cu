@@ -806,24 +806,58 @@ extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradi
   }
 }
 
-// cgImageScatter: table[ids[row]] += gradient[row] for every row: the embedding's share of the input gradient. Block b owns vocabulary rows b * ceil(V / gridX) onwards and adds the rows whose id it owns in row order: no atomics, the same bits every run.
-// table[ids[row]] += gradient[row] for every row, without atomics: block b owns vocabulary
-// rows b * ceil(V / gridDim.x) onwards, and adds the rows whose id it owns, in row order.
-extern "C" __global__ void __launch_bounds__(128) cgImageScatter(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids) {
-  static_assert(kRows * sizeof(int) <= 48 * 1024, "the ids of a step fit in shared memory");
-  __shared__ int shared_ids[kRows];
-  const int share = (kVocab + gridDim.x - 1) / gridDim.x;
-  const int first = blockIdx.x * share;
-  if (first >= kVocab) return;
-  const int last = min(first + share, static_cast<int>(kVocab));
-  for (int row = threadIdx.x; row < kRows; row += 128) shared_ids[row] = ids[row];
+// cgImageScatterOrder: order = the step's rows sorted by token id, the rows of one id in row order: a bitonic sort of (id, row) keys in shared memory, one block. What cgImageScatterSorted reads.
+// order = the rows sorted by token id, rows of one id in row order: keys id * kRows + row
+// (distinct, so the bitonic sort, not stable in general, keeps each id's rows in row
+// order), padded to a power of two with the largest key, sorted in shared memory by one
+// block.
+__host__ __device__ constexpr int scatter_sort_keys(int rows) {
+  return rows <= 1 ? 1 : 2 * scatter_sort_keys((rows + 1) / 2);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) cgImageScatterOrder(int* __restrict__ order, const int* __restrict__ ids) {
+  constexpr int kKeys = scatter_sort_keys(kRows);
+  static_assert(kKeys * sizeof(unsigned int) <= 48 * 1024, "the step's keys fit in shared memory");
+  static_assert(static_cast<unsigned long long>(kVocab) * kRows <= 0xffffffffull,
+                "a key (id * rows + row) fits in 32 bits");
+  __shared__ unsigned int keys[kKeys];
+  for (int i = threadIdx.x; i < kKeys; i += 1024)
+    keys[i] = i < kRows ? static_cast<unsigned int>(ids[i]) * kRows + i : 0xffffffffu;
   __syncthreads();
-  for (int row = 0; row < kRows; ++row) {
-    const int id = shared_ids[row];
-    if (id < first || id >= last) continue;
-    const float* from = gradient + static_cast<size_t>(row) * kWidth;
+  for (int size = 2; size <= kKeys; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < kKeys; i += 1024) {
+        const int partner = i ^ stride;
+        if (partner > i) {
+          const unsigned int a = keys[i], b = keys[partner];
+          const bool ascending = (i & size) == 0;
+          if ((a > b) == ascending) {
+            keys[i] = b;
+            keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = threadIdx.x; i < kRows; i += 1024) order[i] = static_cast<int>(keys[i] % kRows);
+}
+
+// cgImageScatterSorted: table[ids[row]] += gradient[row] for every row, from the rows sorted by id (order): the block at the first position of each id's run adds the run's rows, in row order, to the id's row of the table. No atomics, the same bits every run, each gradient row read once; positions are taken grid-stride, so any grid covers them all.
+// table[ids[row]] += gradient[row], from the rows sorted by id: the position that starts an
+// id's run adds the run's rows to the id's table row, in row order (the order the seed's
+// scatter adds them in: the table, then each row). Positions grid-stride; no atomics.
+extern "C" __global__ void __launch_bounds__(128) cgImageScatterSorted(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids, const int* __restrict__ order) {
+  for (int position = blockIdx.x; position < kRows; position += gridDim.x) {
+    const int id = ids[order[position]];
+    if (position > 0 && ids[order[position - 1]] == id) continue;  // not the first of its id
     float* to = table + static_cast<size_t>(id) * kWidth;
-    for (int c = threadIdx.x; c < kWidth; c += 128) to[c] += from[c];
+    for (int c = threadIdx.x; c < kWidth; c += 128) {
+      float sum = to[c];
+      for (int p = position; p < kRows && ids[order[p]] == id; ++p)
+        sum += gradient[static_cast<size_t>(order[p]) * kWidth + c];
+      to[c] = sum;
+    }
   }
 }
 
@@ -897,7 +931,7 @@ static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, f
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_buffers = nullptr;  // 596736 bytes: 11 step buffers
-static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 1122304 bytes: 20 arena slots, shared where never live together
 
 static float* cgBankG_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankG.cgEmbeddingEntry
 static float* cgBankG_cgLn1Gamma = nullptr;  // float32[128] x 2 items: cgBankG.cgLn1Gamma
@@ -964,6 +998,7 @@ static float* cgFcAct = nullptr;  // low[65536]: arena slot
 static float* cgGradientFc = nullptr;  // low[65536]: arena slot
 static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
+static int* cgScatterOrder = nullptr;  // int32[256]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static float* cgFcPre = nullptr;  // low[65536]: arena slot
 static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
@@ -1060,6 +1095,7 @@ static void cg_allocate() {
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
   cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
+  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 0UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 196608UL);
   cgFcPre = reinterpret_cast<float*>(cg_arena + 262144UL);
   cgGradientAttention = reinterpret_cast<float*>(cg_arena + 262144UL);
@@ -1093,6 +1129,7 @@ static void cg_allocate() {
   CG_REGION(cgGradientFc, 262144UL);
   CG_REGION(cgGradientQkv, 196608UL);
   CG_REGION(cgNormPartials, 4096UL);
+  CG_REGION(cgScatterOrder, 1024UL);
   CG_REGION(cgDy1, 65536UL);
   CG_REGION(cgFcPre, 262144UL);
   CG_REGION(cgGradientAttention, 65536UL);
@@ -1222,95 +1259,98 @@ static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
 
 // phase cgPhaseOutput
 static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:525:11 (from backward.cg:30:11) cgImageClassifier
+  // library.cg:525:11 (from backward.cg:38:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:525:11 (from backward.cg:30:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:525:11 (from backward.cg:38:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_4_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:30:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:30:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:30:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:30:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:220:19 (from backward.cg:30:11) cgImageLayerNormBackward
+  // library.cg:38:13 (from backward.cg:38:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:38:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:38:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:38:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:220:19 (from backward.cg:38:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:220:19 (from backward.cg:30:11) cgImageLayerNormBackward");
-  // library.cg:199:7 (from backward.cg:30:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:38:11) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:38:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:30:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:38:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:40:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:281:31 (from backward.cg:32:7) cgImageAttention
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:40:7) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
+  // library.cg:281:31 (from backward.cg:40:7) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:281:31 (from backward.cg:32:7) cgImageAttention");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:281:31 (from backward.cg:40:7) cgImageAttention");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductResidual
+  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
+  // library.cg:187:13 (from backward.cg:40:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from backward.cg:32:7) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:143:9 (from backward.cg:32:7) cgImageGelu
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:40:7) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:40:7) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageGelu");
-  // library.cg:143:9 (from backward.cg:32:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:40:7) cgImageGelu");
+  // library.cg:143:9 (from backward.cg:40:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:143:9 (from backward.cg:32:7) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:40:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:40:7) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageGeluBackward");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:40:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:242:21 (from backward.cg:40:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd");
-  // library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:40:7) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:40:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients");
-  // library.cg:143:9 (from backward.cg:32:7) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:40:7) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:40:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:32:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:415:51 (from backward.cg:32:7) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:40:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:415:51 (from backward.cg:40:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:415:51 (from backward.cg:32:7) cgImageAttentionDelta");
-  // library.cg:423:53 (from backward.cg:32:7) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:40:7) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:40:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:423:53 (from backward.cg:32:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
-  // library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:32:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:40:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:40:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:242:21 (from backward.cg:40:7) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:242:21 (from backward.cg:32:7) cgImageLayerNormBackwardAdd");
-  // library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:40:7) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:40:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:32:7) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:40:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_6_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:9:5 cgImageScatter
-  CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:9:5 cgImageScatter");
+  // backward.cg:12:7 cgImageScatterOrder
+  CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
+  CG_LAUNCHED("backward.cg:12:7 cgImageScatterOrder");
+  // backward.cg:15:7 cgImageScatterSorted
+  CG_LAUNCH(cgImageScatterSorted, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
+  CG_LAUNCHED("backward.cg:15:7 cgImageScatterSorted");
 }
 
 // phase cgPhaseGradientNorm
