@@ -53,20 +53,21 @@ def schedules(tmp_path):
 
 
 def test_an_image_without_a_template_is_a_diagnostic_at_its_declaration(schedules, capsys):
-    """Found before anything runs, by check and by compile: not a TemplateNotFound."""
+    """Found before anything runs, by check and by compile: not a TemplateNotFound. (An
+    image the step launches, renamed everywhere: the training step launches no zeroing.)"""
     images = schedules / "images.cg"
-    images.write_text(images.read_text().replace("cgImageZero", "cgImageZeroes"))
+    images.write_text(images.read_text().replace("cgImageEmbedding", "cgImageEmbeddings"))
     for name in ("library.cg", "optimizer.cg", "backward.cg", "train.cg", "forward.cg"):
         path = schedules / name
-        path.write_text(path.read_text().replace("cgImageZero", "cgImageZeroes"))
+        path.write_text(path.read_text().replace("cgImageEmbedding", "cgImageEmbeddings"))
     for command in (["check"], ["compile", "-o", str(schedules / "out.cu")]):
         assert main([*command, str(schedules / "train.cg")]) == 1
         err = capsys.readouterr().err
-        assert re.search(r"images\.cg:\d+:\d+: error: image 'cgImageZeroes' has no kernel "
-                         r"template: the CUDA backend looks for templates/kernels/zeroes\.cu\.j2",
+        assert re.search(r"images\.cg:\d+:\d+: error: image 'cgImageEmbeddings' has no kernel "
+                         r"template: the CUDA backend looks for templates/kernels/embeddings\.cu\.j2",
                          err), err
         if command == ["check"]:  # check asks every backend; the numpy one has its own gap
-            assert "image 'cgImageZeroes' has no reference function" in err
+            assert "image 'cgImageEmbeddings' has no reference function" in err
         assert "internal error" not in err and "Traceback" not in err
 
 

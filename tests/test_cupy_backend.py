@@ -83,8 +83,9 @@ def test_every_product_through_gemmex_equals_its_reference(config, monkeypatch):
             error = float(np.linalg.norm(ours - expected)) / float(np.linalg.norm(expected))
             assert error <= 1e-5, (launch.image.name, label, error)
             checked.add(launch.image.name)
+    # The step's products; cgImageProductWeight (beta = 1) only the seed's backward launches.
     assert checked == {"cgImageProductData", "cgImageProductTransposed", "cgImageProductResidual",
-                       "cgImageProductWeight", "cgImageProductDataLow",
+                       "cgImageProductWeightSet", "cgImageProductDataLow",
                        "cgImageProductTransposedLow"}
 
 

@@ -83,6 +83,7 @@ def partitions(c) -> dict:
         "cgImageCastDown": Partition(0, {"output": 2048, "input": 2048}, 2048),
         "cgImageZero": Partition(0, {"output": 1024}, 1024),
         "cgImageLoss": Partition(0, {"loss": 1, "correct": 1, "logits": V, "targets": 1}),
+        "cgImageClassifier": Partition(0, {"logits": V, "loss": 1, "correct": 1, "targets": 1}),
         "cgImageCrossEntropyBackward": Partition(0, {"logitsGradient": V, "logits": V,
                                                      "loss": 1, "correct": 1, "targets": 1}),
         "cgImageLayerNormBackward": Partition(0, {"gradientInput": rows32, "gradientOutput":
@@ -134,6 +135,8 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     per_row = {"cgImageEmbedding": {"output": W},
                "cgImageLayerNorm": {"output": W, "statistics": 2},
                "cgImageAttentionDelta": {"delta": H}, "cgImageLoss": {"loss": 1, "correct": 1},
+               "cgImageClassifier": {"logits": V, "loss": 1, "correct": 1},
+               "cgImageScatterOrder": {"order": c["rows"]},
                "cgImageSquareSum": {"partials": 1}, "cgImageStepAdvance": {"step": 1},
                "cgImageGradientNorm": {"norm": 2},
                "cgImageLayerNormBackward": {"gradientInput": 32 * W, "partials": 2 * W},
@@ -146,6 +149,18 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     per_block = {"cgImageGelu": 2048, "cgImageGeluBackward": 2048, "cgImageCastDown": 2048,
                  "cgImageZero": 1024, "cgImageAdamW": 1024}
     return elementwise(per_block[image])
+
+
+def sorted_scatter_owned(ids, order, coordinates, grid, c) -> list[tuple[int, int]]:
+    """The table rows the sampled blocks of cgImageScatterSorted write: the ids whose run
+    (in the order's positions) starts at a position the block takes (grid-stride)."""
+    W, keys = c["width"], ids[order]
+    found = []
+    for x, _, _ in coordinates:
+        for position in range(x, len(keys), grid[0]):
+            if position == 0 or keys[position] != keys[position - 1]:
+                found.append((int(keys[position]) * W, (int(keys[position]) + 1) * W))
+    return found
 
 
 # ---- data ------------------------------------------------------------------------------
@@ -286,6 +301,7 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
 
         # Inputs: the same fresh values on both sides (only the sampled parts if partitioned).
         filled = set()
+        fresh = {}
         before = {}
         for b in bound.pointers:
             name = b.parameter.name
@@ -299,6 +315,10 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
             spans = [(p * n, min((p + 1) * n, len(ours))) for p in parts] if n else [(0, len(ours))]
             for first, last in spans:
                 values = values_for(name, last - first, rng, c)
+                if name == "order":  # the rows sorted by the ids just given (ids come first)
+                    values = np.argsort(fresh["ids"].astype(np.int64) * len(values)
+                                        + np.arange(len(values)), kind="stable").astype(np.int32)
+                fresh[name] = values
                 encoded = encode(values, b.view.storage.element, low)
                 ours[first:last] = encoded
                 theirs[first:last] = encoded
@@ -326,8 +346,12 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
                 continue
             where = f"{image.name} {name} (grid {grid}, blocks {blocks})"
             ours = memory.raw(emulated.memory, b)
-            expected = _indices(sorted(r for xyz in coordinates
-                                       for r in owned(image.name, name, xyz, grid, scalars, c)))
+            if image.name == "cgImageScatterSorted":  # which table rows depends on the ids
+                ranges = sorted_scatter_owned(fresh["ids"], fresh["order"], coordinates, grid, c)
+            else:
+                ranges = [r for xyz in coordinates
+                          for r in owned(image.name, name, xyz, grid, scalars, c)]
+            expected = _indices(sorted(ranges))
             expected = np.unique(expected)
             if name in before:
                 written = np.flatnonzero(bits(ours) != bits(before[name]))
@@ -359,4 +383,6 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
         before.clear()
         gc.collect()
     print("\n" + "\n".join(report))
-    assert len(checked) >= 19, checked  # every kernel image of the step
+    kernels = {launch.image.name for launch, _, _ in program.unrolled()
+               if launch.image.library is None}
+    assert set(checked) == kernels, checked  # every kernel image of the step

@@ -13,7 +13,7 @@ from cgc.core.ir import Launch, PhaseRegion, Repeat, format_program
 from conftest import ROOT, SCHEDULES
 
 GOLDEN = ROOT / "tests" / "golden" / "ir"
-CASES = [(stem, config) for stem in ("backward", "train") for config in ("tiny", "tiny32", "gpt2")]
+CASES = [(stem, config) for stem in ("backward", "train", "train_recompute") for config in ("tiny", "tiny32", "gpt2")]
 
 
 def program(stem: str, config: str, **overrides):
@@ -43,7 +43,7 @@ def test_repeats_stay_loops_whatever_the_layer_count():
 
 
 def test_the_seed_loop_indexes_layers_from_the_top():
-    train = program("train", "tiny")
+    train = program("train_recompute", "tiny")  # the step whose backward recomputes, as the seed
     (loop,) = [node for node in train.body if isinstance(node, Repeat)
                and node.variable.name == "fromTop"]
     (phase,) = loop.body
@@ -56,9 +56,23 @@ def test_the_seed_loop_indexes_layers_from_the_top():
     assert boundary.offset.at({loop.variable: 1}) == 0
 
 
+def test_the_saved_backward_reads_each_layers_items_and_recomputes_nothing():
+    train = program("train", "tiny")
+    (loop,) = [node for node in train.body if isinstance(node, Repeat)
+               and node.variable.name == "fromTop"]
+    (phase,) = loop.body
+    images = [launch.image.name for launch in phase.body]
+    # No layer norm forward, no attention forward, no GELU forward: read, not recomputed.
+    assert not {"cgImageLayerNorm", "cgImageAttention", "cgImageGelu"} & set(images)
+    views = {p.view.label for launch in phase.body for p in launch.pointers}
+    assert {"cgSavedFcAct[1 - fromTop]", "cgSavedQkv[1 - fromTop]",
+            "cgSavedAttentionLse[1 - fromTop]", "cgSavedMiddle[1 - fromTop]"} <= views
+    assert not any(label in views for label in ("cgQkv", "cgFcAct", "cgMiddle"))
+
+
 def test_every_phase_of_the_step_appears_in_order():
     phases = [node.phase for node in program("train", "tiny").body
               if isinstance(node, PhaseRegion)]
-    assert phases == ["cgPhaseEmbedding", "cgPhaseLayerForward", "cgPhaseZeroGradients",
+    assert phases == ["cgPhaseEmbedding", "cgPhaseLayerForward",
                       "cgPhaseLoss", "cgPhaseOutput", "cgPhaseOutputGradient", "cgPhaseScatter",
                       "cgPhaseGradientNorm", "cgPhaseUpdate"]

@@ -45,6 +45,11 @@ class MemoryPlan:
     launches: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # buffer or arena slot -> byte
     red_zone: int = 0  # bytes after every buffer and arena slot (sanitizer builds)
+    entry: str = ""
+    # Arena slots stacked one item per layer (activations a forward keeps for the backward):
+    # the memory a schedule spends to read rather than recompute them.
+    stacked_slots: list[str] = field(default_factory=list)
+    stacked_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -122,7 +127,7 @@ def plan_memory(program: Program, red_zone: int = 0) -> MemoryPlan:
     buffer and arena slot, for a sanitizer build to poison: an access one element past a
     buffer then lands in a red zone, even inside the one allocation buffers share."""
     low = program.low
-    plan = MemoryPlan(program.config, low)
+    plan = MemoryPlan(program.config, low, entry=program.entry)
     plan.red_zone = red_zone
 
     def _spaced(size: int) -> int:  # a buffer or slot and its red zone, aligned
@@ -156,6 +161,9 @@ def plan_memory(program: Program, red_zone: int = 0) -> MemoryPlan:
             continue
         size = storage.count * element_bytes(storage.element, low)
         slots.append(Placed(name, storage.element, storage.count, size, 0, ranges[name]))
+        if storage.stack:
+            plan.stacked_slots.append(name)
+            plan.stacked_bytes += _spaced(size)
     # First fit, largest first: each slot takes the lowest offset clear of every placed
     # slot that is live at the same time as it.
     placed: list[Placed] = []
@@ -198,7 +206,8 @@ def _bytes(size: int) -> str:
 
 
 def format_memory_plan(plan: MemoryPlan) -> str:
-    lines = [f"memory plan, config {plan.config} (low = {plan.low})", ""]
+    of = f" of {plan.entry}" if plan.entry else ""
+    lines = [f"memory plan{of}, config {plan.config} (low = {plan.low})", ""]
     for bank, (role, element, size, entries) in plan.banks.items():
         lines.append(f"bank {bank} ({role}, {element}): {_bytes(size)}")
         lines.append(f"  {'offset':>14} {'elements':>12} {'bytes':>14}  entry")
@@ -222,6 +231,12 @@ def format_memory_plan(plan: MemoryPlan) -> str:
                      f"live {live}")
     if plan.unused_slots:
         lines.append(f"  not used by this schedule, not allocated: {', '.join(plan.unused_slots)}")
+    if plan.stacked_slots:
+        lines.append(f"  kept across the layers (stacked slots, an item per layer): "
+                     f"{_bytes(plan.stacked_bytes)} in {len(plan.stacked_slots)} slots")
+    else:
+        lines.append("  kept across the layers (stacked slots): none; what the backward needs "
+                     "of a layer's inside, it recomputes")
     lines.append("")
     lines.append(f"total: {_bytes(plan.total_bytes)}")
     lines.append(f"peak live: {_bytes(plan.peak_bytes)} (banks and buffers, and the arena slots "

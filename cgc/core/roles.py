@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class Role:
     name: str
     kind: str  # buffer | Nat | Float | Schedule
-    element: str | None  # a buffer's element type
+    element: str | tuple | None  # a buffer's element type (or those it may be)
     kernel_constant: str | None  # its C name in the kernels, for a Nat
     meaning: str
     flow: str | None = None  # "in": the runtime writes it before each step; "out": reads it after
@@ -27,7 +27,7 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("targets", "buffer", "int32", None, "the next-token targets, one per row (-1: ignored)",
          "in"),
     Role("loss", "buffer", "float32", None, "the cross-entropy of each row", "out"),
-    Role("logits", "buffer", "float32", None,
+    Role("logits", "buffer", ("float32", "low"), None,
          "the logits of every row, rows x vocabulary (what `cgc sample` reads)"),
     Role("rows", "Nat", None, "kRows", "token rows per step (batch x context)"),
     Role("batch", "Nat", None, "kBatch", "sequences per step"),

@@ -149,8 +149,9 @@ class Declarations:
     configs: dict[str, ConfigDeclaration] = field(default_factory=dict)
     roles: dict[str, RoleBinding] = field(default_factory=dict)
     requirements: list[Requirement] = field(default_factory=list)
-    # A schedule role given again for another schedule (several whole steps, e.g. train.cg's
-    # and train_parallel.cg's): the program whose entry it names takes it (evaluate.py).
+    # A schedule role given again for another schedule (several whole steps: train.cg's,
+    # train_recompute.cg's, train_parallel.cg's): the program whose entry it names takes it
+    # (evaluate.py).
     more_roles: list[RoleBinding] = field(default_factory=list)
 
 
@@ -477,9 +478,11 @@ class _Elaborator:
                     continue
                 element = target.terms[0]
                 wanted = ROLES[role].element
-                if isinstance(element, Name) and element.text != wanted:
+                allowed = wanted if isinstance(wanted, tuple) else (wanted,)
+                if isinstance(element, Name) and element.text not in allowed:
                     self.report.error(f"role '{role}' is {ROLES[role].meaning}: a buffer of "
-                                      f"{wanted}, but '{value.text}' holds {element.text}",
+                                      f"{' or '.join(allowed)}, but '{value.text}' holds "
+                                      f"{element.text}",
                                       value.span, Note(f"'{value.text}' is declared here",
                                                        target.span))
                     continue

@@ -47,6 +47,7 @@ CUBLAS_PRODUCTS = {
     "cgImageProductTransposedLow": CublasProduct("T", "N", "k", "k", True, 0.0),
     "cgImageProductResidual": CublasProduct("N", "N", "n", "k", False, 1.0, True),
     "cgImageProductWeight": CublasProduct("N", "T", "n", "m", False, 1.0),
+    "cgImageProductWeightSet": CublasProduct("N", "T", "n", "m", False, 0.0),
 }
 
 

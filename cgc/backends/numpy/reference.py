@@ -86,9 +86,9 @@ def layer_norm_parameter_gradients(k: Kernel) -> None:
     sums = partials.sum(axis=0, dtype=F32)
     columns = min(k.grid[0] * k.block[0], 2 * width)
     if columns > 0:
-        k.pointers["gradientGamma"].accumulate(0, sums[:min(columns, width)])
+        k.pointers["gradientGamma"].write(0, sums[:min(columns, width)])
     if columns > width:
-        k.pointers["gradientBeta"].accumulate(0, sums[width:columns])
+        k.pointers["gradientBeta"].write(0, sums[width:columns])
 
 
 def _operands(k: Kernel, transposed: bool, weight: bool):
@@ -116,6 +116,10 @@ def product_residual(k: Kernel) -> None:
 
 def product_weight(k: Kernel) -> None:
     k.pointers["output"].accumulate(0, _operands(k, transposed=False, weight=True))
+
+
+def product_weight_set(k: Kernel) -> None:
+    k.pointers["output"].write(0, _operands(k, transposed=False, weight=True))
 
 
 def _rotary_tables(positions: int, head_width: int):
@@ -307,6 +311,25 @@ def cross_entropy_backward(k: Kernel) -> None:
     out.write(0, full.reshape(-1)[:span])
 
 
+def classifier(k: Kernel) -> None:
+    """The fused classifier: each row's loss and hit from its logits, then the logits
+    overwritten with their gradient (softmax - one-hot) * scale, stored in the low type."""
+    rows, vocab = k.grid[0], int(k.constants["vocab"])
+    logits = k.pointers["logits"].read(0, rows * vocab).reshape(rows, vocab)
+    targets = k.pointers["targets"].read(0, rows).astype(np.int64)
+    counted = (targets >= 0) & (targets != k.scalars["ignoreIndex"]) & (targets < vocab)
+    top = logits.max(axis=1)
+    lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
+    safe = np.where(counted, targets, 0)
+    everywhere = np.arange(rows)
+    k.pointers["loss"].write(0, np.where(counted, lse - logits[everywhere, safe], F32(0)))
+    k.pointers["correct"].write(0, (counted & (logits.argmax(axis=1) == safe)).astype(np.int32))
+    gradient = np.exp(logits - lse[:, None]).astype(F32)
+    gradient[everywhere, safe] -= F32(1)
+    gradient = np.where(counted[:, None], gradient * F32(k.scalars["scale"]), F32(0))
+    k.pointers["logits"].write(0, gradient)
+
+
 def scatter(k: Kernel) -> None:
     """Every row of the step, whatever the grid: the blocks share out the vocabulary."""
     rows, width, vocab = int(k.constants["rows"]), _width(k), int(k.constants["vocab"])
@@ -317,6 +340,31 @@ def scatter(k: Kernel) -> None:
     touched = int(ids.max()) + 1
     update = np.zeros((touched, width), dtype=F32)
     np.add.at(update, ids, gradient)
+    k.pointers["table"].accumulate(0, update)
+
+
+def scatter_order(k: Kernel) -> None:
+    """The rows sorted by id, the rows of one id in row order."""
+    rows = int(k.constants["rows"])
+    ids = k.pointers["ids"].read(0, rows).astype(np.int64)
+    k.pointers["order"].write(0, np.argsort(ids * rows + np.arange(rows), kind="stable")
+                              .astype(np.int32))
+
+
+def scatter_sorted(k: Kernel) -> None:
+    """Every row added to its id's table row, through the order (the kernel's positions go
+    grid-stride, so every run of one id is added whatever the grid)."""
+    rows, width, vocab = int(k.constants["rows"]), _width(k), int(k.constants["vocab"])
+    ids = k.pointers["ids"].read(0, rows).astype(np.int64)
+    order = k.pointers["order"].read(0, rows).astype(np.int64)
+    if ((ids < 0) | (ids >= vocab)).any():
+        raise Fault("data", f"a token id is outside 0 .. {vocab - 1}")
+    if ((order < 0) | (order >= rows)).any():
+        raise Fault("data", f"an entry of the order is outside 0 .. {rows - 1}")
+    gradient = k.pointers["gradient"].read(0, rows * width).reshape(rows, width)
+    touched = int(ids.max()) + 1
+    update = np.zeros((touched, width), dtype=F32)
+    np.add.at(update, ids[order], gradient[order])
     k.pointers["table"].accumulate(0, update)
 
 
@@ -395,6 +443,7 @@ KERNELS = {
     "cgImageProductTransposedLow": product_transposed,
     "cgImageProductResidual": product_residual,
     "cgImageProductWeight": product_weight,
+    "cgImageProductWeightSet": product_weight_set,
     "cgImageAttention": attention,
     "cgImageAttentionDelta": attention_delta,
     "cgImageAttentionBackward": attention_backward,
@@ -403,7 +452,10 @@ KERNELS = {
     "cgImageCastDown": cast_down,
     "cgImageLoss": loss,
     "cgImageCrossEntropyBackward": cross_entropy_backward,
+    "cgImageClassifier": classifier,
     "cgImageScatter": scatter,
+    "cgImageScatterOrder": scatter_order,
+    "cgImageScatterSorted": scatter_sorted,
     "cgImageZero": zero,
     "cgImageSquareSum": square_sum,
     "cgImageAdamW": adamw,

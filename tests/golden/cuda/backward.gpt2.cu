@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(__nv_bfloat16*
 // cgImageCrossEntropyBackward: dlogits = (exp2((logit - lse) * log2e) - [j == target]) * scale, the row's lse recovered from its loss and its target's logit; blockX vocabulary entries per block.
 // dlogit = (exp2((logit - lse) * log2e) - [j == target]) * scale, one entry a thread;
 // the row's lse is its loss plus its target's logit. An ignored row's gradient is 0.
-extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(float* __restrict__ logitsGradient, const float* __restrict__ logits, const float* __restrict__ loss, const int* __restrict__ correct, const int* __restrict__ targets, float log2e, int ignoreIndex, float scale) {
+extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(float* __restrict__ logitsGradient, const __nv_bfloat16* __restrict__ logits, const float* __restrict__ loss, const int* __restrict__ correct, const int* __restrict__ targets, float log2e, int ignoreIndex, float scale) {
   const int row = blockIdx.x;
   const int column = blockIdx.y * blockDim.x + threadIdx.x;
   if (column >= kVocab) return;
@@ -598,8 +598,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(fl
     logitsGradient[at] = 0.0f;
     return;
   }
-  const float lse = loss[row] + logits[static_cast<size_t>(row) * kVocab + target];
-  const float p = exp2f((logits[at] - lse) * log2e);
+  const float lse = loss[row] + to_float(logits[static_cast<size_t>(row) * kVocab + target]);
+  const float p = exp2f((to_float(logits[at]) - lse) * log2e);
   logitsGradient[at] = (p - (column == target ? 1.0f : 0.0f)) * scale;
 }
 
@@ -691,17 +691,17 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(fl
                                                gamma, partials, residual);
 }
 
-// cgImageLayerNormParameterGradients: dgamma += the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order.
-// dgamma and dbeta += the blocks' partial sums, a thread a column, the blocks in order.
+// cgImageLayerNormParameterGradients: dgamma = the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order. Written, not added: a layer norm's parameters get all their gradient from its one backward, so nothing needs zeroing before it.
+// dgamma and dbeta = the blocks' partial sums, a thread a column, the blocks in order.
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
   const int column = blockIdx.x * 256 + threadIdx.x;
   if (column >= 2 * kWidth) return;
   float sum = 0.0f;
   for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
   if (column < kWidth) {
-    gradientGamma[column] += sum;
+    gradientGamma[column] = sum;
   } else {
-    gradientBeta[column - kWidth] += sum;
+    gradientBeta[column - kWidth] = sum;
   }
 }
 
@@ -714,15 +714,15 @@ __device__ __forceinline__ float loss_rescaled(float sum, float top, float merge
   return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
 }
 
-extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const float* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
+extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const __nv_bfloat16* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
   __shared__ float shared_max[32], shared_sum[32];
   __shared__ int shared_index[32];
   const int row = blockIdx.x;
-  const float* x = logits + static_cast<size_t>(row) * kVocab;
+  const low_t* x = logits + static_cast<size_t>(row) * kVocab;
   float top = -CG_INFINITY, sum = 0.0f;
   int best = 0;
   for (int c = threadIdx.x; c < kVocab; c += 128) {
-    const float v = x[c];
+    const float v = to_float(x[c]);
     if (v > top) {
       sum = sum * __expf(top - v) + 1.0f;
       top = v;
@@ -762,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict_
     }
     const int target = targets[row];
     const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
-    loss[row] = counted ? top + __logf(sum) - x[target] : 0.0f;
+    loss[row] = counted ? top + __logf(sum) - to_float(x[target]) : 0.0f;
     correct[row] = counted && best == target ? 1 : 0;
   }
 }
@@ -837,8 +837,8 @@ static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf 
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 4486009600 bytes: 15 step buffers
-static char* cg_arena = nullptr;  // 239599616 bytes: 19 arena slots, shared where never live together
+static char* cg_buffers = nullptr;  // 1189286656 bytes: 13 step buffers
+static char* cg_arena = nullptr;  // 2472542208 bytes: 21 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankP.cgQkvWeight
@@ -870,21 +870,20 @@ static float* cgBankG_cgFinalBeta = nullptr;  // float32[768]: cgBankG.cgFinalBe
 static int* cgIds = nullptr;  // int32[8192]: step buffer
 static int* cgTargets = nullptr;  // int32[8192]: step buffer
 static float* cgLoss = nullptr;  // float32[8192]: step buffer
-static float* cgLogits = nullptr;  // float32[412090368]: step buffer
+static __nv_bfloat16* cgLogits = nullptr;  // low[412090368]: step buffer
 static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[6291456]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[16384]: step buffer
 static float* cgBoundaries = nullptr;  // float32[6291456] x 13 items: step buffer
 static int* cgCorrect = nullptr;  // int32[8192]: step buffer
-static float* cgLogitsGradient = nullptr;  // float32[412090368]: step buffer
-static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[412090368]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
+static float* cgLogitsGradientSlot = nullptr;  // float32[412090368]: arena slot
 static float* cgNormPartials = nullptr;  // float32[393216]: arena slot
 static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
 static __nv_bfloat16* cgFcPre = nullptr;  // low[25165824]: arena slot
@@ -901,6 +900,7 @@ static __nv_bfloat16* cgNormed2 = nullptr;  // low[6291456]: arena slot
 static float* cgAttentionLse = nullptr;  // float32[98304]: arena slot
 static float* cgStatistics1 = nullptr;  // float32[16384]: arena slot
 static float* cgStatistics2 = nullptr;  // float32[16384]: arena slot
+static __nv_bfloat16* cgLogitsGradientHalfSlot = nullptr;  // low[412090368]: arena slot
 
 static void cg_allocate() {
   cg_check(cudaMalloc(&cg_bank_cgBankP, 494426112UL), "allocating cg_bank_cgBankP");
@@ -913,10 +913,10 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 494426112UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 494426112UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 4486009600UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 4486009600UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 239599616UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 239599616UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_buffers, 1189286656UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 1189286656UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_arena, 2472542208UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2472542208UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
   cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 154533888UL);
   cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 239468544UL);
@@ -947,21 +947,20 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 32768UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 65536UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 98304UL);
-  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 1648459776UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 1648460032UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 1648464128UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 1661047040UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 1661112576UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1988268288UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 1988301056UL);
-  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3636662528UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 4460843264UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 4486009088UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 4486009344UL);
+  cgLogits = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 98304UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 824279040UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 824279296UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 824283392UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 836866304UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 836931840UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 1164087552UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1164120320UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1189286144UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1189286400UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
+  cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 0UL);
   cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 37748736UL);
   cgFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 50331648UL);
@@ -978,27 +977,27 @@ static void cg_allocate() {
   cgAttentionLse = reinterpret_cast<float*>(cg_arena + 239075328UL);
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
+  cgLogitsGradientHalfSlot = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1648361472UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 4486009600UL);
-  CG_SHARED_ALLOCATION(cg_arena, 239599616UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 1189286656UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2472542208UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgTargets, 32768UL);
   CG_REGION(cgLoss, 32768UL);
-  CG_REGION(cgLogits, 1648361472UL);
+  CG_REGION(cgLogits, 824180736UL);
   CG_REGION(cgStepLearningRate, 4UL);
   CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgFinalHalf, 12582912UL);
   CG_REGION(cgFinalStatistics, 65536UL);
   CG_REGION(cgBoundaries, 327155712UL);
   CG_REGION(cgCorrect, 32768UL);
-  CG_REGION(cgLogitsGradient, 1648361472UL);
-  CG_REGION(cgLogitsGradientHalf, 824180736UL);
   CG_REGION(cgFinalGradient, 25165824UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
+  CG_REGION(cgLogitsGradientSlot, 1648361472UL);
   CG_REGION(cgNormPartials, 1572864UL);
   CG_REGION(cgDy1, 25165824UL);
   CG_REGION(cgFcPre, 50331648UL);
@@ -1015,6 +1014,7 @@ static void cg_allocate() {
   CG_REGION(cgAttentionLse, 393216UL);
   CG_REGION(cgStatistics1, 65536UL);
   CG_REGION(cgStatistics2, 65536UL);
+  CG_REGION(cgLogitsGradientHalfSlot, 824180736UL);
 }
 
 static void cg_release() {
@@ -1074,6 +1074,11 @@ static void cgImageProductWeight(cudaStream_t stream, const char* where, float* 
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
 }
 
+// cgImageProductWeightSet: output[M, N] = A[K, M]^T B[K, N]: a weight gradient written whole (beta = 0, output not read), for a gradient that one product gives all of: no zeroing needed before it.
+static void cgImageProductWeightSet(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 0.0f);
+}
+
 // Kernels that take more than 48 KiB of shared memory say so once.
 static void cg_prepare() {
   cg_check(cublasCreate(&cg_cublas), "creating the cuBLAS handle");
@@ -1087,110 +1092,110 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
+  // library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
-  // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
-  // library.cg:371:9 cgImageLoss
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  // library.cg:510:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:371:9 cgImageLoss");
+  CG_LAUNCHED("library.cg:510:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:11:9 cgImageCrossEntropyBackward
-  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(8192, 393, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.0001220703125f);
-  CG_LAUNCHED("backward.cg:11:9 cgImageCrossEntropyBackward");
+  // backward.cg:55:9 cgImageCrossEntropyBackward
+  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(8192, 393, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradientSlot, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.0001220703125f);
+  CG_LAUNCHED("backward.cg:55:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:126:9 (from backward.cg:21:19) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(201216, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalf, cgLogitsGradient, 412090368);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:21:19) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 50304, 768, 8192);
-  // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
-  cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
+  // library.cg:143:9 (from backward.cg:65:19) cgImageCastDown
+  CG_LAUNCH(cgImageCastDown, dim3(201216, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 412090368);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:65:19) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 50304, 768, 8192);
+  // library.cg:38:13 (from backward.cg:71:17) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:71:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
-  // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
+  // library.cg:281:31 (from backward.cg:81:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:281:31 (from backward.cg:81:11) cgImageAttention");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual
+  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGelu
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
+  // library.cg:143:9 (from backward.cg:81:11) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGelu");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGelu");
+  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), 8192, 3072, 768);
+  // library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(12288, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 25165824);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:415:51 (from backward.cg:81:11) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
-  // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:81:11) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:81:11) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:81:11) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:44:13 cgImageScatter
+  // backward.cg:88:13 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:44:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:88:13 cgImageScatter");
 }
 
 // One training step: cgBackward.

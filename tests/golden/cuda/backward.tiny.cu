@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(__nv_bfloat16*
 // cgImageCrossEntropyBackward: dlogits = (exp2((logit - lse) * log2e) - [j == target]) * scale, the row's lse recovered from its loss and its target's logit; blockX vocabulary entries per block.
 // dlogit = (exp2((logit - lse) * log2e) - [j == target]) * scale, one entry a thread;
 // the row's lse is its loss plus its target's logit. An ignored row's gradient is 0.
-extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(float* __restrict__ logitsGradient, const float* __restrict__ logits, const float* __restrict__ loss, const int* __restrict__ correct, const int* __restrict__ targets, float log2e, int ignoreIndex, float scale) {
+extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(float* __restrict__ logitsGradient, const __nv_bfloat16* __restrict__ logits, const float* __restrict__ loss, const int* __restrict__ correct, const int* __restrict__ targets, float log2e, int ignoreIndex, float scale) {
   const int row = blockIdx.x;
   const int column = blockIdx.y * blockDim.x + threadIdx.x;
   if (column >= kVocab) return;
@@ -598,8 +598,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(fl
     logitsGradient[at] = 0.0f;
     return;
   }
-  const float lse = loss[row] + logits[static_cast<size_t>(row) * kVocab + target];
-  const float p = exp2f((logits[at] - lse) * log2e);
+  const float lse = loss[row] + to_float(logits[static_cast<size_t>(row) * kVocab + target]);
+  const float p = exp2f((to_float(logits[at]) - lse) * log2e);
   logitsGradient[at] = (p - (column == target ? 1.0f : 0.0f)) * scale;
 }
 
@@ -691,17 +691,17 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(fl
                                                gamma, partials, residual);
 }
 
-// cgImageLayerNormParameterGradients: dgamma += the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order.
-// dgamma and dbeta += the blocks' partial sums, a thread a column, the blocks in order.
+// cgImageLayerNormParameterGradients: dgamma = the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order. Written, not added: a layer norm's parameters get all their gradient from its one backward, so nothing needs zeroing before it.
+// dgamma and dbeta = the blocks' partial sums, a thread a column, the blocks in order.
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
   const int column = blockIdx.x * 256 + threadIdx.x;
   if (column >= 2 * kWidth) return;
   float sum = 0.0f;
   for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
   if (column < kWidth) {
-    gradientGamma[column] += sum;
+    gradientGamma[column] = sum;
   } else {
-    gradientBeta[column - kWidth] += sum;
+    gradientBeta[column - kWidth] = sum;
   }
 }
 
@@ -714,15 +714,15 @@ __device__ __forceinline__ float loss_rescaled(float sum, float top, float merge
   return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
 }
 
-extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const float* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
+extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const __nv_bfloat16* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
   __shared__ float shared_max[32], shared_sum[32];
   __shared__ int shared_index[32];
   const int row = blockIdx.x;
-  const float* x = logits + static_cast<size_t>(row) * kVocab;
+  const low_t* x = logits + static_cast<size_t>(row) * kVocab;
   float top = -CG_INFINITY, sum = 0.0f;
   int best = 0;
   for (int c = threadIdx.x; c < kVocab; c += 128) {
-    const float v = x[c];
+    const float v = to_float(x[c]);
     if (v > top) {
       sum = sum * __expf(top - v) + 1.0f;
       top = v;
@@ -762,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict_
     }
     const int target = targets[row];
     const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
-    loss[row] = counted ? top + __logf(sum) - x[target] : 0.0f;
+    loss[row] = counted ? top + __logf(sum) - to_float(x[target]) : 0.0f;
     correct[row] = counted && best == target ? 1 : 0;
   }
 }
@@ -837,8 +837,8 @@ static char* cg_bank_cgBankHalf = nullptr;  // 229376 bytes: bank cgBankHalf (co
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 961280 bytes: 15 step buffers
-static char* cg_arena = nullptr;  // 630784 bytes: 19 arena slots, shared where never live together
+static char* cg_buffers = nullptr;  // 436992 bytes: 13 step buffers
+static char* cg_arena = nullptr;  // 630784 bytes: 21 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankP.cgQkvWeight
@@ -870,27 +870,27 @@ static float* cgBankG_cgFinalBeta = nullptr;  // float32[64]: cgBankG.cgFinalBet
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgLoss = nullptr;  // float32[256]: step buffer
-static float* cgLogits = nullptr;  // float32[65536]: step buffer
+static __nv_bfloat16* cgLogits = nullptr;  // low[65536]: step buffer
 static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static __nv_bfloat16* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
-static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
-static __nv_bfloat16* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
+static float* cgLogitsGradientSlot = nullptr;  // float32[65536]: arena slot
 static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static __nv_bfloat16* cgFcPre = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
+static __nv_bfloat16* cgLogitsGradientHalfSlot = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgQkv = nullptr;  // low[49152]: arena slot
 static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgMiddle = nullptr;  // float32[16384]: arena slot
@@ -913,8 +913,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 961280UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 961280UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 436992UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 436992UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 630784UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 630784UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -947,27 +947,27 @@ static void cg_allocate() {
   cgIds = reinterpret_cast<int*>(cg_buffers + 0UL);
   cgTargets = reinterpret_cast<int*>(cg_buffers + 1024UL);
   cgLoss = reinterpret_cast<float*>(cg_buffers + 2048UL);
-  cgLogits = reinterpret_cast<float*>(cg_buffers + 3072UL);
-  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 265216UL);
-  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 265472UL);
-  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 269568UL);
-  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 302336UL);
-  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 304384UL);
-  cgCorrect = reinterpret_cast<int*>(cg_buffers + 500992UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 502016UL);
-  cgLogitsGradientHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 764160UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 895232UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 960768UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 961024UL);
+  cgLogits = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 3072UL);
+  cgStepLearningRate = reinterpret_cast<float*>(cg_buffers + 134144UL);
+  cgGradientNormPartials = reinterpret_cast<float*>(cg_buffers + 134400UL);
+  cgFinalHalf = reinterpret_cast<__nv_bfloat16*>(cg_buffers + 138496UL);
+  cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 171264UL);
+  cgBoundaries = reinterpret_cast<float*>(cg_buffers + 173312UL);
+  cgCorrect = reinterpret_cast<int*>(cg_buffers + 369920UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 370944UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 436480UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 436736UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
+  cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 0UL);
   cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 98304UL);
   cgFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 131072UL);
   cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 163840UL);
   cgGradientNormed = reinterpret_cast<float*>(cg_arena + 163840UL);
   cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 196608UL);
+  cgLogitsGradientHalfSlot = reinterpret_cast<__nv_bfloat16*>(cg_arena + 262144UL);
   cgQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 262144UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 360448UL);
   cgMiddle = reinterpret_cast<float*>(cg_arena + 425984UL);
@@ -979,32 +979,32 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 626688UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 628736UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 961280UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 436992UL);
   CG_SHARED_ALLOCATION(cg_arena, 630784UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
-  CG_REGION(cgLogits, 262144UL);
+  CG_REGION(cgLogits, 131072UL);
   CG_REGION(cgStepLearningRate, 4UL);
   CG_REGION(cgGradientNormPartials, 4096UL);
   CG_REGION(cgFinalHalf, 32768UL);
   CG_REGION(cgFinalStatistics, 2048UL);
   CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgCorrect, 1024UL);
-  CG_REGION(cgLogitsGradient, 262144UL);
-  CG_REGION(cgLogitsGradientHalf, 131072UL);
   CG_REGION(cgFinalGradient, 65536UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 131072UL);
   CG_REGION(cgGradientFc, 131072UL);
   CG_REGION(cgGradientQkv, 98304UL);
+  CG_REGION(cgLogitsGradientSlot, 262144UL);
   CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgDy1, 65536UL);
   CG_REGION(cgFcPre, 131072UL);
   CG_REGION(cgGradientAttention, 32768UL);
   CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgAttentionDelta, 4096UL);
+  CG_REGION(cgLogitsGradientHalfSlot, 131072UL);
   CG_REGION(cgQkv, 98304UL);
   CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgMiddle, 65536UL);
@@ -1074,6 +1074,11 @@ static void cgImageProductWeight(cudaStream_t stream, const char* where, float* 
   cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
 }
 
+// cgImageProductWeightSet: output[M, N] = A[K, M]^T B[K, N]: a weight gradient written whole (beta = 0, output not read), for a gradient that one product gives all of: no zeroing needed before it.
+static void cgImageProductWeightSet(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 0.0f);
+}
+
 // Kernels that take more than 48 KiB of shared memory say so once.
 static void cg_prepare() {
   cg_check(cublasCreate(&cg_cublas), "creating the cuBLAS handle");
@@ -1086,110 +1091,110 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
+  // library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
-  // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:371:9 cgImageLoss
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:510:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:371:9 cgImageLoss");
+  CG_LAUNCHED("library.cg:510:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:11:9 cgImageCrossEntropyBackward
-  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
-  CG_LAUNCHED("backward.cg:11:9 cgImageCrossEntropyBackward");
+  // backward.cg:55:9 cgImageCrossEntropyBackward
+  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradientSlot, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
+  CG_LAUNCHED("backward.cg:55:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:126:9 (from backward.cg:21:19) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalf, cgLogitsGradient, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:21:19) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 256, 64, 256);
-  // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
-  cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
+  // library.cg:143:9 (from backward.cg:65:19) cgImageCastDown
+  CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 65536);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:65:19) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:71:17) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:71:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
-  // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
+  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
+  // library.cg:281:31 (from backward.cg:81:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 35328, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:281:31 (from backward.cg:81:11) cgImageAttention");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual
+  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
+  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGelu
+  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:81:11) cgImageGelu
   CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGelu");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGelu");
+  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward
   CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:415:51 (from backward.cg:81:11) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
-  // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:81:11) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:81:11) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:81:11) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:44:13 cgImageScatter
+  // backward.cg:88:13 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:44:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:88:13 cgImageScatter");
 }
 
 // One training step: cgBackward.

@@ -596,22 +596,121 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(float* __restr
   }
 }
 
-// cgImageCrossEntropyBackward: dlogits = (exp2((logit - lse) * log2e) - [j == target]) * scale, the row's lse recovered from its loss and its target's logit; blockX vocabulary entries per block.
-// dlogit = (exp2((logit - lse) * log2e) - [j == target]) * scale, one entry a thread;
-// the row's lse is its loss plus its target's logit. An ignored row's gradient is 0.
-extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(float* __restrict__ logitsGradient, const float* __restrict__ logits, const float* __restrict__ loss, const int* __restrict__ correct, const int* __restrict__ targets, float log2e, int ignoreIndex, float scale) {
-  const int row = blockIdx.x;
-  const int column = blockIdx.y * blockDim.x + threadIdx.x;
-  if (column >= kVocab) return;
-  const size_t at = static_cast<size_t>(row) * kVocab + column;
-  const int target = targets[row];
-  if (target < 0 || target == ignoreIndex || target >= kVocab) {
-    logitsGradient[at] = 0.0f;
-    return;
+// cgImageClassifier: The fused classifier: one row per block, held in registers. Writes the row's loss (lse - logit[target]) and whether its largest logit is the target, and overwrites its logits, in place and in the low type, with their gradient (softmax - [j == target]) * scale: one read and one write of each row. An ignored row's loss and gradient are 0.
+// The fused classifier (the design of llm.c's, written for cgc): one block a row. The row's
+// logits come in once, 16 bytes a load, and stay in registers (kHeld groups of 16 bytes a
+// thread); the block finds the row's largest logit, its index and the sum of exponentials
+// (an online log-sum-exp, merged across the block); then every thread overwrites its own
+// logits with their gradient, (e^(logit - lse) - [j == target]) * scale, in the low type.
+// One read and one write of each row, no float32 copy of the logits or of their gradient.
+// Ties for the largest logit go to the smallest index, as in cgImageLoss.
+// A group: 16 bytes of a row, one load or store, held as raw words so that a thread's
+// groups take 4 registers each (bfloat16 values kept one to a register would spill).
+constexpr int kClassifierPerGroup = 16 / sizeof(low_t);  // 8 bfloat16 or 4 float32
+
+__device__ __forceinline__ unsigned int classifier_word(const uint4& group, int word) {
+  return word == 0 ? group.x : word == 1 ? group.y : word == 2 ? group.z : group.w;
+}
+
+// Value j of a group: a bfloat16 is the upper half of a float32's bits.
+__device__ __forceinline__ float classifier_value(const uint4& group, int j) {
+  if constexpr (sizeof(low_t) == 2) {
+    const unsigned int word = classifier_word(group, j / 2);
+    return __uint_as_float(j % 2 == 1 ? word & 0xffff0000u : word << 16);
+  } else {
+    return __uint_as_float(classifier_word(group, j));
   }
-  const float lse = loss[row] + logits[static_cast<size_t>(row) * kVocab + target];
-  const float p = exp2f((logits[at] - lse) * log2e);
-  logitsGradient[at] = (p - (column == target ? 1.0f : 0.0f)) * scale;
+}
+
+// sum * e^(top - merged), 0 for a part that saw no finite logit (as loss_rescaled does).
+__device__ __forceinline__ float classifier_rescaled(float sum, float top, float merged) {
+  return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) cgImageClassifier(float* __restrict__ logits, float* __restrict__ loss, int* __restrict__ correct, const int* __restrict__ targets, float scale, int ignoreIndex) {
+  constexpr int kGroups = kVocab / kClassifierPerGroup;  // cgVocab: a multiple of 8 (model.cg)
+  constexpr int kHeld = (kGroups + 1024 - 1) / 1024;
+  constexpr int kWarps = 1024 / 32;
+  __shared__ float shared_top[kWarps], shared_sum[kWarps];
+  __shared__ int shared_best[kWarps];
+  __shared__ float shared_row[3];  // the row's largest logit, sum of exponentials, target logit
+  const int row = blockIdx.x;
+  low_t* x = logits + static_cast<size_t>(row) * kVocab;
+  const int target = targets[row];
+  const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
+  uint4 held[kHeld];
+  float top = -CG_INFINITY, sum = 0.0f;
+  int best = 0;
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int group = threadIdx.x + i * 1024;
+    if (group < kGroups) held[i] = *reinterpret_cast<const uint4*>(x + kClassifierPerGroup * group);
+  }
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int group = threadIdx.x + i * 1024;
+    if (group >= kGroups) continue;
+#pragma unroll
+    for (int j = 0; j < kClassifierPerGroup; ++j) {
+      const float v = classifier_value(held[i], j);
+      const int column = kClassifierPerGroup * group + j;
+      if (column == target) shared_row[2] = v;  // one thread of the block holds the target
+      if (v > top) {
+        sum = sum * __expf(top - v) + 1.0f;
+        top = v;
+        best = column;
+      } else if (v > -CG_INFINITY) {
+        sum += __expf(v - top);
+      }
+    }
+  }
+  // Combine (max, sum, argmax) across the warp, then across the warps.
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_top = __shfl_xor_sync(0xffffffffu, top, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+    const int other_best = __shfl_xor_sync(0xffffffffu, best, offset);
+    const float merged = fmaxf(top, other_top);
+    sum = classifier_rescaled(sum, top, merged) + classifier_rescaled(other_sum, other_top, merged);
+    if (other_top > top || (other_top == top && other_best < best)) best = other_best;
+    top = merged;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    shared_top[warp] = top;
+    shared_sum[warp] = sum;
+    shared_best[warp] = best;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      const float merged = fmaxf(top, shared_top[w]);
+      sum = classifier_rescaled(sum, top, merged) + classifier_rescaled(shared_sum[w], shared_top[w], merged);
+      if (shared_top[w] > top || (shared_top[w] == top && shared_best[w] < best))
+        best = shared_best[w];
+      top = merged;
+    }
+    shared_row[0] = top;
+    shared_row[1] = sum;
+    loss[row] = counted ? top + __logf(sum) - shared_row[2] : 0.0f;
+    correct[row] = counted && best == target ? 1 : 0;
+  }
+  __syncthreads();
+  const float lse = shared_row[0] + __logf(shared_row[1]);
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int group = threadIdx.x + i * 1024;
+    if (group >= kGroups) continue;
+    __align__(16) low_t gradient[kClassifierPerGroup];
+#pragma unroll
+    for (int j = 0; j < kClassifierPerGroup; ++j) {
+      const float p = __expf(classifier_value(held[i], j) - lse);
+      const float g = (p - (kClassifierPerGroup * group + j == target ? 1.0f : 0.0f)) * scale;
+      gradient[j] = from_float<low_t>(counted ? g : 0.0f);
+    }
+    *reinterpret_cast<uint4*>(x + kClassifierPerGroup * group) =
+        *reinterpret_cast<const uint4*>(gradient);
+  }
 }
 
 // cgImageEmbedding: x[row] = E[ids[row]]: one block per token row.
@@ -730,100 +829,72 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(fl
                                                gamma, partials, residual);
 }
 
-// cgImageLayerNormParameterGradients: dgamma += the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order.
-// dgamma and dbeta += the blocks' partial sums, a thread a column, the blocks in order.
+// cgImageLayerNormParameterGradients: dgamma = the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order. Written, not added: a layer norm's parameters get all their gradient from its one backward, so nothing needs zeroing before it.
+// dgamma and dbeta = the blocks' partial sums, a thread a column, the blocks in order.
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
   const int column = blockIdx.x * 256 + threadIdx.x;
   if (column >= 2 * kWidth) return;
   float sum = 0.0f;
   for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
   if (column < kWidth) {
-    gradientGamma[column] += sum;
+    gradientGamma[column] = sum;
   } else {
-    gradientBeta[column - kWidth] += sum;
+    gradientBeta[column - kWidth] = sum;
   }
 }
 
-// cgImageLoss: Per-row cross-entropy: loss = lse - logit[target]; correct = argmax == target.
-// One row per block: an online log-sum-exp and argmax over the vocabulary, then
-// loss = lse - logit[target] and correct = (argmax == target); 0 for an ignored row.
-// sum * e^(top - merged): a part that saw no finite logit (top = -inf, sum = 0) adds 0,
-// where 0 * e^(-inf - -inf) would be NaN (a thread past the vocabulary, a row of -inf).
-__device__ __forceinline__ float loss_rescaled(float sum, float top, float merged) {
-  return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
+// cgImageScatterOrder: order = the step's rows sorted by token id, the rows of one id in row order: a bitonic sort of (id, row) keys in shared memory, one block. What cgImageScatterSorted reads.
+// order = the rows sorted by token id, rows of one id in row order: keys id * kRows + row
+// (distinct, so the bitonic sort, not stable in general, keeps each id's rows in row
+// order), padded to a power of two with the largest key, sorted in shared memory by one
+// block.
+__host__ __device__ constexpr int scatter_sort_keys(int rows) {
+  return rows <= 1 ? 1 : 2 * scatter_sort_keys((rows + 1) / 2);
 }
 
-extern "C" __global__ void __launch_bounds__(128) cgImageLoss(float* __restrict__ loss, int* __restrict__ correct, const float* __restrict__ logits, const int* __restrict__ targets, int ignoreIndex) {
-  __shared__ float shared_max[32], shared_sum[32];
-  __shared__ int shared_index[32];
-  const int row = blockIdx.x;
-  const float* x = logits + static_cast<size_t>(row) * kVocab;
-  float top = -CG_INFINITY, sum = 0.0f;
-  int best = 0;
-  for (int c = threadIdx.x; c < kVocab; c += 128) {
-    const float v = x[c];
-    if (v > top) {
-      sum = sum * __expf(top - v) + 1.0f;
-      top = v;
-      best = c;
-    } else if (v > -CG_INFINITY) {
-      sum += __expf(v - top);
+extern "C" __global__ void __launch_bounds__(1024) cgImageScatterOrder(int* __restrict__ order, const int* __restrict__ ids) {
+  constexpr int kKeys = scatter_sort_keys(kRows);
+  static_assert(kKeys * sizeof(unsigned int) <= 48 * 1024, "the step's keys fit in shared memory");
+  static_assert(static_cast<unsigned long long>(kVocab) * kRows <= 0xffffffffull,
+                "a key (id * rows + row) fits in 32 bits");
+  __shared__ unsigned int keys[kKeys];
+  for (int i = threadIdx.x; i < kKeys; i += 1024)
+    keys[i] = i < kRows ? static_cast<unsigned int>(ids[i]) * kRows + i : 0xffffffffu;
+  __syncthreads();
+  for (int size = 2; size <= kKeys; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < kKeys; i += 1024) {
+        const int partner = i ^ stride;
+        if (partner > i) {
+          const unsigned int a = keys[i], b = keys[partner];
+          const bool ascending = (i & size) == 0;
+          if ((a > b) == ascending) {
+            keys[i] = b;
+            keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
     }
   }
-  // Combine (max, sum, argmax) across the warp, then across the warps.
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_top = __shfl_xor_sync(0xffffffffu, top, offset);
-    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
-    const int other_best = __shfl_xor_sync(0xffffffffu, best, offset);
-    const float merged = fmaxf(top, other_top);
-    sum = loss_rescaled(sum, top, merged) + loss_rescaled(other_sum, other_top, merged);
-    if (other_top > top || (other_top == top && other_best < best)) best = other_best;
-    top = merged;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    shared_max[warp] = top;
-    shared_sum[warp] = sum;
-    shared_index[warp] = best;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    top = shared_max[0];
-    sum = shared_sum[0];
-    best = shared_index[0];
-    for (int w = 1; w < 128 / 32; ++w) {
-      const float merged = fmaxf(top, shared_max[w]);
-      sum = loss_rescaled(sum, top, merged) + loss_rescaled(shared_sum[w], shared_max[w], merged);
-      if (shared_max[w] > top || (shared_max[w] == top && shared_index[w] < best))
-        best = shared_index[w];
-      top = merged;
-    }
-    const int target = targets[row];
-    const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
-    loss[row] = counted ? top + __logf(sum) - x[target] : 0.0f;
-    correct[row] = counted && best == target ? 1 : 0;
-  }
+  for (int i = threadIdx.x; i < kRows; i += 1024) order[i] = static_cast<int>(keys[i] % kRows);
 }
 
-// cgImageScatter: table[ids[row]] += gradient[row] for every row: the embedding's share of the input gradient. Block b owns vocabulary rows b * ceil(V / gridX) onwards and adds the rows whose id it owns in row order: no atomics, the same bits every run.
-// table[ids[row]] += gradient[row] for every row, without atomics: block b owns vocabulary
-// rows b * ceil(V / gridDim.x) onwards, and adds the rows whose id it owns, in row order.
-extern "C" __global__ void __launch_bounds__(128) cgImageScatter(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids) {
-  static_assert(kRows * sizeof(int) <= 48 * 1024, "the ids of a step fit in shared memory");
-  __shared__ int shared_ids[kRows];
-  const int share = (kVocab + gridDim.x - 1) / gridDim.x;
-  const int first = blockIdx.x * share;
-  if (first >= kVocab) return;
-  const int last = min(first + share, static_cast<int>(kVocab));
-  for (int row = threadIdx.x; row < kRows; row += 128) shared_ids[row] = ids[row];
-  __syncthreads();
-  for (int row = 0; row < kRows; ++row) {
-    const int id = shared_ids[row];
-    if (id < first || id >= last) continue;
-    const float* from = gradient + static_cast<size_t>(row) * kWidth;
+// cgImageScatterSorted: table[ids[row]] += gradient[row] for every row, from the rows sorted by id (order): the block at the first position of each id's run adds the run's rows, in row order, to the id's row of the table. No atomics, the same bits every run, each gradient row read once; positions are taken grid-stride, so any grid covers them all.
+// table[ids[row]] += gradient[row], from the rows sorted by id: the position that starts an
+// id's run adds the run's rows to the id's table row, in row order (the order the seed's
+// scatter adds them in: the table, then each row). Positions grid-stride; no atomics.
+extern "C" __global__ void __launch_bounds__(128) cgImageScatterSorted(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids, const int* __restrict__ order) {
+  for (int position = blockIdx.x; position < kRows; position += gridDim.x) {
+    const int id = ids[order[position]];
+    if (position > 0 && ids[order[position - 1]] == id) continue;  // not the first of its id
     float* to = table + static_cast<size_t>(id) * kWidth;
-    for (int c = threadIdx.x; c < kWidth; c += 128) to[c] += from[c];
+    for (int c = threadIdx.x; c < kWidth; c += 128) {
+      float sum = to[c];
+      for (int p = position; p < kRows && ids[order[p]] == id; ++p)
+        sum += gradient[static_cast<size_t>(order[p]) * kWidth + c];
+      to[c] = sum;
+    }
   }
 }
 
@@ -848,17 +919,6 @@ extern "C" __global__ void __launch_bounds__(256) cgImageSquareSum(float* __rest
 // step += 1, on the GPU, so that a captured graph counts its own steps.
 extern "C" __global__ void __launch_bounds__(1) cgImageStepAdvance(int* __restrict__ step) {
   if (threadIdx.x == 0 && blockIdx.x == 0) step[0] += 1;
-}
-
-// cgImageZero: output = 0, 1024 elements per block.
-// output = 0: one float4 a thread, 1024 elements a block.
-extern "C" __global__ void __launch_bounds__(256) cgImageZero(float* __restrict__ output, int count) {
-  const long first = (static_cast<long>(blockIdx.x) * 256 + threadIdx.x) * 4;
-  if (first + 4 <= count) {
-    *reinterpret_cast<float4*>(output + first) = make_float4(0.f, 0.f, 0.f, 0.f);
-  } else {
-    for (long i = first; i < count; ++i) output[i] = 0.0f;
-  }
 }
 
 #ifndef __CUDACC_RTC__
@@ -910,8 +970,8 @@ static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (co
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 1125120 bytes: 15 step buffers
-static char* cg_arena = nullptr;  // 1122304 bytes: 19 arena slots, shared where never live together
+static char* cg_buffers = nullptr;  // 600832 bytes: 13 step buffers
+static char* cg_arena = nullptr;  // 2441216 bytes: 20 arena slots, shared where never live together
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankP.cgQkvWeight
@@ -948,37 +1008,36 @@ static float* cgBankV_all = nullptr;  // float32[115328]: the whole of cgBankV
 static int* cgIds = nullptr;  // int32[256]: step buffer
 static int* cgTargets = nullptr;  // int32[256]: step buffer
 static float* cgLoss = nullptr;  // float32[256]: step buffer
-static float* cgLogits = nullptr;  // float32[65536]: step buffer
+static float* cgLogits = nullptr;  // low[65536]: step buffer
 static float* cgStepLearningRate = nullptr;  // float32[1]: step buffer
 static float* cgGradientNormPartials = nullptr;  // float32[1024]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static float* cgFinalHalf = nullptr;  // low[16384]: step buffer
 static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
-static float* cgLogitsGradient = nullptr;  // float32[65536]: step buffer
-static float* cgLogitsGradientHalf = nullptr;  // low[65536]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
-static float* cgFcAct = nullptr;  // low[65536]: arena slot
+static float* cgSavedFcAct = nullptr;  // low[131072]: arena slot
+static int* cgScatterOrder = nullptr;  // int32[256]: arena slot
+static float* cgSavedFcPre = nullptr;  // low[131072]: arena slot
+static float* cgSavedQkv = nullptr;  // low[98304]: arena slot
 static float* cgGradientFc = nullptr;  // low[65536]: arena slot
 static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
-static float* cgFcPre = nullptr;  // low[65536]: arena slot
+static float* cgSavedAttention = nullptr;  // low[32768]: arena slot
+static float* cgSavedMiddle = nullptr;  // float32[32768]: arena slot
+static float* cgSavedNormed1 = nullptr;  // low[32768]: arena slot
+static float* cgSavedNormed2 = nullptr;  // low[32768]: arena slot
+static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
-static float* cgQkv = nullptr;  // low[49152]: arena slot
-static float* cgAttention = nullptr;  // low[16384]: arena slot
-static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientLow = nullptr;  // low[16384]: arena slot
-static float* cgMiddle = nullptr;  // float32[16384]: arena slot
-static float* cgNormed1 = nullptr;  // low[16384]: arena slot
-static float* cgNormed2 = nullptr;  // low[16384]: arena slot
-static float* cgAttentionLse = nullptr;  // float32[1024]: arena slot
-static float* cgStatistics1 = nullptr;  // float32[512]: arena slot
-static float* cgStatistics2 = nullptr;  // float32[512]: arena slot
+static float* cgSavedAttentionLse = nullptr;  // float32[2048]: arena slot
+static float* cgSavedStatistics1 = nullptr;  // float32[1024]: arena slot
+static float* cgSavedStatistics2 = nullptr;  // float32[1024]: arena slot
 
 static void cg_allocate() {
   cg_check(cudaMalloc(&cg_bank_cgBankP, 461312UL), "allocating cg_bank_cgBankP");
@@ -991,10 +1050,10 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
   cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 1125120UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 1125120UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 1122304UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 1122304UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_buffers, 600832UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 600832UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_arena, 2441216UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2441216UL), "clearing cg_arena");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
   cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 65536UL);
   cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 163840UL);
@@ -1037,33 +1096,32 @@ static void cg_allocate() {
   cgFinalHalf = reinterpret_cast<float*>(cg_buffers + 466176UL);
   cgFinalStatistics = reinterpret_cast<float*>(cg_buffers + 531712UL);
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 533760UL);
-  cgLogitsGradient = reinterpret_cast<float*>(cg_buffers + 534784UL);
-  cgLogitsGradientHalf = reinterpret_cast<float*>(cg_buffers + 796928UL);
-  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1059072UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1124608UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1124864UL);
-  cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgGradientFc = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 196608UL);
-  cgFcPre = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 327680UL);
-  cgQkv = reinterpret_cast<float*>(cg_arena + 524288UL);
-  cgAttention = reinterpret_cast<float*>(cg_arena + 720896UL);
-  cgDy0 = reinterpret_cast<float*>(cg_arena + 786432UL);
-  cgGradientLow = reinterpret_cast<float*>(cg_arena + 851968UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 917504UL);
-  cgNormed1 = reinterpret_cast<float*>(cg_arena + 983040UL);
-  cgNormed2 = reinterpret_cast<float*>(cg_arena + 1048576UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 1114112UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1118208UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1120256UL);
+  cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 534784UL);
+  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 600320UL);
+  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 600576UL);
+  cgSavedFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
+  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 0UL);
+  cgSavedFcPre = reinterpret_cast<float*>(cg_arena + 524288UL);
+  cgSavedQkv = reinterpret_cast<float*>(cg_arena + 1048576UL);
+  cgGradientFc = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgGradientQkv = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 1638400UL);
+  cgSavedAttention = reinterpret_cast<float*>(cg_arena + 1703936UL);
+  cgSavedMiddle = reinterpret_cast<float*>(cg_arena + 1835008UL);
+  cgSavedNormed1 = reinterpret_cast<float*>(cg_arena + 1966080UL);
+  cgSavedNormed2 = reinterpret_cast<float*>(cg_arena + 2097152UL);
+  cgDy0 = reinterpret_cast<float*>(cg_arena + 2228224UL);
+  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 2293760UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2293760UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2359296UL);
+  cgGradientLow = reinterpret_cast<float*>(cg_arena + 2359296UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2424832UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2433024UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2437120UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 1125120UL);
-  CG_SHARED_ALLOCATION(cg_arena, 1122304UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 600832UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2441216UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
@@ -1074,30 +1132,29 @@ static void cg_allocate() {
   CG_REGION(cgFinalHalf, 65536UL);
   CG_REGION(cgFinalStatistics, 2048UL);
   CG_REGION(cgCorrect, 1024UL);
-  CG_REGION(cgLogitsGradient, 262144UL);
-  CG_REGION(cgLogitsGradientHalf, 262144UL);
   CG_REGION(cgFinalGradient, 65536UL);
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
-  CG_REGION(cgFcAct, 262144UL);
+  CG_REGION(cgSavedFcAct, 524288UL);
+  CG_REGION(cgScatterOrder, 1024UL);
+  CG_REGION(cgSavedFcPre, 524288UL);
+  CG_REGION(cgSavedQkv, 393216UL);
   CG_REGION(cgGradientFc, 262144UL);
   CG_REGION(cgGradientQkv, 196608UL);
   CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgDy1, 65536UL);
-  CG_REGION(cgFcPre, 262144UL);
+  CG_REGION(cgSavedAttention, 131072UL);
+  CG_REGION(cgSavedMiddle, 131072UL);
+  CG_REGION(cgSavedNormed1, 131072UL);
+  CG_REGION(cgSavedNormed2, 131072UL);
+  CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgGradientAttention, 65536UL);
   CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgAttentionDelta, 4096UL);
-  CG_REGION(cgQkv, 196608UL);
-  CG_REGION(cgAttention, 65536UL);
-  CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgGradientLow, 65536UL);
-  CG_REGION(cgMiddle, 65536UL);
-  CG_REGION(cgNormed1, 65536UL);
-  CG_REGION(cgNormed2, 65536UL);
-  CG_REGION(cgAttentionLse, 4096UL);
-  CG_REGION(cgStatistics1, 2048UL);
-  CG_REGION(cgStatistics2, 2048UL);
+  CG_REGION(cgSavedAttentionLse, 8192UL);
+  CG_REGION(cgSavedStatistics1, 4096UL);
+  CG_REGION(cgSavedStatistics2, 4096UL);
 }
 
 static void cg_release() {
@@ -1152,9 +1209,9 @@ static void cgImageProductTransposedLow(cudaStream_t stream, const char* where, 
   cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, cg_low_type, 0.0f);
 }
 
-// cgImageProductWeight: output[M, N] += A[K, M]^T B[K, N]: a weight gradient, accumulated.
-static void cgImageProductWeight(cudaStream_t stream, const char* where, float* __restrict__ output, const float* __restrict__ a, const float* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
+// cgImageProductWeightSet: output[M, N] = A[K, M]^T B[K, N]: a weight gradient written whole (beta = 0, output not read), for a gradient that one product gives all of: no zeroing needed before it.
+static void cgImageProductWeightSet(cudaStream_t stream, const char* where, float* __restrict__ output, const float* __restrict__ a, const float* __restrict__ b, int m, int n, int k) {
+  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 0.0f);
 }
 
 // Kernels that take more than 48 KiB of shared memory say so once.
@@ -1170,154 +1227,126 @@ static void cg_prepare() {
 
 // phase cgPhaseEmbedding
 static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
-  // forward.cg:7:7 cgImageEmbedding
+  // forward.cg:8:5 cgImageEmbedding
   CG_LAUNCH(cgImageEmbedding, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBoundaries + 16384L * (0), cgBankP_cgEmbeddingEntry, cgIds);
-  CG_LAUNCHED("forward.cg:7:7 cgImageEmbedding");
+  CG_LAUNCHED("forward.cg:8:5 cgImageEmbedding");
 }
 
 // phase cgPhaseLayerForward
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 2; ++layer) {
-    // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:249:11 (from forward.cg:12:7) cgImageAttention
-    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:249:11 (from forward.cg:12:7) cgImageAttention");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
-    // library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:170:13 (from forward.cg:12:7) cgImageLayerNorm");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
-    // library.cg:126:9 (from forward.cg:12:7) cgImageGelu
-    CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-    CG_LAUNCHED("library.cg:126:9 (from forward.cg:12:7) cgImageGelu");
-    // library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:34:13 (from forward.cg:12:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgFcAct, cgBankHalf_cgProjWeight + 16384L * (layer), cgMiddle, 256, 64, 256);
+    // library.cg:187:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed1 + 16384L * (layer), cgSavedStatistics1 + 512L * (layer), cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCHED("library.cg:187:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
+    // library.cg:281:31 (from forward.cg:17:7) cgImageAttention
+    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgSavedAttention + 16384L * (layer), cgSavedAttentionLse + 1024L * (layer), cgSavedQkv + 49152L * (layer));
+    CG_LAUNCHED("library.cg:281:31 (from forward.cg:17:7) cgImageAttention");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
+    // library.cg:187:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed2 + 16384L * (layer), cgSavedStatistics2 + 512L * (layer), cgSavedMiddle + 16384L * (layer), cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCHED("library.cg:187:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedFcPre + 65536L * (layer), cgSavedNormed2 + 16384L * (layer), cgBankHalf_cgFcWeight + 16384L * (layer), 256, 256, 64);
+    // library.cg:143:9 (from forward.cg:17:7) cgImageGelu
+    CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgSavedFcAct + 65536L * (layer), cgSavedFcPre + 65536L * (layer), 65536);
+    CG_LAUNCHED("library.cg:143:9 (from forward.cg:17:7) cgImageGelu");
+    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgSavedFcAct + 65536L * (layer), cgBankHalf_cgProjWeight + 16384L * (layer), cgSavedMiddle + 16384L * (layer), 256, 64, 256);
   }
 }
 
-// phase cgPhaseZeroGradients
-static void cg_phase_2_cgPhaseZeroGradients(cudaStream_t stream) {
-  // library.cg:157:5 (from library.cg:379:33) cgImageZero
-  CG_LAUNCH(cgImageZero, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_all, 115328);
-  CG_LAUNCHED("library.cg:157:5 (from library.cg:379:33) cgImageZero");
-}
-
 // phase cgPhaseLoss
-static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm
+static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
+  // library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from library.cg:366:7) cgImageLayerNorm");
-  // library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from library.cg:370:9) cgImageProductTransposed", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:371:9 cgImageLoss
-  CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:371:9 cgImageLoss");
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
-static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:11:9 cgImageCrossEntropyBackward
-  CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradient, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
-  CG_LAUNCHED("backward.cg:11:9 cgImageCrossEntropyBackward");
+static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
+  // library.cg:525:11 (from backward.cg:24:11) cgImageClassifier
+  CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
+  CG_LAUNCHED("library.cg:525:11 (from backward.cg:24:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
-static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:126:9 (from backward.cg:21:19) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalf, cgLogitsGradient, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:21:19) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:23:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalf, cgFinalHalf, 256, 64, 256);
-  // library.cg:34:13 (from backward.cg:27:17) cgImageProductData
-  cgImageProductData(stream, "library.cg:34:13 (from backward.cg:27:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalf, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward
+static void cg_phase_4_cgPhaseOutputGradient(cudaStream_t stream) {
+  // library.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:24:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:24:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:220:19 (from backward.cg:24:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:203:19 (from backward.cg:29:17) cgImageLayerNormBackward");
-  // library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:220:19 (from backward.cg:24:11) cgImageLayerNormBackward");
+  // library.cg:199:7 (from backward.cg:24:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:29:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:24:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
-static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:249:11 (from backward.cg:37:11) cgImageAttention
-  CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 49664, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:249:11 (from backward.cg:37:11) cgImageAttention");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:170:13 (from backward.cg:37:11) cgImageLayerNorm");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGelu
-  CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGelu");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
+  // library.cg:143:9 (from backward.cg:26:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward
-  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageGeluBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:26:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
+  // library.cg:143:9 (from backward.cg:26:7) cgImageGeluBackward
+  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgSavedFcPre + 65536L * (1 - fromTop), 65536);
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:26:7) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+  // library.cg:242:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
-  // library.cg:126:9 (from backward.cg:37:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients");
+  // library.cg:143:9 (from backward.cg:26:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:126:9 (from backward.cg:37:11) cgImageCastDown");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta
-  CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:325:35 (from backward.cg:37:11) cgImageAttentionDelta");
-  // library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward
-  CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:331:37 (from backward.cg:37:11) cgImageAttentionBackward");
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductWeight", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
-  // library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:34:13 (from backward.cg:37:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:225:21 (from backward.cg:37:11) cgImageLayerNormBackwardAdd");
-  // library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:143:9 (from backward.cg:26:7) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+  // library.cg:415:51 (from backward.cg:26:7) cgImageAttentionDelta
+  CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
+  CG_LAUNCHED("library.cg:415:51 (from backward.cg:26:7) cgImageAttentionDelta");
+  // library.cg:423:53 (from backward.cg:26:7) cgImageAttentionBackward
+  CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 74240, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
+  CG_LAUNCHED("library.cg:423:53 (from backward.cg:26:7) cgImageAttentionBackward");
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
+  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
+  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+  // library.cg:242:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
+  CG_LAUNCHED("library.cg:242:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
+  // library.cg:199:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:182:7 (from backward.cg:37:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:199:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
-static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:44:13 cgImageScatter
-  CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:44:13 cgImageScatter");
+static void cg_phase_6_cgPhaseScatter(cudaStream_t stream) {
+  // backward.cg:12:7 cgImageScatterOrder
+  CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
+  CG_LAUNCHED("backward.cg:12:7 cgImageScatterOrder");
+  // backward.cg:15:7 cgImageScatterSorted
+  CG_LAUNCH(cgImageScatterSorted, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
+  CG_LAUNCHED("backward.cg:15:7 cgImageScatterSorted");
 }
 
 // phase cgPhaseGradientNorm
-static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
+static void cg_phase_7_cgPhaseGradientNorm(cudaStream_t stream) {
   // optimizer.cg:9:9 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 115328);
   CG_LAUNCHED("optimizer.cg:9:9 cgImageSquareSum");
@@ -1327,7 +1356,7 @@ static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
 }
 
 // phase cgPhaseUpdate
-static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
+static void cg_phase_8_cgPhaseUpdate(cudaStream_t stream) {
   // optimizer.cg:19:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:19:9 cgImageStepAdvance");
@@ -1340,16 +1369,15 @@ static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
 void cg_step(cudaStream_t stream) {
   cg_phase_0_cgPhaseEmbedding(stream);
   cg_phase_1_cgPhaseLayerForward(stream);
-  cg_phase_2_cgPhaseZeroGradients(stream);
-  cg_phase_3_cgPhaseLoss(stream);
-  cg_phase_4_cgPhaseOutput(stream);
-  cg_phase_5_cgPhaseOutputGradient(stream);
+  cg_phase_2_cgPhaseLoss(stream);
+  cg_phase_3_cgPhaseOutput(stream);
+  cg_phase_4_cgPhaseOutputGradient(stream);
   for (int fromTop = 0; fromTop < 2; ++fromTop) {
-    cg_phase_6_cgPhaseLayerBackward(stream, fromTop);
+    cg_phase_5_cgPhaseLayerBackward(stream, fromTop);
   }
-  cg_phase_7_cgPhaseScatter(stream);
-  cg_phase_8_cgPhaseGradientNorm(stream);
-  cg_phase_9_cgPhaseUpdate(stream);
+  cg_phase_6_cgPhaseScatter(stream);
+  cg_phase_7_cgPhaseGradientNorm(stream);
+  cg_phase_8_cgPhaseUpdate(stream);
 }
 
 // ======================================================================================
