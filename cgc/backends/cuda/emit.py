@@ -61,8 +61,15 @@ SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
                            "cgImageAttentionBackward": ("kAttentionTile", "kHeadWidth")}
 
 
+# Elements of padding after each row of the forward attention's shared tiles (16 bytes in
+# bfloat16): rows of a head then start 4 banks apart, so that the 8 rows an ldmatrix reads at
+# once fall on 8 different groups of 4 banks. The kernel reads it as kAttentionRowPadding.
+ATTENTION_ROW_PADDING = 8
+
+
 def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
-    """Dynamic shared memory of the attention kernels: tiles of q, k, v (and dO), the
+    """Dynamic shared memory of the attention kernels. Forward: the query tile and two
+    stages of key and value tiles, rows padded. Backward: tiles of q, k, v and dO, the
     probability tiles, the float score tile and the float accumulators. `constants` are
     the kernel constants by C name."""
     if image not in SHARED_MEMORY_CONSTANTS:
@@ -70,8 +77,7 @@ def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
     tile, width = constants["kAttentionTile"], constants["kHeadWidth"]
     low_bytes = element_bytes("low", low)
     if image == "cgImageAttention":
-        return (3 * tile * width + tile * tile) * low_bytes + \
-            (tile * tile + tile * width + 2 * tile) * 4
+        return 5 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
     if image == "cgImageAttentionBackward":
         return (4 * tile * width + 2 * tile * tile) * low_bytes + \
             (tile * tile + 2 * tile * width + 2 * tile) * 4
@@ -355,7 +361,7 @@ class Emitter:
     def render(self) -> str:
         common = self.environment.get_template("common.cuh.j2").render(
             low=self.low, low_c_type=ELEMENTS[self.low].c_type, config=self.program.config,
-            constants=list(self.constants.items()))
+            constants=list(self.constants.items()), attention_row_padding=ATTENTION_ROW_PADDING)
         kernels = self.rendered_kernels = self.kernels()
         step_lines = self.schedule(self.program.body, [], "")
         source = os.path.basename(self.program.source)
