@@ -10,8 +10,6 @@
 // ======================================================================================
 // ---- common device code ---------------------------------------------------------------
 #include <cuda_bf16.h>
-#include <mma.h>
-#include <cuda/std/type_traits>
 
 // Works under nvcc and NVRTC alike (NVRTC has no <cmath>).
 #define CG_INFINITY __int_as_float(0x7f800000)
@@ -451,52 +449,6 @@ __device__ __forceinline__ void to_a(FragmentA<float>& a, const Accumulator& lef
   }
 }
 
-// ---- warp-level matrix products for the attention kernels ----------------------------
-// C[16 x N] (float, shared) = (accumulate ? C : 0) + A[16 x K] * B[K x N], by one warp.
-// A[m][k] is a[m * lda + k] when kRowA, else a[k * lda + m]; B[k][n] is b[k * ldb + n]
-// when kRowB, else b[n * ldb + k]. N and K are multiples of 16. bfloat16 operands use the
-// tensor cores (WMMA, float accumulation); float32 operands use plain FMAs, so that the
-// float32 configuration stays exact float32.
-template <bool kRowA, bool kRowB, int N, int K>
-__device__ __forceinline__ void warp_mma(const __nv_bfloat16* a, int lda, const __nv_bfloat16* b,
-                                         int ldb, float* c, int ldc, bool accumulate) {
-  using namespace nvcuda;
-  typedef typename cuda::std::conditional<kRowA, wmma::row_major, wmma::col_major>::type LayoutA;
-  typedef typename cuda::std::conditional<kRowB, wmma::row_major, wmma::col_major>::type LayoutB;
-#pragma unroll
-  for (int n = 0; n < N; n += 16) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    if (accumulate) {
-      wmma::load_matrix_sync(acc, c + n, ldc, wmma::mem_row_major);
-    } else {
-      wmma::fill_fragment(acc, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < K; k += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> fb;
-      wmma::load_matrix_sync(fa, kRowA ? a + k : a + k * lda, lda);
-      wmma::load_matrix_sync(fb, kRowB ? b + k * ldb + n : b + n * ldb + k, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + n, acc, ldc, wmma::mem_row_major);
-  }
-}
-
-template <bool kRowA, bool kRowB, int N, int K>
-__device__ __forceinline__ void warp_mma(const float* a, int lda, const float* b, int ldb,
-                                         float* c, int ldc, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  for (int index = lane; index < 16 * N; index += 32) {
-    const int m = index / N, n = index % N;
-    float sum = accumulate ? c[m * ldc + n] : 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < K; ++k)
-      sum += (kRowA ? a[m * lda + k] : a[k * lda + m]) * (kRowB ? b[k * ldb + n] : b[n * ldb + k]);
-    c[m * ldc + n] = sum;
-  }
-}
-
 // Rotary positions: the pair (i, i + D/2) of a head turns by position * 10000^(-2i/D).
 __device__ __forceinline__ void rotary(int position, int i, float& a, float& b, bool inverse) {
   const float angle = position * powf(10000.0f, -2.0f * i / kHeadWidth);
@@ -506,30 +458,6 @@ __device__ __forceinline__ void rotary(int position, int i, float& a, float& b, 
   const float ra = a * cosine - b * sine, rb = a * sine + b * cosine;
   a = ra;
   b = rb;
-}
-
-// Copies a tile of kAttentionTile rows of one head (part 0: q, 1: k, 2: v) from qkv into
-// shared memory, rotating q and k; `first` is the tile's first row, `position` its first
-// position in the sequence.
-__device__ __forceinline__ void load_head_tile(low_t* tile, const low_t* qkv, size_t first,
-                                               int position, int head, int part) {
-  constexpr int kHalf = kHeadWidth / 2;
-  for (int index = threadIdx.x; index < kAttentionTile * kHalf; index += blockDim.x) {
-    const int r = index / kHalf, i = index % kHalf;
-    const low_t* from = qkv + (first + r) * (3 * kWidth) + part * kWidth + head * kHeadWidth;
-    float a = to_float(from[i]), b = to_float(from[i + kHalf]);
-    if (part < 2) rotary(position + r, i, a, b, false);
-    tile[r * kHeadWidth + i] = from_float<low_t>(a);
-    tile[r * kHeadWidth + i + kHalf] = from_float<low_t>(b);
-  }
-}
-
-// Copies a tile of rows of one head of a [rows, kWidth] buffer (an output gradient).
-__device__ __forceinline__ void load_rows(low_t* tile, const low_t* from, size_t first, int head) {
-  for (int index = threadIdx.x; index < kAttentionTile * kHeadWidth; index += blockDim.x) {
-    const int r = index / kHeadWidth, d = index % kHeadWidth;
-    tile[index] = from[(first + r) * kWidth + head * kHeadWidth + d];
-  }
 }
 
 // ---- kernels: one per image, parameters generated from the image's declaration --------
