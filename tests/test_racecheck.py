@@ -6,10 +6,12 @@ __syncthreads, __syncwarp, block start and block end. So a write by one thread a
 by another with no barrier between them is reported, whatever order the fibers happened to
 run in, with the kernel, the shared-memory offset and both threads.
 
-- A C++ program with a race on purpose in each of four kernels (two writers of one static
+- A C++ program with a race on purpose in each of six kernels (two writers of one static
   __shared__ word, a write and a read of dynamic shared memory, a shuffle taken for a barrier,
-  a WMMA store read back without __syncwarp) and clean kernels beside them.
-- The tiny step (bfloat16, with WMMA; and float32) has no race.
+  a WMMA store read back without __syncwarp, a cp.async copy read by another warp after the
+  wait but with no barrier, an ldmatrix of rows other lanes wrote with no __syncwarp) and clean
+  kernels beside them (one the attention kernels' cp.async, wait, barrier, ldmatrix).
+- The tiny step (bfloat16, with mma.m16n8k16, ldmatrix and cp.async; and float32) has no race.
 - The barrier campaign: every __syncthreads and __syncwarp of the emitted file (attention,
   attention backward, loss, scatter, and block_sum and layer_norm_backward_rows of
   common.cuh, which the layer-norm, square-sum and AdamW kernels call) is removed in turn,
@@ -138,7 +140,9 @@ def test_a_known_race_is_reported_with_both_threads_and_the_offset(setup, seed):
     races = parse_racecheck(done.stderr, setup.unit, "racecheck-unit.cpp")
     by_kernel = {race.kernel: race for race in races}
     assert set(by_kernel) == {"racy_two_writers", "racy_dynamic",
-                              "racy_shuffle_is_not_a_barrier", "racy_wmma_store_then_read"}, \
+                              "racy_shuffle_is_not_a_barrier", "racy_wmma_store_then_read",
+                              "racy_cp_async_without_barrier",
+                              "racy_ldmatrix_without_syncwarp"}, \
         "\n".join(map(str, races))
     assert done.returncode == 66  # ThreadSanitizer's exit status when it reported
     source = UNIT.read_text()
@@ -165,6 +169,14 @@ def test_a_known_race_is_reported_with_both_threads_and_the_offset(setup, seed):
     assert {wmma.access.access, wmma.previous.access} == {"read", "write"}, wmma
     assert wmma.threads[0] != wmma.threads[1] and wmma.variable.endswith("::tile"), wmma
     assert "by thread" in str(two) and "offset 8" in str(two)
+
+    # cp.async: the copy is the issuing thread's write, at its wait (cgcpu/ptx.h).
+    copy = by_kernel["racy_cp_async_without_barrier"]
+    assert {copy.access.access, copy.previous.access} == {"read", "write"}, copy
+    assert copy.threads[0] // 32 != copy.threads[1] // 32, copy  # another warp's copy
+    load = by_kernel["racy_ldmatrix_without_syncwarp"]
+    assert {load.access.access, load.previous.access} == {"read", "write"}, load
+    assert set(load.threads) == {3, 7} and load.variable.endswith("::raw"), load
 
 
 @pytest.mark.parametrize("config", ["tiny", "tiny32"])

@@ -79,20 +79,25 @@ SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
                            "cgImageAttentionBackward": ("kAttentionTile", "kHeadWidth")}
 
 
+# Elements of padding after each row of the attention kernels' shared tiles (16 bytes in
+# bfloat16): rows of a head then start 4 banks apart, so that the 8 rows an ldmatrix reads at
+# once fall on 8 different groups of 4 banks. The kernel reads it as kAttentionRowPadding.
+ATTENTION_ROW_PADDING = 8
+
+
 def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
-    """Dynamic shared memory of the attention kernels: tiles of q, k, v (and dO), the
-    probability tiles, the float score tile and the float accumulators. `constants` are
-    the kernel constants by C name."""
+    """Dynamic shared memory of the attention kernels, tiles of low_t with padded rows.
+    Forward: the query tile and two stages of key and value tiles. Backward: the two tiles
+    a block holds (k and v, then q and dO) and two stages of the two it streams (q and dO,
+    then k and v). `constants` are the kernel constants by C name."""
     if image not in SHARED_MEMORY_CONSTANTS:
         return 0
     tile, width = constants["kAttentionTile"], constants["kHeadWidth"]
     low_bytes = element_bytes("low", low)
     if image == "cgImageAttention":
-        return (3 * tile * width + tile * tile) * low_bytes + \
-            (tile * tile + tile * width + 2 * tile) * 4
+        return 5 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
     if image == "cgImageAttentionBackward":
-        return (4 * tile * width + 2 * tile * tile) * low_bytes + \
-            (tile * tile + 2 * tile * width + 2 * tile) * 4
+        return 6 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
     return 0
 
 
@@ -407,7 +412,7 @@ class Emitter:
     def render(self) -> str:
         common = self.environment.get_template("common.cuh.j2").render(
             low=self.low, low_c_type=ELEMENTS[self.low].c_type, config=self.program.config,
-            constants=list(self.constants.items()))
+            constants=list(self.constants.items()), attention_row_padding=ATTENTION_ROW_PADDING)
         kernels = self.rendered_kernels = self.kernels()
         step_lines = self.schedule(self.program.body, [], "")
         source = os.path.basename(self.program.source)

@@ -10,8 +10,6 @@
 // ======================================================================================
 // ---- common device code ---------------------------------------------------------------
 #include <cuda_bf16.h>
-#include <mma.h>
-#include <cuda/std/type_traits>
 
 // Works under nvcc and NVRTC alike (NVRTC has no <cmath>).
 #define CG_INFINITY __int_as_float(0x7f800000)
@@ -294,49 +292,187 @@ __device__ __forceinline__ void adamw_update4(
   }
 }
 
-// ---- warp-level matrix products for the attention kernels ----------------------------
-// C[16 x N] (float, shared) = (accumulate ? C : 0) + A[16 x K] * B[K x N], by one warp.
-// A[m][k] is a[m * lda + k] when kRowA, else a[k * lda + m]; B[k][n] is b[k * ldb + n]
-// when kRowB, else b[n * ldb + k]. N and K are multiples of 16. bfloat16 operands use the
-// tensor cores (WMMA, float accumulation); float32 operands use plain FMAs, so that the
-// float32 configuration stays exact float32.
-template <bool kRowA, bool kRowB, int N, int K>
-__device__ __forceinline__ void warp_mma(const __nv_bfloat16* a, int lda, const __nv_bfloat16* b,
-                                         int ldb, float* c, int ldc, bool accumulate) {
-  using namespace nvcuda;
-  typedef typename cuda::std::conditional<kRowA, wmma::row_major, wmma::col_major>::type LayoutA;
-  typedef typename cuda::std::conditional<kRowB, wmma::row_major, wmma::col_major>::type LayoutB;
+// ---- device primitives in inline PTX --------------------------------------------------
+// Each has a twin of the same name and arguments in the CPU emulation
+// (cgc/backends/cuda_cpu/include/cgcpu/ptx.h, which defines CG_PTX_TWINS), with the per-lane
+// register layouts of the PTX ISA; tested lane by lane there (tests/ptx.cu).
+#ifndef CG_PTX_TWINS
+__device__ __forceinline__ unsigned cg_shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// D = A B + C on the tensor cores: A 16 x 16 and B 16 x 8 bfloat16, C and D float.
+__device__ __forceinline__ void cg_mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],
+                                                  const unsigned (&b)[2], const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, "
+      "{ %8, %9}, { %10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
+}
+
+// Four 8 x 8 bfloat16 matrices from shared memory; lanes 8i..8i+7 give matrix i's row addresses.
+__device__ __forceinline__ void cg_ldmatrix_x4(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(cg_shared_address(row)));
+}
+
+__device__ __forceinline__ void cg_ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(cg_shared_address(row)));
+}
+
+// 16 bytes from global to shared memory without passing through registers (L2 only).
+__device__ __forceinline__ void cg_cp_async_16(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(cg_shared_address(shared)),
+               "l"(global)
+               : "memory");
+}
+
+__device__ __forceinline__ void cg_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Every committed group but the N most recent has landed (in this thread's view).
+template <int N>
+__device__ __forceinline__ void cg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#endif
+
+// Padding after each row of the attention's shared tiles (cgc/backends/cuda/emit.py).
+constexpr int kAttentionRowPadding = 8;
+
+// ---- mma.m16n8k16 fragments over low_t ------------------------------------------------
+// Lane l, g = l / 4, t = l % 4 (PTX ISA, "Matrix fragments for mma.m16n8k16"):
+//   FragmentA (16 x 16): x0 x1 = (g, 2t..2t+1), x2 x3 = (g+8, 2t..), x4 x5 = (g, 2t+8..),
+//                        x6 x7 = (g+8, 2t+8..)
+//   FragmentB (16 x 8):  x0 x1 = (2t..2t+1, g), x2 x3 = (2t+8..2t+9, g)
+//   Accumulator (16 x 8, float): x0 x1 = (g, 2t..2t+1), x2 x3 = (g+8, 2t..2t+1)
+// bfloat16 fragments are the PTX registers (two elements each, the first in the low half),
+// loaded with ldmatrix and multiplied on the tensor cores; float32 fragments hold the same
+// elements as floats, loaded element by element and multiplied with shuffles and FMAs in order
+// of k, so that the float32 configuration stays exact float32 through the same kernel.
+template <typename T> struct FragmentA;
+template <typename T> struct FragmentB;
+template <> struct FragmentA<__nv_bfloat16> { unsigned r[4]; };
+template <> struct FragmentB<__nv_bfloat16> { unsigned r[2]; };
+template <> struct FragmentA<float> { float x[8]; };
+template <> struct FragmentB<float> { float x[4]; };
+struct Accumulator { float x[4]; };
+
+__device__ __forceinline__ void zero(Accumulator& c) { c.x[0] = c.x[1] = c.x[2] = c.x[3] = 0.0f; }
+
+// The 16 x 16 block of A at `tile` (row-major, `stride` elements between rows).
+__device__ __forceinline__ void load_a(FragmentA<__nv_bfloat16>& a, const __nv_bfloat16* tile,
+                                      int stride) {
+  const int lane = threadIdx.x % 32;  // matrices: rows 0-7 | 8-15 of columns 0-7, then 8-15
+  cg_ldmatrix_x4(a.r, tile + (lane % 16) * stride + (lane / 16) * 8);
+}
+
+__device__ __forceinline__ void load_a(FragmentA<float>& a, const float* tile, int stride) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int n = 0; n < N; n += 16) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    if (accumulate) {
-      wmma::load_matrix_sync(acc, c + n, ldc, wmma::mem_row_major);
-    } else {
-      wmma::fill_fragment(acc, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < K; k += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> fb;
-      wmma::load_matrix_sync(fa, kRowA ? a + k : a + k * lda, lda);
-      wmma::load_matrix_sync(fb, kRowB ? b + k * ldb + n : b + n * ldb + k, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + n, acc, ldc, wmma::mem_row_major);
+  for (int e = 0; e < 2; ++e) {
+    a.x[e] = tile[g * stride + 2 * t + e];
+    a.x[2 + e] = tile[(g + 8) * stride + 2 * t + e];
+    a.x[4 + e] = tile[g * stride + 2 * t + 8 + e];
+    a.x[6 + e] = tile[(g + 8) * stride + 2 * t + 8 + e];
   }
 }
 
-template <bool kRowA, bool kRowB, int N, int K>
-__device__ __forceinline__ void warp_mma(const float* a, int lda, const float* b, int ldb,
-                                         float* c, int ldc, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  for (int index = lane; index < 16 * N; index += 32) {
-    const int m = index / N, n = index % N;
-    float sum = accumulate ? c[m * ldc + n] : 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < K; ++k)
-      sum += (kRowA ? a[m * lda + k] : a[k * lda + m]) * (kRowB ? b[k * ldb + n] : b[n * ldb + k]);
-    c[m * ldc + n] = sum;
+// Two B fragments (columns 0-7 and 8-15 of a 16 x 16 B) from its transpose at `tile`:
+// B[k][n] = tile[n * stride + k] (K's rows, for S = Q K^T).
+__device__ __forceinline__ void load_b_transposed(FragmentB<__nv_bfloat16>& first,
+                                                 FragmentB<__nv_bfloat16>& second,
+                                                 const __nv_bfloat16* tile, int stride) {
+  const int lane = threadIdx.x % 32;  // matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, ...)
+  unsigned r[4];
+  cg_ldmatrix_x4(r, tile + ((lane % 8) + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8);
+  first.r[0] = r[0], first.r[1] = r[1], second.r[0] = r[2], second.r[1] = r[3];
+}
+
+__device__ __forceinline__ void load_b_transposed(FragmentB<float>& first, FragmentB<float>& second,
+                                                 const float* tile, int stride) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    first.x[e] = tile[g * stride + 2 * t + e];
+    first.x[2 + e] = tile[g * stride + 2 * t + 8 + e];
+    second.x[e] = tile[(g + 8) * stride + 2 * t + e];
+    second.x[2 + e] = tile[(g + 8) * stride + 2 * t + 8 + e];
+  }
+}
+
+// Two B fragments (columns 0-7 and 8-15) of a row-major B at `tile`: B[k][n] =
+// tile[k * stride + n] (V's rows, for O += P V), with ldmatrix's transpose.
+__device__ __forceinline__ void load_b(FragmentB<__nv_bfloat16>& first, FragmentB<__nv_bfloat16>& second,
+                                      const __nv_bfloat16* tile, int stride) {
+  const int lane = threadIdx.x % 32;  // matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), ...
+  unsigned r[4];
+  cg_ldmatrix_x4_trans(r, tile + (lane % 16) * stride + (lane / 16) * 8);
+  first.r[0] = r[0], first.r[1] = r[1], second.r[0] = r[2], second.r[1] = r[3];
+}
+
+__device__ __forceinline__ void load_b(FragmentB<float>& first, FragmentB<float>& second,
+                                      const float* tile, int stride) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    first.x[e] = tile[(2 * t + e) * stride + g];
+    first.x[2 + e] = tile[(2 * t + 8 + e) * stride + g];
+    second.x[e] = tile[(2 * t + e) * stride + g + 8];
+    second.x[2 + e] = tile[(2 * t + 8 + e) * stride + g + 8];
+  }
+}
+
+// c += A B.
+__device__ __forceinline__ void mma(Accumulator& c, const FragmentA<__nv_bfloat16>& a,
+                                   const FragmentB<__nv_bfloat16>& b) {
+  cg_mma_bf16_16816(c.x, a.r, b.r, c.x);
+}
+
+__device__ __forceinline__ void mma(Accumulator& c, const FragmentA<float>& a, const FragmentB<float>& b) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    // A(g, k) is element (k < 8 ? 0 : 4) + k % 2 of lane 4g + (k % 8) / 2, A(g + 8, k) the one
+    // after the next; B(k, n) is element (k < 8 ? 0 : 2) + k % 2 of lane 4n + (k % 8) / 2.
+    const int owner = (k % 8) / 2, ia = (k < 8 ? 0 : 4) + k % 2, ib = (k < 8 ? 0 : 2) + k % 2;
+    const float top = __shfl_sync(0xffffffffu, a.x[ia], 4 * g + owner);
+    const float bottom = __shfl_sync(0xffffffffu, a.x[ia + 2], 4 * g + owner);
+    const float left = __shfl_sync(0xffffffffu, b.x[ib], 8 * t + owner);
+    const float right = __shfl_sync(0xffffffffu, b.x[ib], 8 * t + 4 + owner);
+    c.x[0] += top * left;
+    c.x[1] += top * right;
+    c.x[2] += bottom * left;
+    c.x[3] += bottom * right;
+  }
+}
+
+// The A fragment of columns 0-15 from the accumulators of columns 0-7 and 8-15 (the same
+// lanes hold the same elements), rounded to low_t: probabilities to multiply by V.
+__device__ __forceinline__ unsigned pack_bf16(float first, float second) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
+  return *reinterpret_cast<const unsigned*>(&pair);
+}
+
+__device__ __forceinline__ void to_a(FragmentA<__nv_bfloat16>& a, const Accumulator& left,
+                                    const Accumulator& right) {
+  a.r[0] = pack_bf16(left.x[0], left.x[1]);
+  a.r[1] = pack_bf16(left.x[2], left.x[3]);
+  a.r[2] = pack_bf16(right.x[0], right.x[1]);
+  a.r[3] = pack_bf16(right.x[2], right.x[3]);
+}
+
+__device__ __forceinline__ void to_a(FragmentA<float>& a, const Accumulator& left, const Accumulator& right) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a.x[i] = left.x[i];
+    a.x[4 + i] = right.x[i];
   }
 }
 
@@ -349,30 +485,6 @@ __device__ __forceinline__ void rotary(int position, int i, float& a, float& b, 
   const float ra = a * cosine - b * sine, rb = a * sine + b * cosine;
   a = ra;
   b = rb;
-}
-
-// Copies a tile of kAttentionTile rows of one head (part 0: q, 1: k, 2: v) from qkv into
-// shared memory, rotating q and k; `first` is the tile's first row, `position` its first
-// position in the sequence.
-__device__ __forceinline__ void load_head_tile(low_t* tile, const low_t* qkv, size_t first,
-                                               int position, int head, int part) {
-  constexpr int kHalf = kHeadWidth / 2;
-  for (int index = threadIdx.x; index < kAttentionTile * kHalf; index += blockDim.x) {
-    const int r = index / kHalf, i = index % kHalf;
-    const low_t* from = qkv + (first + r) * (3 * kWidth) + part * kWidth + head * kHeadWidth;
-    float a = to_float(from[i]), b = to_float(from[i + kHalf]);
-    if (part < 2) rotary(position + r, i, a, b, false);
-    tile[r * kHeadWidth + i] = from_float<low_t>(a);
-    tile[r * kHeadWidth + i + kHalf] = from_float<low_t>(b);
-  }
-}
-
-// Copies a tile of rows of one head of a [rows, kWidth] buffer (an output gradient).
-__device__ __forceinline__ void load_rows(low_t* tile, const low_t* from, size_t first, int head) {
-  for (int index = threadIdx.x; index < kAttentionTile * kHeadWidth; index += blockDim.x) {
-    const int r = index / kHeadWidth, d = index % kHeadWidth;
-    tile[index] = from[(first + r) * kWidth + head * kHeadWidth + d];
-  }
 }
 
 // ---- kernels: one per image, parameters generated from the image's declaration --------
@@ -389,183 +501,381 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
 }
 
 // cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
-// Causal attention with rotary positions, flash style: a block per (query tile, head,
-// sequence); 4 warps of 16 query rows each. Key tiles stream through shared memory with an
-// online softmax, so the T x T scores never reach global memory. Products on the tensor
-// cores when low_t is bfloat16 (warp_mma).
+// Causal attention with rotary positions, FlashAttention-2 style: a block per (query tile,
+// head, sequence); 4 warps of 16 query rows each. Q, the scores S, the probabilities P and
+// the output accumulator O stay in registers (mma.m16n8k16 fragments) across the key tiles,
+// with an online softmax; K and V tiles arrive by cp.async into two stages of shared memory
+// (rows padded: ldmatrix without bank conflicts), the next tile's copy overlapping this one's
+// products. Rotary turns q once and each key tile once, in shared memory, as they land.
 extern "C" __global__ void __launch_bounds__(128) cgImageAttention(__nv_bfloat16* __restrict__ output, float* __restrict__ lse, const __nv_bfloat16* __restrict__ qkv) {
-  constexpr int T = kAttentionTile, D = kHeadWidth;
+  constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
+  constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
   static_assert(T == 64 && 128 == 128, "4 warps of 16 query rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
-  low_t* q = reinterpret_cast<low_t*>(memory);
-  low_t* k = q + T * D;
-  low_t* v = k + T * D;
-  low_t* p = v + T * D;                           // probabilities, T x T
-  float* s = reinterpret_cast<float*>(p + T * T);  // scores, T x T
-  float* o = s + T * T;                            // output accumulator, T x D
-  float* row_max = o + T * D;
-  float* row_sum = row_max + T;
+  low_t* q = reinterpret_cast<low_t*>(memory);  // T x kStride
+  low_t* keys = q + T * kStride;                 // 2 stages of T x kStride
+  low_t* values = keys + 2 * T * kStride;        // 2 stages of T x kStride
 
   const int tile = blockIdx.x, head = blockIdx.y, sequence = blockIdx.z;
   if (tile * T >= kContext || head >= kHeads) return;
-  const size_t first = static_cast<size_t>(sequence) * kContext + tile * T;
+  const size_t base = static_cast<size_t>(sequence) * kContext;
+  const size_t first = base + tile * T;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
+  const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
 
-  load_head_tile(q, qkv, first, tile * T, head, 0);
-  for (int i = threadIdx.x; i < T * D; i += 128) o[i] = 0.0f;
-  if (threadIdx.x < T) {
-    row_max[threadIdx.x] = -CG_INFINITY;
-    row_sum[threadIdx.x] = 0.0f;
-  }
+  // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async.
+  auto copy_tile = [&](low_t* to, size_t row, int part) {
+    for (int index = threadIdx.x; index < T * (D / kChunk); index += 128) {
+      const int r = index / (D / kChunk), c = index % (D / kChunk) * kChunk;
+      cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c);
+    }
+  };
+  // Rotary on a tile in shared memory whose first row is at `position`.
+  auto rotate_tile = [&](low_t* rows, int position) {
+    constexpr int kHalf = D / 2;
+    for (int index = threadIdx.x; index < T * kHalf; index += 128) {
+      const int r = index / kHalf, i = index % kHalf;
+      float a = to_float(rows[r * kStride + i]), b = to_float(rows[r * kStride + i + kHalf]);
+      rotary(position + r, i, a, b, false);
+      rows[r * kStride + i] = from_float<low_t>(a);
+      rows[r * kStride + i + kHalf] = from_float<low_t>(b);
+    }
+  };
+
+  FragmentA<low_t> query[D / 16];  // the warp's 16 rows of q, all of D
+  Accumulator out[D / 8];          // O, 16 rows x D
+  float row_max[2] = {-CG_INFINITY, -CG_INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g, g + 8
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) zero(out[n]);
+
+  copy_tile(q, first, 0);
+  copy_tile(keys, base, 1);
+  copy_tile(values, base, 2);
+  cg_cp_async_commit();
   for (int key_tile = 0; key_tile <= tile; ++key_tile) {
-    const size_t key_first = static_cast<size_t>(sequence) * kContext + key_tile * T;
-    __syncthreads();  // the previous tile's k and v are no longer read
-    load_head_tile(k, qkv, key_first, key_tile * T, head, 1);
-    load_head_tile(v, qkv, key_first, key_tile * T, head, 2);
-    __syncthreads();
-    warp_mma<true, false, T, D>(q + top * D, D, k, D, s + top * T, T, false);  // S = Q K^T
-    __syncwarp();
-    for (int r = top; r < top + 16; ++r) {
-      const int query = tile * T + r;
-      float a = s[r * T + lane] * scale, b = s[r * T + lane + 32] * scale;
-      if (key_tile * T + lane > query) a = -CG_INFINITY;
-      if (key_tile * T + lane + 32 > query) b = -CG_INFINITY;
-      const float old_max = row_max[r];
-      const float new_max = fmaxf(old_max, warp_max(fmaxf(a, b)));
-      const float pa = __expf(a - new_max), pb = __expf(b - new_max);
-      const float correction = __expf(old_max - new_max);
-      const float sum = warp_sum(pa + pb);
-      p[r * T + lane] = from_float<low_t>(pa);
-      p[r * T + lane + 32] = from_float<low_t>(pb);
-      for (int d = lane; d < D; d += 32) o[r * D + d] *= correction;
-      __syncwarp();
-      // No __syncwarp here: the next row touches only its own s, p, o and statistics, and
-      // row r's are read again only after the __syncwarp below (racecheck shows it).
-      if (lane == 0) {
-        row_sum[r] = row_sum[r] * correction + sum;
-        row_max[r] = new_max;
+    low_t* k = keys + (key_tile % 2) * T * kStride;
+    low_t* v = values + (key_tile % 2) * T * kStride;
+    cg_cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and the other stage is no longer read
+    if (key_tile < tile) {  // the next tile's copy overlaps this tile's products
+      const size_t next = base + (key_tile + 1) * T;
+      copy_tile(keys + ((key_tile + 1) % 2) * T * kStride, next, 1);
+      copy_tile(values + ((key_tile + 1) % 2) * T * kStride, next, 2);
+    }
+    cg_cp_async_commit();
+    if (key_tile == 0) rotate_tile(q, tile * T);
+    rotate_tile(k, key_tile * T);
+    __syncthreads();  // rotated
+    if (key_tile == 0) {
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) load_a(query[d], q + top * kStride + d * 16, kStride);
+    }
+
+    Accumulator s[T / 8];  // S = Q K^T: 16 rows x T keys
+#pragma unroll
+    for (int n = 0; n < T / 8; ++n) zero(s[n]);
+#pragma unroll
+    for (int d = 0; d < D / 16; ++d) {
+#pragma unroll
+      for (int n = 0; n < T / 16; ++n) {
+        FragmentB<low_t> left, right;
+        load_b_transposed(left, right, k + n * 16 * kStride + d * 16, kStride);
+        mma(s[2 * n], query[d], left);
+        mma(s[2 * n + 1], query[d], right);
       }
     }
-    warp_mma<true, true, D, T>(p + top * T, T, v, D, o + top * D, D, true);  // O += P V
-    __syncwarp();
+
+    // Online softmax over the lane's two rows; a row's 64 keys lie in its 4 lanes (a quad).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int query_position = tile * T + top + g + 8 * h;
+      float tile_max = -CG_INFINITY;
+#pragma unroll
+      for (int n = 0; n < T / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[n].x[2 * h + e];
+          x *= scale;
+          if (key_tile * T + n * 8 + 2 * t + e > query_position) x = -CG_INFINITY;
+          tile_max = fmaxf(tile_max, x);
+        }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[h], tile_max);  // finite: key 0 is always visible
+      const float correction = __expf(row_max[h] - new_max);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < T / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[n].x[2 * h + e];
+          x = __expf(x - new_max);
+          sum += x;
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      row_sum[h] = row_sum[h] * correction + sum;
+      row_max[h] = new_max;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        out[n].x[2 * h] *= correction;
+        out[n].x[2 * h + 1] *= correction;
+      }
+    }
+
+    // O += P V: P (rounded to low_t) straight from the score registers.
+#pragma unroll
+    for (int c = 0; c < T / 16; ++c) {
+      FragmentA<low_t> p;
+      to_a(p, s[2 * c], s[2 * c + 1]);
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {
+        FragmentB<low_t> left, right;
+        load_b(left, right, v + c * 16 * kStride + n * 16, kStride);
+        mma(out[2 * n], p, left);
+        mma(out[2 * n + 1], p, right);
+      }
+    }
   }
-  for (int r = top; r < top + 16; ++r) {
-    const float inverse = 1.0f / row_sum[r];
-    for (int d = lane; d < D; d += 32)
-      output[(first + r) * kWidth + head * D + d] = from_float<low_t>(o[r * D + d] * inverse);
-    if (lane == 0) lse[(first + r) * kHeads + head] = row_max[r] + __logf(row_sum[r]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const size_t row = first + top + g + 8 * h;
+    const float inverse = 1.0f / row_sum[h];
+    low_t* to = output + row * kWidth + head * D + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      to[n * 8] = from_float<low_t>(out[n].x[2 * h] * inverse);
+      to[n * 8 + 1] = from_float<low_t>(out[n].x[2 * h + 1] * inverse);
+    }
+    if (t == 0) lse[row * kHeads + head] = row_max[h] + __logf(row_sum[h]);
   }
 }
 
 // cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), head and sequence.
-// Attention backward, flash style, deterministic (no atomics): the block of key tile j
-// first accumulates dK_j and dV_j over the query tiles i >= j, then, as query tile j,
-// accumulates dQ_j over the key tiles <= j. Scores and probabilities are recomputed from
-// lse; dS = P * (dP - delta) * scale. dQ and dK are rotated back before they are written.
+// Attention backward, FlashAttention-2's split, deterministic (no atomics), with delta =
+// rowsum(dO * O) from the pre-pass (attention_delta). The block of tile j first accumulates
+// dK_j and dV_j over the query tiles i >= j (each warp 16 key rows: S^T = K Q^T and dP^T =
+// V dO^T recomputed, P^T from lse, dS^T = P^T * (dP^T - delta) * scale; dV += P^T dO, dK +=
+// dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 16 query rows: dQ
+// += dS K). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
+// mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
+// shared memory. q and k are rotated as they land; dQ and dK are rotated back as they are
+// written.
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
-  constexpr int T = kAttentionTile, D = kHeadWidth;
+  constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
+  constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
+  constexpr int kTiles = kContext / T;
   static_assert(T == 64 && 128 == 128, "4 warps of 16 rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
-  low_t* q = reinterpret_cast<low_t*>(memory);
-  low_t* k = q + T * D;
-  low_t* v = k + T * D;
-  low_t* dout = v + T * D;
-  low_t* p = dout + T * D;                         // probabilities, T x T
-  low_t* ds = p + T * T;                           // score gradients, T x T
-  float* s = reinterpret_cast<float*>(ds + T * T);  // scores, then dP, T x T
-  float* first_sum = s + T * T;                    // dK (then dQ), T x D
-  float* second_sum = first_sum + T * D;           // dV, T x D
-  float* row_lse = second_sum + T * D;
-  float* row_delta = row_lse + T;
+  low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (then q, dO) of tile j
+  low_t* streamed = held + 2 * T * kStride;        // 2 stages of 2 tiles: q, dO (then k, v)
 
   const int tile = blockIdx.x, head = blockIdx.y, sequence = blockIdx.z;
   if (tile * T >= kContext || head >= kHeads) return;
   const size_t base = static_cast<size_t>(sequence) * kContext;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
+  const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
 
-  // P and dS for the warp's 16 query rows of query tile `query_tile` against key tile
-  // `key_tile`; q, k, v, dout, row_lse and row_delta hold those tiles.
-  auto probabilities = [&](int query_tile, int key_tile) {
-    warp_mma<true, false, T, D>(q + top * D, D, k, D, s + top * T, T, false);  // S = Q K^T
-    __syncwarp();
-    for (int r = top; r < top + 16; ++r) {
-      const int query = query_tile * T + r;
-      for (int c = lane; c < T; c += 32) {
-        const bool visible = key_tile * T + c <= query;
-        const float value = visible ? __expf(s[r * T + c] * scale - row_lse[r]) : 0.0f;
-        p[r * T + c] = from_float<low_t>(value);
+  // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient).
+  auto copy_tile = [&](low_t* to, int index, int part) {
+    const size_t row = base + static_cast<size_t>(index) * T;
+    for (int i = threadIdx.x; i < T * (D / kChunk); i += 128) {
+      const int r = i / (D / kChunk), c = i % (D / kChunk) * kChunk;
+      const low_t* from = part < 3 ? qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c
+                                   : gradientOutput + (row + r) * kWidth + head * D + c;
+      cg_cp_async_16(to + r * kStride + c, from);
+    }
+  };
+  auto rotate_tile = [&](low_t* rows, int index) {
+    constexpr int kHalf = D / 2;
+    for (int i = threadIdx.x; i < T * kHalf; i += 128) {
+      const int r = i / kHalf, d = i % kHalf;
+      float a = to_float(rows[r * kStride + d]), b = to_float(rows[r * kStride + d + kHalf]);
+      rotary(index * T + r, d, a, b, false);
+      rows[r * kStride + d] = from_float<low_t>(a);
+      rows[r * kStride + d + kHalf] = from_float<low_t>(b);
+    }
+  };
+  // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
+  // gradientQkv, rotated back for q and k (the pair d, d + D/2 is in one lane).
+  auto store = [&](Accumulator (&values)[D / 8], int part) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int position = tile * T + top + g + 8 * h;
+      low_t* to = gradientQkv + (base + position) * (3 * kWidth) + part * kWidth + head * D;
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int d = n * 8 + 2 * t + e;
+          float a = values[n].x[2 * h + e], b = values[n + D / 16].x[2 * h + e];
+          if (part < 2) rotary(position, d, a, b, true);
+          to[d] = from_float<low_t>(a);
+          to[d + D / 2] = from_float<low_t>(b);
+        }
+    }
+  };
+
+  // ---- dK and dV of key tile `tile` ----
+  FragmentA<low_t> held_a[D / 16], held_b[D / 16];  // k and v, then q and dO: the warp's 16 rows
+  Accumulator first_sum[D / 8], second_sum[D / 8];  // dK and dV, then dQ
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) zero(first_sum[n]), zero(second_sum[n]);
+  copy_tile(held, tile, 1);
+  copy_tile(held + T * kStride, tile, 2);
+  copy_tile(streamed, tile, 0);
+  copy_tile(streamed + T * kStride, tile, 3);
+  cg_cp_async_commit();
+  for (int query_tile = tile; query_tile < kTiles; ++query_tile) {
+    const int stage = (query_tile - tile) % 2;
+    low_t* q = streamed + stage * 2 * T * kStride;
+    low_t* dout = q + T * kStride;
+    cg_cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and the other stage is no longer read
+    if (query_tile + 1 < kTiles) {
+      low_t* next = streamed + (1 - stage) * 2 * T * kStride;
+      copy_tile(next, query_tile + 1, 0);
+      copy_tile(next + T * kStride, query_tile + 1, 3);
+    }
+    cg_cp_async_commit();
+    if (query_tile == tile) rotate_tile(held, tile);
+    rotate_tile(q, query_tile);
+    __syncthreads();  // rotated
+    if (query_tile == tile) {
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        load_a(held_a[d], held + top * kStride + d * 16, kStride);
+        load_a(held_b[d], held + T * kStride + top * kStride + d * 16, kStride);
       }
     }
-    __syncwarp();
-    warp_mma<true, false, T, D>(dout + top * D, D, v, D, s + top * T, T, false);  // dP = dO V^T
-    __syncwarp();
-    for (int r = top; r < top + 16; ++r)
-      for (int c = lane; c < T; c += 32)
-        ds[r * T + c] = from_float<low_t>(to_float(p[r * T + c]) * (s[r * T + c] - row_delta[r]) * scale);
-    __syncwarp();
-  };
-  auto load_query_tile = [&](int query_tile) {
-    const size_t first = base + query_tile * T;
-    load_head_tile(q, qkv, first, query_tile * T, head, 0);
-    load_rows(dout, gradientOutput, first, head);
-    if (threadIdx.x < T) {
-      row_lse[threadIdx.x] = lse[(first + threadIdx.x) * kHeads + head];
-      row_delta[threadIdx.x] = delta[(first + threadIdx.x) * kHeads + head];
+#pragma unroll
+    for (int c = 0; c < T / 16; ++c) {  // 16 queries at a time
+      Accumulator scores[2], gradients[2];  // S^T and dP^T: 16 keys x 16 queries
+      zero(scores[0]), zero(scores[1]), zero(gradients[0]), zero(gradients[1]);
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        FragmentB<low_t> left, right;
+        load_b_transposed(left, right, q + c * 16 * kStride + d * 16, kStride);
+        mma(scores[0], held_a[d], left);
+        mma(scores[1], held_a[d], right);
+        load_b_transposed(left, right, dout + c * 16 * kStride + d * 16, kStride);
+        mma(gradients[0], held_b[d], left);
+        mma(gradients[1], held_b[d], right);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int query = query_tile * T + c * 16 + n * 8 + 2 * t + e;
+          const size_t at = (base + query) * kHeads + head;
+          const float row_lse = lse[at], row_delta = delta[at];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int key = tile * T + top + g + 8 * h;
+            float& p = scores[n].x[2 * h + e];
+            p = key <= query ? __expf(p * scale - row_lse) : 0.0f;
+            float& ds = gradients[n].x[2 * h + e];
+            ds = p * (ds - row_delta) * scale;
+          }
+        }
+      FragmentA<low_t> p, ds;
+      to_a(p, scores[0], scores[1]);
+      to_a(ds, gradients[0], gradients[1]);
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {
+        FragmentB<low_t> left, right;
+        load_b(left, right, dout + c * 16 * kStride + n * 16, kStride);  // dV += P^T dO
+        mma(second_sum[2 * n], p, left);
+        mma(second_sum[2 * n + 1], p, right);
+        load_b(left, right, q + c * 16 * kStride + n * 16, kStride);  // dK += dS^T Q
+        mma(first_sum[2 * n], ds, left);
+        mma(first_sum[2 * n + 1], ds, right);
+      }
     }
-  };
-  auto load_key_tile = [&](int key_tile) {
-    const size_t first = base + key_tile * T;
-    load_head_tile(k, qkv, first, key_tile * T, head, 1);
-    load_head_tile(v, qkv, first, key_tile * T, head, 2);
-  };
-  // Writes a T x D float tile, rotated back for q and k, into part `part` of gradientQkv.
-  auto store = [&](const float* values, int tile_index, int part) {
-    constexpr int kHalf = D / 2;
-    const size_t first = base + tile_index * T;
-    for (int index = threadIdx.x; index < T * kHalf; index += 128) {
-      const int r = index / kHalf, i = index % kHalf;
-      float a = values[r * D + i], b = values[r * D + i + kHalf];
-      if (part < 2) rotary(tile_index * T + r, i, a, b, true);
-      low_t* to = gradientQkv + (first + r) * (3 * kWidth) + part * kWidth + head * D;
-      to[i] = from_float<low_t>(a);
-      to[i + kHalf] = from_float<low_t>(b);
-    }
-  };
-
-  // dK and dV of key tile `tile`.
-  load_key_tile(tile);
-  for (int i = threadIdx.x; i < T * D; i += 128) first_sum[i] = second_sum[i] = 0.0f;
-  for (int query_tile = tile; query_tile < kContext / T; ++query_tile) {
-    __syncthreads();
-    load_query_tile(query_tile);
-    __syncthreads();
-    probabilities(query_tile, tile);
-    __syncthreads();
-    // Warp w owns key rows top .. top + 15 of dV += P^T dO and dK += dS^T Q.
-    warp_mma<false, true, D, T>(p + top, T, dout, D, second_sum + top * D, D, true);
-    warp_mma<false, true, D, T>(ds + top, T, q, D, first_sum + top * D, D, true);
   }
-  __syncthreads();
-  store(first_sum, tile, 1);
-  store(second_sum, tile, 2);
+  store(first_sum, 1);
+  store(second_sum, 2);
 
-  // dQ of query tile `tile`.
-  __syncthreads();
-  load_query_tile(tile);
-  for (int i = threadIdx.x; i < T * D; i += 128) first_sum[i] = 0.0f;
+  // ---- dQ of query tile `tile` ----
+  __syncthreads();  // every warp is done with the shared tiles the copies below replace
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) zero(first_sum[n]);
+  copy_tile(held, tile, 0);
+  copy_tile(held + T * kStride, tile, 3);
+  copy_tile(streamed, 0, 1);
+  copy_tile(streamed + T * kStride, 0, 2);
+  cg_cp_async_commit();
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const size_t at = (base + tile * T + top + g + 8 * h) * kHeads + head;
+    row_lse[h] = lse[at];
+    row_delta[h] = delta[at];
+  }
   for (int key_tile = 0; key_tile <= tile; ++key_tile) {
-    __syncthreads();
-    load_key_tile(key_tile);
-    __syncthreads();
-    probabilities(tile, key_tile);
-    warp_mma<true, true, D, T>(ds + top * T, T, k, D, first_sum + top * D, D, true);  // dQ += dS K
+    const int stage = key_tile % 2;
+    low_t* k = streamed + stage * 2 * T * kStride;
+    low_t* v = k + T * kStride;
+    cg_cp_async_wait<0>();
+    __syncthreads();  // this tile has landed, and the other stage is no longer read
+    if (key_tile < tile) {
+      low_t* next = streamed + (1 - stage) * 2 * T * kStride;
+      copy_tile(next, key_tile + 1, 1);
+      copy_tile(next + T * kStride, key_tile + 1, 2);
+    }
+    cg_cp_async_commit();
+    if (key_tile == 0) rotate_tile(held, tile);
+    rotate_tile(k, key_tile);
+    __syncthreads();  // rotated
+    if (key_tile == 0) {
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        load_a(held_a[d], held + top * kStride + d * 16, kStride);
+        load_a(held_b[d], held + T * kStride + top * kStride + d * 16, kStride);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
+      Accumulator scores[2], gradients[2];  // S and dP: 16 queries x 16 keys
+      zero(scores[0]), zero(scores[1]), zero(gradients[0]), zero(gradients[1]);
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        FragmentB<low_t> left, right;
+        load_b_transposed(left, right, k + c * 16 * kStride + d * 16, kStride);
+        mma(scores[0], held_a[d], left);
+        mma(scores[1], held_a[d], right);
+        load_b_transposed(left, right, v + c * 16 * kStride + d * 16, kStride);
+        mma(gradients[0], held_b[d], left);
+        mma(gradients[1], held_b[d], right);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key_tile * T + c * 16 + n * 8 + 2 * t + e;
+            const int query = tile * T + top + g + 8 * h;
+            const float p = key <= query ? __expf(scores[n].x[2 * h + e] * scale - row_lse[h]) : 0.0f;
+            float& ds = gradients[n].x[2 * h + e];
+            ds = p * (ds - row_delta[h]) * scale;
+          }
+      FragmentA<low_t> ds;
+      to_a(ds, gradients[0], gradients[1]);
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {  // dQ += dS K
+        FragmentB<low_t> left, right;
+        load_b(left, right, k + c * 16 * kStride + n * 16, kStride);
+        mma(first_sum[2 * n], ds, left);
+        mma(first_sum[2 * n + 1], ds, right);
+      }
+    }
   }
-  __syncthreads();
-  store(first_sum, tile, 0);
+  store(first_sum, 0);
 }
 
 // cgImageAttentionDelta: delta = rowsum(dO * O) per row and head: the attention backward's pre-pass.
@@ -1217,8 +1527,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 // Kernels that take more than 48 KiB of shared memory say so once.
 static void cg_prepare() {
   cg_check(cublasCreate(&cg_cublas), "creating the cuBLAS handle");
-  cg_check(cudaFuncSetAttribute(cgImageAttention, cudaFuncAttributeMaxDynamicSharedMemorySize, 66048), "cgImageAttention shared memory");
-  cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 98816), "cgImageAttentionBackward shared memory");
+  cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 55296), "cgImageAttentionBackward shared memory");
 }
 
 // ======================================================================================
@@ -1241,7 +1550,7 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
     // library.cg:281:31 (from forward.cg:17:7) cgImageAttention
-    CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 66048, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer));
+    CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 46080, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer));
     CG_LAUNCHED("library.cg:281:31 (from forward.cg:17:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
@@ -1321,7 +1630,7 @@ static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
   CG_LAUNCHED("library.cg:415:51 (from backward.cg:26:7) cgImageAttentionDelta");
   // library.cg:423:53 (from backward.cg:26:7) cgImageAttentionBackward
-  CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 98816, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
+  CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
   CG_LAUNCHED("library.cg:423:53 (from backward.cg:26:7) cgImageAttentionBackward");
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);

@@ -1,8 +1,9 @@
 // Racecheck: built with -fsanitize=thread, each kernel here is either clean (no report may name
 // it) or has one race on purpose (the report must name its kernel, the shared memory and both
 // threads). tests/test_racecheck.py reads the "cuda_cpu racecheck:" lines the headers print.
-//   clean_*  barriers, __syncwarp, block start and end, and a WMMA tile loaded, multiplied and
-//            stored back with no __syncwarp between (each element is touched by one lane)
+//   clean_*  barriers, __syncwarp, block start and end, a WMMA tile loaded, multiplied and
+//            stored back with no __syncwarp between (each element is touched by one lane), and
+//            cp.async copies read by ldmatrix after the wait and a __syncthreads
 //   racy_*   what each barrier prevents, with the barrier missing
 // Without ThreadSanitizer the program runs the same kernels and checks nothing but the results
 // of the clean ones.
@@ -51,6 +52,47 @@ __global__ void racy_wmma_store_then_read(float* out, const __nv_bfloat16* a) {
   wmma::mma_sync(acc, fa, fb, acc);
   wmma::store_matrix_sync(tile, acc, 16, wmma::mem_row_major);
   out[threadIdx.x] = tile[threadIdx.x * 8 + 1];
+}
+
+// A cp.async copy is its issuing thread's write, made at the wait: another thread reading the
+// destination after that wait but with no barrier between races with it.
+__global__ void racy_cp_async_without_barrier(int* out, const int* from) {
+  __shared__ __align__(16) int words[64 * 4];
+  cg_cp_async_16(words + threadIdx.x * 4, from + threadIdx.x * 4);
+  cg_cp_async_commit();
+  cg_cp_async_wait<0>();
+  out[threadIdx.x] = words[((threadIdx.x + 32) % 64) * 4];  // another warp's copy
+}
+
+// ldmatrix reads the row whose address a lane gives (ptx.h): lane 3 reads row 3, where lane 7
+// wrote one element after the __syncwarp: a race.
+__global__ void racy_ldmatrix_without_syncwarp(unsigned* out) {
+  // (__nv_bfloat16 has a constructor: a static __shared__ array of it would get a thread_local
+  // initialisation guard, which the emulator's threads share; the kernels use raw storage.)
+  __shared__ __align__(16) unsigned short raw[16 * 16];
+  __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(raw);
+  const int lane = threadIdx.x;
+  for (int i = lane; i < 256; i += 32) tile[i] = __float2bfloat16_rn(static_cast<float>(i));
+  __syncwarp();
+  if (lane == 7) tile[3 * 16 + 2] = __float2bfloat16_rn(-1.0f);
+  unsigned r[4];
+  cg_ldmatrix_x4(r, tile + (lane % 16) * 16 + (lane / 16) * 8);
+  out[lane] = r[0];
+}
+
+// The attention kernels' pattern: cp.async, wait, __syncthreads, then ldmatrix of rows other
+// threads copied: clean.
+__global__ void clean_cp_async_then_ldmatrix(unsigned* out, const __nv_bfloat16* from) {
+  __shared__ __align__(16) unsigned short raw[2 * 16 * 16];
+  __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  cg_cp_async_16(tile + threadIdx.x * 8, from + threadIdx.x * 8);  // 64 x 16 bytes
+  cg_cp_async_commit();
+  cg_cp_async_wait<0>();
+  __syncthreads();
+  unsigned r[4];
+  cg_ldmatrix_x4(r, tile + (1 - warp) * 256 + (lane % 16) * 16 + (lane / 16) * 8);
+  for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = r[i];
 }
 
 // Static shared memory reused by every block on a worker, with barriers: clean, on 2 workers.
@@ -118,6 +160,8 @@ int main() {
   CG_LAUNCH(racy_dynamic, dim3(1), dim3(32), 64, nullptr)(ints);
   CG_LAUNCH(racy_shuffle_is_not_a_barrier, dim3(1), dim3(32), 0, nullptr)(ints);
   CG_LAUNCH(racy_wmma_store_then_read, dim3(1), dim3(32), 0, nullptr)(floats, a);
+  CG_LAUNCH(racy_cp_async_without_barrier, dim3(1), dim3(64), 0, nullptr)(ints, ints + 512);
+  CG_LAUNCH(racy_ldmatrix_without_syncwarp, dim3(1), dim3(32), 0, nullptr)(reinterpret_cast<unsigned*>(ints));
   CUDA_OK(cudaGetLastError());
 
   CG_LAUNCH(clean_block_sum, dim3(64), dim3(128), 0, nullptr)(floats, values);
@@ -146,6 +190,21 @@ int main() {
     const int r = i % 256 / 16, c = i % 16;
     const float expected = 1.0f + (r == c ? 2.0f : 0.0f);  // twice: 1 + I I^T + I I^T
     CHECK(tiles[i] == expected, "element %d: %g, expected %g", i, tiles[i], expected);
+  }
+  std::vector<__nv_bfloat16> counting(512);
+  for (int i = 0; i < 512; ++i) counting[i] = __float2bfloat16_rn(static_cast<float>(i % 256));
+  __nv_bfloat16* source = nullptr;
+  CUDA_OK(cudaMalloc(&source, 512 * sizeof(__nv_bfloat16)));
+  CUDA_OK(cudaMemcpy(source, counting.data(), 512 * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+  CG_LAUNCH(clean_cp_async_then_ldmatrix, dim3(1), dim3(64), 0, nullptr)(reinterpret_cast<unsigned*>(ints), source);
+  CUDA_OK(cudaGetLastError());
+  std::vector<unsigned> registers(256);
+  CUDA_OK(cudaMemcpy(registers.data(), ints, 256 * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  for (int thread = 0; thread < 64; ++thread) {  // warp w read tile 1 - w: element (r, c) = r * 16 + c
+    const int lane = thread % 32, g = lane / 4, t = lane % 4;
+    const unsigned low = registers[thread * 4] & 0xFFFFu;  // register 0: (g, 2t) of rows 0-7
+    CHECK(__bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&low)) == static_cast<float>(g * 16 + 2 * t),
+          "thread %d: ldmatrix after cp.async read %u", thread, low);
   }
   FINISH("racecheck");
 }

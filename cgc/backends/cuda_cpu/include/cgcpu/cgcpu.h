@@ -21,5 +21,6 @@
 #include "state.h"
 #include "scheduler.h"
 #include "warp.h"
+#include "ptx.h"
 #include "runtime_api.h"
 #include "racecheck.h"

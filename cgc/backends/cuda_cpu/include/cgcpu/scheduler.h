@@ -93,6 +93,16 @@ struct Fiber {
   const char* file = nullptr;
   int line = 0;
   int tsan_ignores = 0;  // racecheck: the emulator's bookkeeping scopes this fiber is inside
+  // cp.async (ptx.h): the copies this thread issued and has not yet waited for, each with its
+  // group (the number of commit_groups before it), and the groups committed so far.
+  struct AsyncCopy {
+    void* to;
+    const void* from;
+    unsigned bytes;
+    unsigned group;
+  };
+  std::vector<AsyncCopy> async_copies;
+  unsigned async_groups = 0;
 };
 
 // The emulator's bookkeeping in a CUDA thread (racecheck): hidden from TSan, and counted, so
@@ -669,6 +679,8 @@ inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
     f.linear = i;
     f.index = uint3{i % b.x, i / b.x % b.y, i / (b.x * b.y)};
     f.state = FiberState::Ready;
+    f.async_copies.clear();  // a thread that left copies unwaited does not pass them on
+    f.async_groups = 0;
     f.stack = w.stacks.stack(i);
     f.stack_size = w.stacks.size();
     // Start each fiber's frames at a different offset modulo 4 KiB: stacks a fixed stride apart
