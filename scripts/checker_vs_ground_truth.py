@@ -604,6 +604,10 @@ def ground_truth_1(program, parameters=None) -> tuple[str, str]:
         label = program.roles.get(role)
         if label in program.storages:
             machine.store(label, values)
+    label = program.roles.get("learningRate")
+    if label in program.storages:  # the runtime writes the step's rate: the schedule's peak
+        rate = float(program.roles.get("peakLearningRate", 1e-3))
+        machine.store(label, np.full(program.storages[label].count, rate, dtype=np.float32))
     if parameters is not None:
         for bank, declaration in program.banks.items():
             if declaration.role in ("parameters", "copies"):
@@ -850,18 +854,26 @@ def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int
     return found
 
 
+# Every image a schedule of the campaign launches: the training step, its recomputing twin
+# and the seed's backward (its own loss, cross-entropy, scatter and accumulating products).
+LIBRARY_SCHEDULE = """import "{folder}/train.cg"
+import "{folder}/train_recompute.cg"
+def cgGroundTruthLibrary : (family NvidiaLaunchSchedule) =
+  (cgThen cgTrainStep (cgThen cgRecomputeTrainStep (cgThen cgZeroGradients cgBackward)))
+"""
+
+
 def base_program(overrides: dict):
-    """The unmutated whole step with these constants (requirements not enforced): what a
-    library of kernels is built from."""
-    path = os.path.join(ROOT, "schedules", "train.cg")
-    modules = load([path], Reporter())
-    with requirements_off():
-        report = Reporter()
-        scope = Scope(modules, report)
-        declarations = elaborate(scope, report)
-        TypeChecker(scope, declarations, report).check_all()
-        return evaluate_program(scope, declarations, path, "cgTrainStep", CONFIG, overrides,
-                                report)
+    """A program launching every image a variant may use, with these constants
+    (requirements not enforced): what a library of kernels is built from."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "library.cg")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(LIBRARY_SCHEDULE.format(
+                folder=os.path.relpath(os.path.join(ROOT, "schedules"), folder)))
+        with requirements_off():
+            return front_end(load([path], Reporter()), path, "cgGroundTruthLibrary", CONFIG,
+                             overrides)
 
 
 def build_libraries(override_sets: list[dict], jobs: int, out) -> dict:

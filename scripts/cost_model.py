@@ -10,16 +10,17 @@ As built (docs/performance-model.md): each kernel priced from its machine code a
 shape, read by scripts/sass_audit.py (registers and shared memory -> blocks an SM; the
 tensor-core, shared-memory and generic instructions of each tiled main loop), and from the
 design facts SASS cannot show (DESIGNS: bytes in flight a thread, bank conflicts, loop trip
-counts, re-reads). A launch takes the longest of:
+counts and inner loops' trips, re-reads). A launch takes the longest of:
 - HBM: floor bytes over the bandwidth Little's law allows with the bytes the resident
   threads keep in flight (MODEL.memory_latency_s), capped at the HBM rate;
-- L2: re-read bytes (a tile loaded once per query tile, ids scanned by every block) over
+- L2: re-read bytes (a K and V tile loaded once per query tile that reads it) over
   MODEL.l2_bytes_per_s;
 - tensor cores: HMMA instructions executed x 4096 flop over the rate mma.sync reaches
   (MODEL.mma_sync_fraction of the peak), on the SMs the grid occupies; cuBLAS products at
   MODEL.cublas_fraction of the peak;
 - shared memory: wavefronts (128 bytes a clock an SM; an n-way bank conflict costs n);
-- issue: warp instructions a loop executes over 4 schedulers an SM;
+- issue: warp instructions a loop executes (the loops inside a main loop times their trips
+  from the design) over 4 schedulers an SM;
 divided by the tail of the last wave, plus MODEL.launch_overhead_s. The gap between
 modelled and floor, kernel by kernel, is the to-do list.
 
@@ -73,13 +74,20 @@ class Design:
     tile_iterations(roles): for each tiled main loop (in address order, as the audit lists
         them), its iterations summed over the whole grid;
     l2_bytes(roles, launch): bytes re-read from L2 beyond the floor's traffic;
-    issue(roles, launch): warp instructions of a loop the SASS counts cannot price."""
+    issue(roles, launch): warp instructions of a loop the SASS counts cannot price;
+    wavefronts(roles, launch): shared-memory wavefronts of such a loop;
+    inner_trips(roles, launch, inner): for the loops inside one tiled main loop (their
+        counts, in address order, as the audit lists them), the trips each makes a thread
+        per main-loop iteration (on average: a loop run on the first iteration only makes
+        fewer than one). The SASS body counts each once; the model adds the rest."""
 
     inflight: int = 16
     conflicts: dict = field(default_factory=dict)
     tile_iterations: object = None
     l2_bytes: object = None
     issue: object = None
+    wavefronts: object = None
+    inner_trips: object = None
 
 
 def _causal_tiles(r) -> int:
@@ -94,18 +102,65 @@ def _attention_rereads(r, launch) -> int:
     return _causal_tiles(r) * tile_bytes
 
 
-SCAN_INSTRUCTIONS = 4  # LDS of an id, two compares, a branch: the scatter's scan, per id
+def _sort_stages(r) -> int:
+    """Compare-exchange passes of a bitonic sort of the step's rows, padded to a power of
+    two: log2(n) (log2(n) + 1) / 2."""
+    steps = max(r["rows"] - 1, 1).bit_length()
+    return steps * (steps + 1) // 2
+
+
+def _sort_keys(r) -> int:
+    return 1 << max(r["rows"] - 1, 1).bit_length()
+
+
+ATTENTION_CHUNK = 8  # bfloat16 elements a 16-byte cp.async moves (the step's low type)
+
+
+def _attention_inner_trips(r, launch, inner) -> tuple:
+    """The loops inside each key-tile (or query-tile) loop of the attention kernels, in
+    source and address order: the two cp.async copies of the streamed tiles, the rotary of
+    the held tile (on the block's first iteration only) and the rotary of the streamed tile.
+    A copy moves T x D / 8 chunks of 16 bytes over the block, a rotary T x D / 2 pairs;
+    each trip of the SASS body does as many as it holds cp.async (copies) or stores / 2
+    (rotary: two bfloat16 stores a pair)."""
+    tile, width = r["attentionTile"], r["headWidth"]
+    copies = [c for c in inner if c.get("ldgsts")]
+    rotations = [c for c in inner if not c.get("ldgsts")]
+    assert len(copies) == 2 and len(rotations) == 2 and all(c.get("sts") for c in rotations), \
+        "the attention loop's inner loops are not two copies and two rotations"
+    first_only = launch.blocks / _causal_tiles(r)  # a block's iterations: its first of them
+    trips = []
+    for c in inner:
+        if c.get("ldgsts"):
+            trips.append(tile * width / ATTENTION_CHUNK / launch.threads / c["ldgsts"])
+        else:
+            trips.append(tile * width / 2 / launch.threads / (c["sts"] / 2))
+    held = inner.index(rotations[0])
+    trips[held] *= first_only
+    return tuple(trips)
+
+
+# Per 32 keys of one pass of cgImageScatterOrder's sort, one warp-iteration of its inner loop:
+# partner, compare, branch, the two loads and (for half the pairs) the two stores, the loop's
+# own arithmetic (an estimate from the template, not counted from the SASS), and 4 shared
+# accesses of one wavefront each (consecutive 4-byte keys; half the lanes take part).
+SORT_INSTRUCTIONS = 14
+SORT_WAVEFRONTS = 4
 
 DESIGNS = {
-    # WMMA fragments load through generic 32-bit LD from rows of 64 bfloat16 (128 bytes):
-    # the 8 rows of a load land on the same 4 banks, 8 ways.
-    "cgImageAttention": Design(inflight=16, conflicts={"generic": 8},
+    # ldmatrix from rows padded by kAttentionRowPadding: conflict-free (the default 1). In
+    # flight: the next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 128 threads.
+    "cgImageAttention": Design(inflight=128,
                                tile_iterations=lambda r: (_causal_tiles(r),),
-                               l2_bytes=_attention_rereads),
+                               l2_bytes=_attention_rereads,
+                               inner_trips=_attention_inner_trips),
+    # the dK/dV loop over query tiles >= j, then the dQ loop over key tiles <= j: each runs
+    # over the causal tile pairs; the streamed pair of tiles (q and dO, then k and v) in flight
     "cgImageAttentionBackward": Design(
-        inflight=16, conflicts={"generic": 8},
+        inflight=128,
         tile_iterations=lambda r: (_causal_tiles(r), _causal_tiles(r)),
-        l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch)),
+        l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
+        inner_trips=_attention_inner_trips),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
     "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
     "cgImageLayerNorm": Design(inflight=24),
@@ -114,20 +169,24 @@ DESIGNS = {
     "cgImageLayerNormBackward": Design(inflight=288),
     "cgImageLayerNormBackwardAdd": Design(inflight=288),
     "cgImageLayerNormParameterGradients": Design(inflight=16),
-    "cgImageLoss": Design(inflight=16),
-    "cgImageCrossEntropyBackward": Design(inflight=4),  # one logit a thread
+    # a row a block: each thread loads its 7 groups of 16 bytes (50304 bfloat16 logits over
+    # 1024 threads) before using any
+    "cgImageClassifier": Design(inflight=112),
     "cgImageGelu": Design(inflight=16),
     "cgImageGeluBackward": Design(inflight=32),
     "cgImageCastDown": Design(inflight=32),
-    "cgImageZero": Design(inflight=16),
     "cgImageSquareSum": Design(inflight=16),
     # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
     "cgImageAdamW": Design(inflight=64),
-    "cgImageGradientNorm": Design(inflight=4),
-    # every block scans all the step's ids (loaded to shared memory) for the ones it owns
-    "cgImageScatter": Design(
-        inflight=16, l2_bytes=lambda r, launch: launch.blocks * r["rows"] * 4,
-        issue=lambda r, launch: launch.blocks * launch.warps * r["rows"] * SCAN_INSTRUCTIONS),
+    "cgImageGradientNorm": Design(inflight=4),  # one partial sum a thread at a time
+    # one block sorts the step's keys in shared memory: every pass visits every key
+    "cgImageScatterOrder": Design(
+        inflight=4,
+        issue=lambda r, launch: _sort_stages(r) * _sort_keys(r) // 32 * SORT_INSTRUCTIONS,
+        wavefronts=lambda r, launch: _sort_stages(r) * _sort_keys(r) // 32 * SORT_WAVEFRONTS),
+    # each gradient float's address waits on order[p] and then ids[order[p]]: one float a
+    # thread in flight
+    "cgImageScatterSorted": Design(inflight=4),
     "cgImageStepAdvance": Design(inflight=4),
 }
 
@@ -219,13 +278,23 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
         assert len(iterations) == len(audit.tile_loops), \
             f"{facts.image}: the design names {len(iterations)} tiled loops, the SASS has " \
             f"{len(audit.tile_loops)}"
-        for counts, n in zip(audit.tile_loops, iterations):
+        inner_loops = audit.inner_loops or [[] for _ in audit.tile_loops]
+        for counts, n, inner in zip(audit.tile_loops, iterations, inner_loops):
             executed = n * facts.warps  # loop iterations over all warps of the grid
-            hmma += counts.get("tensor", 0) * executed
-            wavefronts += shared_wavefronts(counts, design.conflicts) * executed
-            issue += counts.get("instructions", 0) * executed
+            body = [(counts, 1.0)]
+            if design.inner_trips and inner:
+                # the SASS counts an inner loop's body once: add its other trips (or take
+                # off the part of its one that a first-iteration-only loop does not run)
+                body += [(c, trips - 1) for c, trips in
+                         zip(inner, design.inner_trips(roles, facts, inner))]
+            for part, times in body:
+                hmma += part.get("tensor", 0) * executed * times
+                wavefronts += shared_wavefronts(part, design.conflicts) * executed * times
+                issue += part.get("instructions", 0) * executed * times
     if design.issue:
         issue += design.issue(roles, facts)
+    if design.wavefronts:
+        wavefronts += design.wavefronts(roles, facts)
     parts["tensor"] = hmma * FLOP_PER_HMMA / (active * hw.tensor_flops / hw.sms
                                               * model.mma_sync_fraction)
     parts["shared"] = wavefronts / clock  # one wavefront a clock an SM

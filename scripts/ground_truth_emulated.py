@@ -13,7 +13,7 @@ helpers to allocate, poison, unpoison, fill and count NaNs.
 
 A variant is then a JOB (`make_job`): its memory laid out by its own memory plan
 (plan_memory with 256-byte red zones after every step buffer and arena slot), its ids,
-targets and first parameters filled; in a whole step every other step buffer and arena
+targets, learning rate and first parameters filled; in a whole step every other step buffer and arena
 slot starts as NaN (0xFF bytes), but for what the step only reads-and-writes (the
 optimizer's counter, which the runtime's zeroed memory starts at 0). Its launches run in
 order through the entry points (`Launch.arguments(point)` for each iteration of
@@ -212,7 +212,8 @@ def make_job(program, plan, parameters=None, tokens=None, whole_step: bool | Non
     """A variant as a job. `parameters`: each entry's first values (loaded into the
     parameter and copy banks); `tokens`: (ids, targets) as int lists. In a whole step (the
     program's entry is its `step` role), every step buffer and arena slot starts as NaN but
-    for the ids, the targets and what the step only reads-and-writes (state kept across
+    for what the runtime writes before each step (the ids, the targets, the learning rate:
+    the roles that flow in) and what the step only reads-and-writes (state kept across
     steps, as the runtime's zeroed memory gives it); elsewhere memory starts zeroed."""
     from cgc.core.elements import concrete
     from cgc.core.ir import BindingError
@@ -229,7 +230,8 @@ def make_job(program, plan, parameters=None, tokens=None, whole_step: bool | Non
                 storage = binding.view.storage
                 if parameter is not None and storage.kind in ("buffer", "arena"):
                     first_access.setdefault(storage.name, parameter.access)
-        inputs = {program.storages[roles[r]].name for r in ("ids", "targets") if r in roles}
+        from cgc.core.roles import flowing
+        inputs = {program.storages[roles[r]].name for r in flowing("in") if r in roles}
         for name, storage in program.storages.items():
             if storage.kind not in ("buffer", "arena") or name in inputs:
                 continue
@@ -238,6 +240,13 @@ def make_job(program, plan, parameters=None, tokens=None, whole_step: bool | Non
             index, offset = layout.start(storage)
             job.fills.append((index, offset, storage.count * layout.size(storage.element),
                               POISON_BYTE))
+    if "learningRate" in roles and roles["learningRate"] in program.storages:
+        # the runtime writes the step's rate before each step: the schedule's peak
+        storage = program.storages[roles["learningRate"]]
+        index, offset = layout.start(storage)
+        rate = float(roles.get("peakLearningRate", 1e-3))
+        job.data.append((index, offset, struct.pack(f"<{storage.count}f",
+                                                    *[rate] * storage.count)))
     if tokens is not None:
         for role, values in zip(("ids", "targets"), tokens):
             if role in roles and roles[role] in program.storages:

@@ -228,6 +228,17 @@ class KernelCode:
                 found.append((loop, counts))
         return found
 
+    def inner_loops(self, outer: Loop) -> list[Counter]:
+        """The counts of each loop directly inside `outer` (not inside another inner one), in
+        address order: one trip's body. The cost model multiplies them by their trips."""
+        inside = [l for l in self.loops if outer.start <= l.start and l.end <= outer.end
+                  and (l.start, l.end) != (outer.start, outer.end)]
+        direct = [l for l in inside
+                  if not any(o is not l and o.start <= l.start and l.end <= o.end
+                             and (o.start, o.end) != (l.start, l.end) for o in inside)]
+        return [self.counts(lambda i, l=l: l.holds(i.address))
+                for l in sorted(direct, key=lambda l: l.start)]
+
     def tensor_outside_loops(self) -> int:
         return sum(1 for i in self.instructions
                    if i.kind == "tensor" and not any(l.holds(i.address) for l in self.loops))
@@ -403,6 +414,8 @@ class KernelAudit:
     counts: Counter
     tile_loops: list[Counter]  # per outermost loop issuing HMMA: one iteration's counts
     tensor_outside_loops: int
+    # per tiled main loop, the counts of one trip of each loop directly inside it
+    inner_loops: list[list[Counter]] = field(default_factory=list)
 
     def row(self) -> dict:
         c = self.counts
@@ -413,7 +426,8 @@ class KernelAudit:
                 **{k: c[k] for k in ("tensor", "ldsm", "lds", "sts", "ldgsts", "generic",
                                      "global", "wide", "local", "atomic", "barrier")},
                 "tile_loops": [dict(t) for t in self.tile_loops],
-                "tensor_outside_loops": self.tensor_outside_loops}
+                "tensor_outside_loops": self.tensor_outside_loops,
+                "inner_loops": [[dict(c) for c in loops] for loops in self.inner_loops]}
 
 
 @dataclass
@@ -434,7 +448,8 @@ def audit_code(code: dict[str, KernelCode], usage: dict[str, Resources],
             used.stack,
             occupancy(shape.threads, used.registers, used.static_shared + shape.dynamic_shared,
                       hw),
-            kernel.counts(), [c for _, c in kernel.tile_loops()], kernel.tensor_outside_loops())
+            kernel.counts(), [c for _, c in kernel.tile_loops()], kernel.tensor_outside_loops(),
+            [kernel.inner_loops(loop) for loop, _ in kernel.tile_loops()])
     return found
 
 

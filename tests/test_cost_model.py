@@ -99,6 +99,45 @@ def test_tiled_kernel_by_hand():
     assert free.parts["shared"] == pytest.approx(modelled.parts["shared"] / 8)
 
 
+def test_inner_loops_are_priced_by_their_trips():
+    """The loop of test_tiled_kernel_by_hand without HMMA bodies of its own, and two loops
+    inside it: one of 100 instructions and 4 wavefronts making 3 trips (the SASS body counts
+    1: 2 more), one of 50 instructions run on a quarter of the iterations (-0.75 of one).
+    Per warp-iteration: 1000 + 2 x 100 - 0.75 x 50 = 1162.5 instructions, 2 x 4 = 8 more
+    wavefronts."""
+    loop = Counter({"tensor": 64, "instructions": 1000})
+    inner = [Counter({"instructions": 100, "wavefronts:lds": 4}),
+             Counter({"instructions": 50})]
+    audit = _audit(2, [loop])
+    audit.inner_loops = [inner]
+    design = Design(tile_iterations=lambda r: (2640,),
+                    inner_trips=lambda r, launch, found: (3, 0.25))
+    facts = LaunchFacts("k", 264, 128, floor_bytes=0, flops=0)
+    modelled = model_kernel(facts, audit, design, {}, H200, MODEL)
+    clock = 132 * 1.83e9
+    assert modelled.parts["issue"] == pytest.approx(10560 * 1162.5 / (4 * clock))
+    assert modelled.parts["shared"] == pytest.approx(10560 * 8 / clock)
+    # without trips the bodies count once, as the SASS has them
+    once = model_kernel(facts, audit, Design(tile_iterations=lambda r: (2640,)), {}, H200,
+                        MODEL)
+    assert once.parts["issue"] == pytest.approx(10560 * 1000 / (4 * clock))
+
+
+def test_attention_inner_trips_at_gpt2_small():
+    """T = 64, D = 64, 128 threads: a copy of 64 x 64 / 8 = 512 chunks is 4 a thread, one trip
+    of a body of 4 cp.async; a rotary of 64 x 32 pairs is 16 a thread, 16 trips of a body of
+    one pair (2 stores); the held tile's rotary runs on a block's first iteration: 1536
+    blocks over 13056 tile pairs."""
+    roles = {"context": 1024, "attentionTile": 64, "batch": 8, "heads": 12, "headWidth": 64}
+    launch = LaunchFacts("cgImageAttention", 8 * 12 * 16, 128, 0, 0)
+    inner = [Counter({"ldgsts": 4}), Counter({"ldgsts": 4}), Counter({"sts": 2}),
+             Counter({"sts": 2})]
+    trips = cost_model._attention_inner_trips(roles, launch, inner)
+    assert trips == pytest.approx((1, 1, 16 * 1536 / 13056, 16))
+    with pytest.raises(AssertionError, match="two copies and two rotations"):
+        cost_model._attention_inner_trips(roles, launch, inner[:3])
+
+
 def test_design_and_sass_must_agree_on_the_tiled_loops():
     """A design naming two tiled loops for a kernel whose SASS has one is an error, not a
     silently mispriced kernel."""
@@ -108,13 +147,36 @@ def test_design_and_sass_must_agree_on_the_tiled_loops():
                      design, {}, H200, MODEL)
 
 
-def test_every_kernel_image_has_a_design():
+def test_every_kernel_image_has_a_design_and_no_design_is_left_over():
+    """DESIGNS is exactly the step's kernel images: an image the step stops launching takes
+    its design with it."""
     from cgc.frontend.api import analyse, evaluate
     path = str(ROOT / "schedules" / "train.cg")
     program = evaluate(analyse([path]), path, config="gpt2")
     images = {launch.image.name for launch, _, _ in program.unrolled()
               if launch.image.library is None}
     assert images <= set(cost_model.DESIGNS), images - set(cost_model.DESIGNS)
+    assert set(cost_model.DESIGNS) <= images, set(cost_model.DESIGNS) - images
+
+
+def test_sort_of_the_step_by_hand():
+    """8192 rows: a bitonic sort of 8192 = 2^13 keys takes 13 x 14 / 2 = 91 passes; 8000 rows
+    pad to 8192 too; 5 rows pad to 8: 3 x 4 / 2 = 6 passes."""
+    assert cost_model._sort_stages({"rows": 8192}) == 91
+    assert cost_model._sort_keys({"rows": 8000}) == 8192
+    assert cost_model._sort_stages({"rows": 8000}) == 91
+    assert (cost_model._sort_stages({"rows": 5}), cost_model._sort_keys({"rows": 5})) == (6, 8)
+
+
+def test_design_wavefronts_and_issue_add_to_the_sass_counts():
+    """One block (one SM) with 1000 warp instructions and 2000 wavefronts its design adds:
+    shared 2000 clocks, issue 250 clocks, at 1.83 GHz on one SM."""
+    design = Design(issue=lambda r, launch: 1000, wavefronts=lambda r, launch: 2000)
+    modelled = model_kernel(LaunchFacts("k", 1, 1024, 0, 0), _audit(1), design, {}, H200,
+                            MODEL)
+    assert modelled.parts["shared"] == pytest.approx(2000 / 1.83e9)
+    assert modelled.parts["issue"] == pytest.approx(1000 / (4 * 1.83e9))
+    assert modelled.bound == "shared"
 
 
 def test_causal_tiles_at_gpt2_small():

@@ -85,8 +85,8 @@ def test_the_checker_has_no_false_accepts_on_500_variants_of_the_backward_schedu
 
 
 def test_adamw_over_negative_norm_partials_computes_as_the_kernel_does(tmp_path):
-    """Norm partials bound to the logits (a wrong binding the checker accepts: the logits are
-    written before) sum below zero. sqrtf gives NaN on a GPU and fminf ignores it, so the
+    """Norm partials bound to the residual gradient (a wrong binding the checker accepts: the
+    backward wrote it before) sum below zero. sqrtf gives NaN on a GPU and fminf ignores it, so the
     kernel clips by 1; the reference once raised Python's "math domain error" instead."""
     import shutil
     for source in SCHEDULES.glob("*.cg"):
@@ -95,7 +95,7 @@ def test_adamw_over_negative_norm_partials_computes_as_the_kernel_does(tmp_path)
     text = optimizer.read_text()
     assert text.count("(cgArgument 1) cgGradientNormPartials") == 1, "update the test"
     optimizer.write_text(text.replace("(cgArgument 1) cgGradientNormPartials",
-                                      "(cgArgument 1) cgLogits"))
+                                      "(cgArgument 1) (cgArena cgDy0)"))
     path = str(tmp_path / "train.cg")
     run = open_run("numpy", analyse([path]), path, "tiny", {}, seed=0)
     batches = Batches(load_corpus(None), run.constants["cgBatch"], run.constants["cgContext"], 0)

@@ -1194,14 +1194,25 @@ extern "C" __global__ void __launch_bounds__(1024) cgImageScatterOrder(int* __re
 // table[ids[row]] += gradient[row], from the rows sorted by id: the position that starts an
 // id's run adds the run's rows to the id's table row, in row order (the order the seed's
 // scatter adds them in: the table, then each row). Positions grid-stride; no atomics.
+// The order and the ids are data: cgImageScatterOrder and the runtime keep them in range,
+// and a position whose row or id is not (a schedule that binds other buffers) is skipped,
+// so no value makes the kernel read or write outside its buffers.
+__device__ __forceinline__ int scatter_sorted_id(const int* ids, const int* order, int position) {
+  const int row = order[position];
+  if (row < 0 || row >= kRows) return -1;
+  const int id = ids[row];
+  return id >= 0 && id < kVocab ? id : -1;
+}
+
 extern "C" __global__ void __launch_bounds__(128) cgImageScatterSorted(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids, const int* __restrict__ order) {
   for (int position = blockIdx.x; position < kRows; position += gridDim.x) {
-    const int id = ids[order[position]];
-    if (position > 0 && ids[order[position - 1]] == id) continue;  // not the first of its id
+    const int id = scatter_sorted_id(ids, order, position);
+    if (id < 0) continue;
+    if (position > 0 && scatter_sorted_id(ids, order, position - 1) == id) continue;
     float* to = table + static_cast<size_t>(id) * kWidth;
     for (int c = threadIdx.x; c < kWidth; c += 128) {
       float sum = to[c];
-      for (int p = position; p < kRows && ids[order[p]] == id; ++p)
+      for (int p = position; p < kRows && scatter_sorted_id(ids, order, p) == id; ++p)
         sum += gradient[static_cast<size_t>(order[p]) * kWidth + c];
       to[c] = sum;
     }
