@@ -6,9 +6,8 @@ whole step, and the memory plan says what each costs."""
 
 from __future__ import annotations
 
-import re
-
 import io
+import re
 import shutil
 
 import numpy as np
