@@ -166,7 +166,10 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
     first = None
     tokens = int(run.program.role("batch")) * int(run.program.role("context")) \
         * run.communicator.size  # every rank's: the step's throughput
-    interactive = out.isatty() if hasattr(out, "isatty") else False
+    # A line rewritten in place on a terminal; whole lines elsewhere, and on MPI ranks, whose
+    # output mpirun passes through a terminal of its own whatever the user's is.
+    interactive = (out.isatty() if hasattr(out, "isatty") else False) and \
+        run.communicator.size == 1
     step = start
     for step in range(start + 1, steps + 1):
         if stop is not None and stop.is_set():
