@@ -118,26 +118,13 @@ ATTENTION_CHUNK = 8  # bfloat16 elements a 16-byte cp.async moves (the step's lo
 
 def _attention_inner_trips(r, launch, inner) -> tuple:
     """The loops inside each key-tile (or query-tile) loop of the attention kernels, in
-    source and address order: the two cp.async copies of the streamed tiles, the rotary of
-    the held tile (on the block's first iteration only) and the rotary of the streamed tile.
-    A copy moves T x D / 8 chunks of 16 bytes over the block, a rotary T x D / 2 pairs;
-    each trip of the SASS body does as many as it holds cp.async (copies) or stores / 2
-    (rotary: two bfloat16 stores a pair)."""
+    source and address order: the two cp.async copies of the streamed tiles (q and k arrive
+    turned by cgImageRotary: no rotary loop here). A copy moves T x D / 8 chunks of 16 bytes
+    over the block; each trip of the SASS body does as many as it holds cp.async."""
     tile, width = r["attentionTile"], r["headWidth"]
-    copies = [c for c in inner if c.get("ldgsts")]
-    rotations = [c for c in inner if not c.get("ldgsts")]
-    assert len(copies) == 2 and len(rotations) == 2 and all(c.get("sts") for c in rotations), \
-        "the attention loop's inner loops are not two copies and two rotations"
-    first_only = launch.blocks / _causal_tiles(r)  # a block's iterations: its first of them
-    trips = []
-    for c in inner:
-        if c.get("ldgsts"):
-            trips.append(tile * width / ATTENTION_CHUNK / launch.threads / c["ldgsts"])
-        else:
-            trips.append(tile * width / 2 / launch.threads / (c["sts"] / 2))
-    held = inner.index(rotations[0])
-    trips[held] *= first_only
-    return tuple(trips)
+    assert len(inner) == 2 and all(c.get("ldgsts") for c in inner), \
+        "the attention loop's inner loops are not the two copies"
+    return tuple(tile * width / ATTENTION_CHUNK / launch.threads / c["ldgsts"] for c in inner)
 
 
 # Per 32 keys of one pass of cgImageScatterOrder's sort, one warp-iteration of its inner loop:
@@ -162,6 +149,9 @@ DESIGNS = {
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
         inner_trips=_attention_inner_trips),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
+    # a block a row: a lane's pair in each of its warp's 6 of the 24 heads of q and k (two
+    # bfloat16 a pair), all loaded before any is turned
+    "cgImageRotary": Design(inflight=24),
     "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
     "cgImageLayerNorm": Design(inflight=24),
     # a warp a row: its input, its gradient and gamma, 24 floats each a lane, loaded together

@@ -199,6 +199,8 @@ def test_the_read_before_write_rule_needs_the_whole_step(schedules):
                                  r"\s+cgContext\s+cgAttentionTile\)"),
     ("cgImageLayerNormParameterGradients", r"(\(cgLaunch cgImageLayerNormParameterGradients\s+)"
                                            r"\(naturalDivideCeiling \(naturalMultiply 2 cgWidth\) 256\)"),
+    # rows left unturned would reach the attention kernels with q and k as the product left them
+    ("cgImageRotary", r"(\(cgLaunch cgImageRotary\s+)cgContext"),
 ])
 def test_a_grid_of_one_block_that_leaves_outputs_unwritten_is_refused(schedules, image, pattern):
     """On a GPU only the first tile would be computed; the NumPy machine, which ignores

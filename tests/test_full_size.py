@@ -77,6 +77,7 @@ def partitions(c) -> dict:
                                                   "gradientOutput": T * W, "lse": T * H,
                                                   "delta": T * H}),
         "cgImageAttentionDelta": Partition(0, {"delta": H, "output": W, "gradientOutput": W}),
+        "cgImageRotary": Partition(1, {"qkv": T * 3 * W}),
         "cgImageGelu": Partition(0, {"output": 2048, "input": 2048}, 2048),
         "cgImageGeluBackward": Partition(0, {"gradientPre": 2048, "gradientAct": 2048,
                                              "pre": 2048}, 2048),
@@ -120,6 +121,8 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     if image == "cgImageAttentionBackward":
         heads = [(p * W + y * D, p * W + (y + 1) * D) for p in range(3)]  # dq, dk, dv
         return rows(*attention_rows, 3 * W, heads)
+    if image == "cgImageRotary":  # q and k of the row, in place
+        return rows(y * T + x, 1, 3 * W, [(0, 2 * W)])
     if image == "cgImageCrossEntropyBackward":
         return [(x * V + y * 128, x * V + min((y + 1) * 128, V))]
     if image == "cgImageLayerNormParameterGradients":

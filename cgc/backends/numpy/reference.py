@@ -138,8 +138,27 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool = Fal
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
+def rotary(k: Kernel) -> None:
+    """q and k of the first gridX positions of each of gridY sequences of qkv turned in place
+    by their positions (back, for `inverse`); v untouched."""
+    width, context = _width(k), int(k.constants["context"])
+    heads, positions = int(k.constants["heads"]), min(k.grid[0], int(k.constants["context"]))
+    head_width = width // heads
+    cos, sin = _rotary_tables(context, head_width)
+    pointer = k.pointers["qkv"]
+    for sequence in range(k.grid[1]):
+        first = sequence * context * 3 * width
+        qkv = pointer.read(first, first + positions * 3 * width).reshape(
+            positions, 3, heads, head_width)
+        turned = _rotate(qkv[:, :2].transpose(1, 2, 0, 3), cos[:positions], sin[:positions],
+                         inverse=bool(k.scalars["inverse"]))
+        qkv[:, :2] = turned.transpose(2, 0, 1, 3)
+        pointer.write(first, qkv)
+
+
 class _Heads:
-    """The attention problem of one launch: sequences of the grid, heads, rotary tables."""
+    """The attention problem of one launch: sequences of the grid, heads. q and k arrive
+    turned by the rotary pass (rotary), and their gradients leave unturned."""
 
     def __init__(self, k: Kernel):
         self.sequences = k.grid[2]
@@ -148,15 +167,13 @@ class _Heads:
         self.width = _width(k)
         self.head_width = self.width // self.heads
         self.rows = self.sequences * self.context
-        self.cos, self.sin = _rotary_tables(self.context, self.head_width)
         self.scale = F32(1.0 / math.sqrt(self.head_width))
         self.mask = np.triu(np.ones((self.context, self.context), dtype=bool), k=1)
 
     def split(self, qkv: np.ndarray):
-        """[rows, 3W] to rotated q, k and plain v, each [sequences, heads, T, D]."""
+        """[rows, 3W] to q, k and v, each [sequences, heads, T, D]."""
         parts = qkv.reshape(self.sequences, self.context, 3, self.heads, self.head_width)
-        q, key, v = (parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
-        return _rotate(q, self.cos, self.sin), _rotate(key, self.cos, self.sin), v
+        return tuple(parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
 
     def write_owned(self, k: Kernel, name: str, values: np.ndarray, head_columns) -> None:
         """Writes, of [rows, columns] values, what the grid's blocks own, as the kernels do:
@@ -232,8 +249,6 @@ def attention_backward(k: Kernel) -> None:
     dscores = probabilities * (dprobabilities - delta) * heads.scale
     dq = np.matmul(dscores, key, dtype=F32)
     dkey = np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32)
-    dq = _rotate(dq, heads.cos, heads.sin, inverse=True)
-    dkey = _rotate(dkey, heads.cos, heads.sin, inverse=True)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
     d = heads.head_width
     heads.write_owned(k, "gradientQkv", merged,
@@ -446,6 +461,7 @@ KERNELS = {
     "cgImageProductWeightSet": product_weight_set,
     "cgImageAttention": attention,
     "cgImageAttentionDelta": attention_delta,
+    "cgImageRotary": rotary,
     "cgImageAttentionBackward": attention_backward,
     "cgImageGelu": gelu,
     "cgImageGeluBackward": gelu_backward,

@@ -345,6 +345,11 @@ __device__ __forceinline__ void cg_cp_async_wait() {
 
 // Padding after each row of the attention's shared tiles (cgc/backends/cuda/emit.py).
 constexpr int kAttentionRowPadding = 8;
+// The attention forward's least blocks an SM (__launch_bounds__'s second argument): left to
+// itself ptxas holds the kernel to 128 registers (4 blocks an SM) and spills 8 bytes in the
+// key-tile loop; at 3 it may take 168 and uses about 152, spill-free (tests/test_emit.py,
+// scripts/sass_audit.py), 3 blocks of 45 KB of shared memory an SM.
+constexpr int kAttentionMinBlocks = 3;
 
 // ---- mma.m16n8k16 fragments over low_t ------------------------------------------------
 // Lane l, g = l / 4, t = l % 4 (PTX ISA, "Matrix fragments for mma.m16n8k16"):
@@ -476,12 +481,16 @@ __device__ __forceinline__ void to_a(FragmentA<float>& a, const Accumulator& lef
   }
 }
 
-// Rotary positions: the pair (i, i + D/2) of a head turns by position * 10000^(-2i/D).
-__device__ __forceinline__ void rotary(int position, int i, float& a, float& b, bool inverse) {
+// Rotary positions: the pair (i, i + D/2) of a head turns by position * 10000^(-2i/D); the
+// angle's sine and cosine (negated sine: turned back), then the turn of one pair.
+__device__ __forceinline__ void rotary_angle(int position, int i, bool inverse, float& sine,
+                                             float& cosine) {
   const float angle = position * powf(10000.0f, -2.0f * i / kHeadWidth);
-  float sine, cosine;
   sincosf(angle, &sine, &cosine);
   if (inverse) sine = -sine;
+}
+
+__device__ __forceinline__ void rotate_pair(float sine, float cosine, float& a, float& b) {
   const float ra = a * cosine - b * sine, rb = a * sine + b * cosine;
   a = ra;
   b = rb;
@@ -500,14 +509,15 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
                 learningRate[0], beta1, beta2, epsilon, weightDecay, matrices);
 }
 
-// cgImageAttention: Causal attention with rotary positions, flash style: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
-// Causal attention with rotary positions, FlashAttention-2 style: a block per (query tile,
+// cgImageAttention: Causal attention, flash style, on q and k the rotary pass turned: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
+// Causal attention, FlashAttention-2 style: a block per (query tile,
 // head, sequence); 4 warps of 16 query rows each. Q, the scores S, the probabilities P and
 // the output accumulator O stay in registers (mma.m16n8k16 fragments) across the key tiles,
 // with an online softmax; K and V tiles arrive by cp.async into two stages of shared memory
 // (rows padded: ldmatrix without bank conflicts), the next tile's copy overlapping this one's
-// products. Rotary turns q once and each key tile once, in shared memory, as they land.
-extern "C" __global__ void __launch_bounds__(128) cgImageAttention(float* __restrict__ output, float* __restrict__ lse, const float* __restrict__ qkv) {
+// products. q and k arrive already rotated: the rotary pass (rotary.cu.j2) turned them once,
+// in the qkv buffer, before this launch.
+extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAttention(float* __restrict__ output, float* __restrict__ lse, const float* __restrict__ qkv) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
   static_assert(T == 64 && 128 == 128, "4 warps of 16 query rows");
@@ -532,18 +542,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(float* __rest
       cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c);
     }
   };
-  // Rotary on a tile in shared memory whose first row is at `position`.
-  auto rotate_tile = [&](low_t* rows, int position) {
-    constexpr int kHalf = D / 2;
-    for (int index = threadIdx.x; index < T * kHalf; index += 128) {
-      const int r = index / kHalf, i = index % kHalf;
-      float a = to_float(rows[r * kStride + i]), b = to_float(rows[r * kStride + i + kHalf]);
-      rotary(position + r, i, a, b, false);
-      rows[r * kStride + i] = from_float<low_t>(a);
-      rows[r * kStride + i + kHalf] = from_float<low_t>(b);
-    }
-  };
-
   FragmentA<low_t> query[D / 16];  // the warp's 16 rows of q, all of D
   Accumulator out[D / 8];          // O, 16 rows x D
   float row_max[2] = {-CG_INFINITY, -CG_INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g, g + 8
@@ -565,9 +563,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(float* __rest
       copy_tile(values + ((key_tile + 1) % 2) * T * kStride, next, 2);
     }
     cg_cp_async_commit();
-    if (key_tile == 0) rotate_tile(q, tile * T);
-    rotate_tile(k, key_tile * T);
-    __syncthreads();  // rotated
     if (key_tile == 0) {
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) load_a(query[d], q + top * kStride + d * 16, kStride);
@@ -661,8 +656,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttention(float* __rest
 // dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 16 query rows: dQ
 // += dS K). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
 // mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
-// shared memory. q and k are rotated as they land; dQ and dK are rotated back as they are
-// written.
+// shared memory. q and k arrive already rotated (the rotary pass); dQ and dK are written as
+// the gradients at the rotated q and k, which the rotary pass then turns back.
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float* __restrict__ gradientQkv, const float* __restrict__ qkv, const float* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
@@ -690,18 +685,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
       cg_cp_async_16(to + r * kStride + c, from);
     }
   };
-  auto rotate_tile = [&](low_t* rows, int index) {
-    constexpr int kHalf = D / 2;
-    for (int i = threadIdx.x; i < T * kHalf; i += 128) {
-      const int r = i / kHalf, d = i % kHalf;
-      float a = to_float(rows[r * kStride + d]), b = to_float(rows[r * kStride + d + kHalf]);
-      rotary(index * T + r, d, a, b, false);
-      rows[r * kStride + d] = from_float<low_t>(a);
-      rows[r * kStride + d + kHalf] = from_float<low_t>(b);
-    }
-  };
   // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
-  // gradientQkv, rotated back for q and k (the pair d, d + D/2 is in one lane).
+  // gradientQkv.
   auto store = [&](Accumulator (&values)[D / 8], int part) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -712,10 +697,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int d = n * 8 + 2 * t + e;
-          float a = values[n].x[2 * h + e], b = values[n + D / 16].x[2 * h + e];
-          if (part < 2) rotary(position, d, a, b, true);
-          to[d] = from_float<low_t>(a);
-          to[d + D / 2] = from_float<low_t>(b);
+          to[d] = from_float<low_t>(values[n].x[2 * h + e]);
+          to[d + D / 2] = from_float<low_t>(values[n + D / 16].x[2 * h + e]);
         }
     }
   };
@@ -742,9 +725,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
       copy_tile(next + T * kStride, query_tile + 1, 3);
     }
     cg_cp_async_commit();
-    if (query_tile == tile) rotate_tile(held, tile);
-    rotate_tile(q, query_tile);
-    __syncthreads();  // rotated
     if (query_tile == tile) {
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
@@ -828,9 +808,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
       copy_tile(next + T * kStride, key_tile + 1, 2);
     }
     cg_cp_async_commit();
-    if (key_tile == 0) rotate_tile(held, tile);
-    rotate_tile(k, key_tile);
-    __syncthreads();  // rotated
     if (key_tile == 0) {
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
@@ -1150,6 +1127,46 @@ extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradi
     gradientGamma[column] = sum;
   } else {
     gradientBeta[column - kWidth] = sum;
+  }
+}
+
+// cgImageRotary: Rotary positions on the q and k parts of a qkv buffer, in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back (the gradient of q and k). Once per step: after each QKV product, and on the attention backward's gradient. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
+// Rotary positions on the q and k parts of a qkv buffer, in place, once per step: a block a
+// row (gridX its position, gridY its sequence), a warp a share of the heads of q and k, a
+// lane a pair (i, i + D/2). The angle of (position, i) is the same for every head and for q
+// and k, so a lane computes its sine and cosine once and turns its pair in all of them; it
+// loads all its pairs before turning any (bytes in flight). `inverse` turns back: the
+// gradient at the turned q and k to the gradient at the unturned ones.
+extern "C" __global__ void __launch_bounds__(128) cgImageRotary(float* __restrict__ qkv, int inverse) {
+  constexpr int D = kHeadWidth, kHalf = D / 2;
+  constexpr int kWarps = 128 / 32, kTurned = 2 * kHeads;  // q's heads, then k's
+  constexpr int kShare = (kTurned + kWarps - 1) / kWarps;            // heads a warp turns
+  const int position = blockIdx.x;
+  if (position >= kContext) return;
+  const size_t row = static_cast<size_t>(blockIdx.y) * kContext + position;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  low_t* rows = qkv + row * (3 * kWidth);
+  for (int i = lane; i < kHalf; i += 32) {
+    float sine, cosine;
+    rotary_angle(position, i, inverse != 0, sine, cosine);
+    float a[kShare], b[kShare];
+#pragma unroll
+    for (int j = 0; j < kShare; ++j) {
+      const int head = warp + j * kWarps;
+      if (head < kTurned) {
+        a[j] = to_float(rows[head * D + i]);
+        b[j] = to_float(rows[head * D + i + kHalf]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kShare; ++j) {
+      const int head = warp + j * kWarps;
+      if (head < kTurned) {
+        rotate_pair(sine, cosine, a[j], b[j]);
+        rows[head * D + i] = from_float<low_t>(a[j]);
+        rows[head * D + i + kHalf] = from_float<low_t>(b[j]);
+      }
+    }
   }
 }
 
@@ -1559,9 +1576,12 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:187:13 (from forward.cg:17:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:281:31 (from forward.cg:17:7) cgImageAttention
+    // library.cg:257:7 (from forward.cg:17:7) cgImageRotary
+    CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgSavedQkv + 49152L * (layer), 0);
+    CG_LAUNCHED("library.cg:257:7 (from forward.cg:17:7) cgImageRotary");
+    // library.cg:291:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 30720, stream)(cgSavedAttention + 16384L * (layer), cgSavedAttentionLse + 1024L * (layer), cgSavedQkv + 49152L * (layer));
-    CG_LAUNCHED("library.cg:281:31 (from forward.cg:17:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:291:31 (from forward.cg:17:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:187:13 (from forward.cg:17:7) cgImageLayerNorm
@@ -1579,18 +1599,18 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm
+  // library.cg:187:13 (from library.cg:512:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from library.cg:501:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:504:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:512:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:515:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:515:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:525:11 (from backward.cg:24:11) cgImageClassifier
+  // library.cg:536:11 (from backward.cg:24:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:525:11 (from backward.cg:24:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:536:11 (from backward.cg:24:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -1636,12 +1656,15 @@ static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:415:51 (from backward.cg:26:7) cgImageAttentionDelta
+  // library.cg:425:51 (from backward.cg:26:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
-  CG_LAUNCHED("library.cg:415:51 (from backward.cg:26:7) cgImageAttentionDelta");
-  // library.cg:423:53 (from backward.cg:26:7) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:425:51 (from backward.cg:26:7) cgImageAttentionDelta");
+  // library.cg:433:53 (from backward.cg:26:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 36864, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
-  CG_LAUNCHED("library.cg:423:53 (from backward.cg:26:7) cgImageAttentionBackward");
+  CG_LAUNCHED("library.cg:433:53 (from backward.cg:26:7) cgImageAttentionBackward");
+  // library.cg:257:7 (from backward.cg:26:7) cgImageRotary
+  CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgGradientQkv, 1);
+  CG_LAUNCHED("library.cg:257:7 (from backward.cg:26:7) cgImageRotary");
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
