@@ -36,3 +36,18 @@ def cache_dir() -> Path | None:
         except RuntimeError:
             return None
     return Path(base) / "cgc"
+
+
+def sync_to_disk(path: str) -> None:
+    """Flushes a file, or a folder's entries (a rename into it), to the disk, where the
+    system allows it: what makes a write-then-rename survive a power cut, not only a kill."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)

@@ -46,3 +46,15 @@ def golden(request):
                                  "if the change is intended, run pytest --update-golden"
 
     return check
+
+
+def pytest_assertrepr_compare(op, left, right):
+    """Two long strings or byte strings compared: where they first differ, not pytest's own
+    diff, which is quadratic (two parameter banks' bytes took it many minutes in CI)."""
+    if not (isinstance(left, (str, bytes)) and isinstance(right, (str, bytes))) or \
+            max(len(left), len(right)) <= 10_000:
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(left, right)) if a != b),
+                 min(len(left), len(right)))
+    return [f"{type(left).__name__} of {len(left)} {op} {type(right).__name__} of {len(right)}",
+            f"they first differ at index {first}"]

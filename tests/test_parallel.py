@@ -75,7 +75,9 @@ def _assert_same_training(ranks: dict, whole: dict) -> None:
     first = ranks[0]
     for rank, arrays in ranks.items():
         for name, values in arrays.items():
-            assert values.tobytes() == first[name].tobytes(), f"rank {rank} parts on {name}"
+            # a bool, not the bytes: pytest would diff two long byte strings (for minutes)
+            same = values.tobytes() == first[name].tobytes()
+            assert same, f"rank {rank} parts on {name}"
     # The mean loss of each step: the rows' losses differ by rounding alone (the parameters
     # they are computed from drift by rounding from step 2 on), 1e-6 relative.
     np.testing.assert_allclose(first["losses"], whole["losses"], rtol=1e-6)
@@ -131,7 +133,8 @@ def test_one_rank_of_the_parallel_step_is_the_ordinary_step(backend):
                for run in runs]
     assert results[0].losses == results[1].losses
     for name, values in runs[0].bank_values("parameters").items():
-        assert values.tobytes() == runs[1].bank_values("parameters")[name].tobytes(), name
+        same = values.tobytes() == runs[1].bank_values("parameters")[name].tobytes()
+        assert same, name
 
 
 @needs_mpi
@@ -152,8 +155,9 @@ def test_without_the_all_reduce_the_ranks_part_ways(tmp_path):
     """The detector above can fail: train.cg (no collective) on two ranks trains each rank on
     its own windows, and their parameters differ after the first step."""
     ranks = _ranks(2, "numpy", 1, tmp_path, schedule=ORDINARY)
-    assert ranks[0]["parameters/cgQkvWeight"].tobytes() != \
+    apart = ranks[0]["parameters/cgQkvWeight"].tobytes() != \
         ranks[1]["parameters/cgQkvWeight"].tobytes()
+    assert apart
     with pytest.raises(AssertionError, match="rank 1 parts on"):
         _assert_same_training(ranks, ranks[0])
 

@@ -27,6 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
+from ..resources import sync_to_disk
 
 FORMAT = "cgc-checkpoint-1"
 METADATA_KEY = "cgc"
@@ -105,19 +106,6 @@ def _write_all(handle, data: bytes) -> None:
         handle.write(view[start:start + (1 << 20)])
 
 
-def _sync_folder(folder: str) -> None:
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
 def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) -> str:
     """Writes `values` and `manifest` as FOLDER/step-NNNNNNNN.safetensors: a temporary file,
     flushed, then renamed into place. Returns the path."""
@@ -142,7 +130,7 @@ def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) 
             pass
         raise CheckpointError(f"cannot write the checkpoint {path}: "
                               f"{error.strerror or error}") from None
-    _sync_folder(folder)
+    sync_to_disk(folder)
     return path
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
+from ..resources import sync_to_disk
 from .base import Run
 
 
@@ -300,25 +301,11 @@ def _install(staging: str, target: str) -> None:
         aside = staging.removesuffix(".cgc-tmp") + ".cgc-old"
         os.rename(target, aside)
         os.rename(staging, target)
-        _sync(os.path.dirname(target))
+        sync_to_disk(os.path.dirname(target))
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.rename(staging, target)  # onto nothing, or onto an empty folder
-        _sync(os.path.dirname(target))
-
-
-def _sync(path: str) -> None:
-    """Flushes a file, or a folder's entries, to the disk (where the system allows it)."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        sync_to_disk(os.path.dirname(target))
 
 
 def _save(path: str, array: np.ndarray) -> None:
@@ -363,13 +350,13 @@ def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradi
         os.makedirs(os.path.join(folder, name), exist_ok=True)
         for entry, array in values.items():
             _save(os.path.join(folder, name, f"{entry}.npy"), array.astype(np.float32))
-        _sync(os.path.join(folder, name))
+        sync_to_disk(os.path.join(folder, name))
     with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=2, sort_keys=True)
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
-    _sync(folder)
+    sync_to_disk(folder)
 
 
 def summary(training: Training) -> str:

@@ -14,6 +14,7 @@ import stat
 import tempfile
 
 from ..frontend.parse import comment_ranges, parse_text
+from ..resources import sync_to_disk
 from ..frontend.syntax import (
     Apply, Arrow, Clause, Floating, Import, Integer, Lambda, Name, Natural,
 )
@@ -222,11 +223,4 @@ def replace_file(path: str, text: str) -> None:
         if isinstance(error, OSError):
             raise NotWritable(error.strerror or str(error)) from None
         raise
-    try:  # the rename itself, to the disk
-        directory = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except OSError:
-        pass
+    sync_to_disk(folder)  # the rename itself

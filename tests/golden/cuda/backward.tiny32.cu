@@ -1417,14 +1417,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:187:13 (from library.cg:512:5) cgImageLayerNorm
+  // library.cg:187:13 (from library.cg:513:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from library.cg:512:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:515:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:515:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:521:7 cgImageLoss
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:513:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:516:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:516:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:522:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:521:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:522:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput

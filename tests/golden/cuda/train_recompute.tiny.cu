@@ -1599,18 +1599,18 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:187:13 (from library.cg:512:5) cgImageLayerNorm
+  // library.cg:187:13 (from library.cg:513:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from library.cg:512:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:515:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:515:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:187:13 (from library.cg:513:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:516:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:516:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:536:11 (from backward.cg:38:11) cgImageClassifier
+  // library.cg:537:11 (from backward.cg:38:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:536:11 (from backward.cg:38:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:537:11 (from backward.cg:38:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
