@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import signal
 import stat
@@ -70,6 +71,8 @@ def _writable(path: str | None) -> None:
         folder = os.path.dirname(path) or "."
         if not os.path.isdir(folder):
             raise _PathError(f"cannot write {path}: No such file or directory")
+        if os.path.isdir(path):
+            raise _PathError(f"cannot write {path}: Is a directory")
 
 
 def _write_text(path: str, text: str) -> None:
@@ -230,7 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dump", metavar="DIR",
                      help="write the run for replay: configuration, tokens, every entry before "
                           "and after the first step, its gradients, the losses "
-                          "(docs/dump-format.md)")
+                          "(docs/dump-format.md); an earlier dump of the same run there is "
+                          "replaced, one of another run refused")
+    run.add_argument("--replace-dump", action="store_true",
+                     help="let --dump write over the dump of another run")
     run.add_argument("--trace", metavar="FILE.json",
                      help="time the first step launch by launch (CUDA events on the GPU) and "
                           "write per-phase and per-launch times in Chrome's trace format "
@@ -454,8 +460,8 @@ def _doc(args) -> int:
 def _positive_options(args, names) -> None:
     for name in names:
         value = getattr(args, name.replace("-", "_"))
-        if value is not None and value < 0:
-            raise _UsageError(f"--{name} must not be negative")
+        if value is not None and (value < 0 or not math.isfinite(value)):
+            raise _UsageError(f"--{name} must be a finite number, not negative")
 
 
 def _resumed(args):
@@ -480,8 +486,9 @@ def _resumed(args):
 
 
 def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
-              data_kind) -> dict:
-    """What must be the same for a run to continue from a checkpoint."""
+              data_kind, ranks: int = 1) -> dict:
+    """What must be the same for a run to continue from a checkpoint (the ranks too: each
+    takes its share of a step's windows, so another count is another run)."""
     from .backends.checkpoint import carried_buffers
     import hashlib
     root = os.path.dirname(os.path.abspath(args.file))
@@ -504,6 +511,7 @@ def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
         "seed": batches_seed,
         "data": {"sha256": data_sha256, "tokens": int(corpus.size), "kind": data_kind},
         "learning_rate": rate.manifest(),
+        "ranks": ranks,
     }
 
 
@@ -529,7 +537,11 @@ def _run(args) -> int:
     if args.ranks is not None and args.ranks != communicator.size:
         raise _UsageError(f"--ranks {args.ranks}, but mpirun started {communicator.size}")
     _positive_options(args, ("checkpoint-every", "val-every", "val-steps", "sample-every",
-                             "warmup", "lr", "lr-min", "decay-steps"))
+                             "warmup", "lr", "lr-min", "decay-steps", "seed"))
+    for name in ("lr", "lr_min"):  # the device reads the rate as a float32
+        value = getattr(args, name)
+        if value is not None and value > 3.4e38:
+            raise _UsageError(f"--{name.replace('_', '-')} {value} is past float32's range")
     if args.checkpoint_every and not args.checkpoint_dir:
         raise _UsageError("--checkpoint-every needs --checkpoint-dir DIR")
     if args.val_every and args.val_steps < 1:
@@ -607,7 +619,7 @@ def _run(args) -> int:
     rate = LearningRate(float(peak), floor, int(args.warmup or 0),
                         (args.decay_steps or args.steps) if floor != float(peak) else 0)
     identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256,
-                         tokens.kind)
+                         tokens.kind, communicator.size)
     start, history = 0, []
     if resumed:
         path, values, manifest = resumed
@@ -655,7 +667,7 @@ def _run(args) -> int:
                          dump=args.dump, trace=timings, stop=_STOP, learning_rate=rate,
                          start=start, history=history, log=log, checkpointing=checkpointing,
                          validation=validation, sample=sampler,
-                         sample_every=args.sample_every)
+                         sample_every=args.sample_every, replace_dump=args.replace_dump)
     except parallel.CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
@@ -678,7 +690,10 @@ def _run(args) -> int:
     finally:
         _STEPPING.clear()
         if log is not None:
-            log.close()
+            try:
+                log.close()
+            except OSError:
+                pass  # the write that failed has said so
     if args.dump and len(training.losses) > start:
         print(f"dumped the run to {args.dump}", file=sys.stderr)
     if training.checkpoint:
@@ -689,7 +704,10 @@ def _run(args) -> int:
         print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
     if args.plot and training.losses:
         from .tools.plot import write_loss_plot
-        write_loss_plot(args.plot, training.losses)
+        try:
+            write_loss_plot(args.plot, training.losses)
+        except OSError as error:
+            raise _PathError(f"cannot write {args.plot}: {error.strerror or error}") from None
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
     if communicator.lead:
         print(summary(training) + ("" if communicator.size == 1
@@ -723,6 +741,16 @@ def _open_sampler(backend: str, schedule: str, identity: dict, overrides_text: l
         program.role("logits")
     except KeyError as error:
         raise checkpoints.CheckpointError(f"{schedule} cannot sample: {error.args[0]}") from None
+    for launch, _, _ in program.launches():  # forward only: the model must not change
+        for binding in launch.pointers:
+            parameter = launch.image.pointers.get(binding.index)
+            if parameter is not None and parameter.access != "read" and \
+                    binding.view.storage.kind == "bank":
+                raise checkpoints.CheckpointError(
+                    f"{schedule} cannot sample: its schedule '{program.entry}' writes the bank "
+                    f"'{binding.view.storage.label}' (through '{launch.image.name}'), and "
+                    "sampling runs a forward-only schedule, one that changes no parameter "
+                    "(schedules/sample.cg)")
     mine = {"entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
                                  "init": e.init, "std": e.std} for e in program.entries},
             "vocab": program.roles.get("vocab"), "low": program.low}
@@ -760,6 +788,7 @@ def _sample(args) -> int:
     from .backends.sampling import decode_bytes
     if args.tokens < 1:
         raise _UsageError("--tokens must be at least 1")
+    _positive_options(args, ("seed", "temperature"))
     if args.temperature < 0:
         raise _UsageError("--temperature must not be negative")
     if args.top_k is not None and args.top_k < 1:

@@ -226,6 +226,15 @@ def _empty(path, tmp_path):
     return target
 
 
+def _flipped_tensor(path, tmp_path):
+    """One bit of one float of the data, the header untouched: once resumed silently."""
+    data = bytearray(open(path, "rb").read())
+    data[-100] ^= 0x01
+    target = tmp_path / "flipped-tensor.safetensors"
+    target.write_bytes(bytes(data))
+    return target
+
+
 def _other_safetensors(path, tmp_path):
     from safetensors.numpy import save_file
     target = tmp_path / "other.safetensors"
@@ -233,8 +242,8 @@ def _other_safetensors(path, tmp_path):
     return target
 
 
-@pytest.mark.parametrize("broken", [_truncated, _flipped_header, _garbage, _empty,
-                                    _other_safetensors])
+@pytest.mark.parametrize("broken", [_truncated, _flipped_header, _flipped_tensor, _garbage,
+                                    _empty, _other_safetensors])
 def test_a_broken_checkpoint_is_a_one_line_error(saved, broken, tmp_path, capsys):
     status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
                          "--resume", broken(saved, tmp_path))
@@ -336,3 +345,10 @@ def test_the_cupy_backend_takes_each_rate_through_its_graph_and_resumes_bit_iden
     ours, theirs = final(tmp_path / "b"), final(tmp_path / "a")
     for label in theirs:
         assert np.array_equal(ours[label].view(np.uint8), theirs[label].view(np.uint8)), label
+
+
+def test_sampling_refuses_a_schedule_that_changes_the_parameters(saved, capsys):
+    """`cgc sample --schedule train.cg` ran the backward and the optimizer between tokens."""
+    status, _, err = cgc(capsys, "sample", saved, "--schedule", TRAIN, "--tokens", 2)
+    assert status == 1, err
+    assert "cannot sample" in err and "writes the bank" in err and "forward-only" in err

@@ -355,3 +355,37 @@ def test_ctrl_c_stops_a_run_after_the_step_under_way(tmp_path):
     assert sum(line.startswith("step ") for line in lines) == steps
     assert plot_path.exists() and trace.exists()
     _decode_png(plot_path)
+
+
+# ---- options and outputs a sceptical review tried (each once exit 3) -------------------------
+
+@pytest.mark.parametrize("options,exit_code,message", [
+    (["--seed", "-1"], 2, "--seed must be a finite number, not negative"),
+    (["--lr", "nan"], 2, "--lr must be a finite number, not negative"),
+    (["--lr", "1e300"], 2, "--lr 1e+300 is past float32's range"),
+    (["--plot", "{folder}"], 2, "Is a directory"),  # before any step, not after them all
+    (["--plot", "/dev/full"], 2, "No space left on device"),
+    (["--log", "/dev/full"], 1, "No space left on device"),
+])
+def test_bad_option_values_and_unwritable_outputs_are_errors_not_internal_ones(
+        options, exit_code, message, tmp_path, capsys):
+    if "/dev/full" in options and not os.path.exists("/dev/full"):
+        pytest.skip("this system has no /dev/full")  # Linux has it: CI runs the case
+    options = [o.format(folder=tmp_path) for o in options]
+    code = main(["run", str(SCHEDULES / "train.cg"), "--backend", "numpy", "--steps", "1",
+                 *options])
+    assert code == exit_code
+    assert message in capsys.readouterr().err
+
+
+def test_a_dump_of_another_run_is_refused_unless_replace_dump(tmp_path, capsys):
+    folder = str(tmp_path / "dump")
+    base = ["run", str(SCHEDULES / "train.cg"), "--backend", "numpy", "--steps", "1",
+            "--dump", folder]
+    assert main(base) == 0
+    assert main(base) == 0  # the same run again: replaced
+    assert main([*base, "--seed", "5"]) == 1
+    assert "holds the dump of another run (its seed differs)" in capsys.readouterr().err
+    assert main([*base, "--seed", "5", "--replace-dump"]) == 0
+    with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
+        assert '"seed": 5' in handle.read()

@@ -106,6 +106,17 @@ def _write_all(handle, data: bytes) -> None:
         handle.write(view[start:start + (1 << 20)])
 
 
+def tensors_sha256(values: dict[str, np.ndarray]) -> str:
+    """One SHA-256 over every tensor's name and bytes, in name order: the manifest records
+    it, so that a damaged or altered tensor is told, not trained on."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name in sorted(values):
+        digest.update(name.encode() + b"\0")
+        digest.update(np.ascontiguousarray(values[name]).view(np.uint8).tobytes())
+    return digest.hexdigest()
+
+
 def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) -> str:
     """Writes `values` and `manifest` as FOLDER/step-NNNNNNNN.safetensors: a temporary file,
     flushed, then renamed into place. Returns the path."""
@@ -114,6 +125,7 @@ def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) 
         os.makedirs(folder, exist_ok=True)
     except OSError as error:
         raise CheckpointError(f"--checkpoint-dir {folder}: {error.strerror or error}") from None
+    manifest = {**manifest, "tensors_sha256": tensors_sha256(values)}
     data = serialize(values, metadata={METADATA_KEY: json.dumps(manifest, sort_keys=True)})
     path = os.path.join(folder, file_name(step))
     temporary = os.path.join(folder, f".{file_name(step)}.{secrets.token_hex(6)}.cgc-tmp")
@@ -180,6 +192,9 @@ def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
         if dtype is None:
             raise CheckpointError(f"{broken}: tensor {name} has the type {item['dtype']}")
         values[name] = np.frombuffer(bytes(item["data"]), dtype=dtype).reshape(item["shape"])
+    if manifest.get("tensors_sha256") != tensors_sha256(values):
+        raise CheckpointError(f"{broken}: its tensors do not have the SHA-256 its manifest "
+                              "records (a damaged or altered file)")
     return values, manifest
 
 

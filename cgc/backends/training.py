@@ -144,8 +144,12 @@ def validation_loss(run: Run, validation: Validation) -> float:
 
 def _log(log, record: dict) -> None:
     if log is not None:
-        log.write(json.dumps(record, sort_keys=True) + "\n")
-        log.flush()
+        try:
+            log.write(json.dumps(record, sort_keys=True) + "\n")
+            log.flush()
+        except OSError as error:
+            raise OutputError(f"cannot write the log {log.name}: "
+                              f"{error.strerror or error}") from None
 
 
 def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None,
@@ -153,7 +157,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
           learning_rate: LearningRate | None = None, start: int = 0,
           history: list[float] | None = None, log=None,
           checkpointing: Checkpointing | None = None, validation: Validation | None = None,
-          sample=None, sample_every: int = 0) -> Training:
+          sample=None, sample_every: int = 0, replace_dump: bool = False) -> Training:
     """Runs steps start+1 .. `steps`. `trace` gets the first step's per-launch times; `dump`
     the run for replay (docs/dump-format.md); `history` the losses of the steps before
     `start` (a resumed run). Each step sets the learning rate (`learning_rate`, or the
@@ -161,7 +165,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
     object to `log`; checkpoints, validation and samples come every so many steps."""
     result = Training(losses=list(history or []))
     if dump:
-        check_dump_folder(dump)  # before the steps, not after them
+        check_dump_folder(dump, run, replace_dump)  # before the steps, not after them
     all_ids, all_targets, rates = [], [], []
     before = run.bank_values("parameters") if dump else None
     first = None
@@ -239,12 +243,16 @@ def _corpus_sha256(batches) -> str | None:
 DUMP_FORMAT = "cgc-dump-1"
 
 
-class DumpError(CompileError):
-    """A dump folder cgc will not write over: told as an error (exit 1), before the steps."""
+class OutputError(CompileError):
+    """An output cgc cannot write (a full disk under the log): told as an error (exit 1)."""
 
     def __init__(self, message: str):
         super().__init__([Diagnostic("error", message, None)])
         self.message = message
+
+
+class DumpError(OutputError):
+    """A dump folder cgc will not write over: told as an error (exit 1), before the steps."""
 
 
 def _is_dump(folder: str) -> bool:
@@ -255,10 +263,12 @@ def _is_dump(folder: str) -> bool:
         return False
 
 
-def check_dump_folder(folder: str) -> None:
+def check_dump_folder(folder: str, run: Run | None = None, replace: bool = True) -> None:
     """A dump may go where nothing is, into an empty folder, or over an earlier dump (a
     folder whose run.json says cgc-dump-1), which it replaces whole; anything else is
-    refused (DumpError), so that --dump never deletes what cgc did not write."""
+    refused (DumpError), so that --dump never deletes what cgc did not write. Given the
+    `run` and not told to `replace`, an earlier dump of another run (another configuration,
+    seed, constants or schedule) is refused too: only the same run's dump is written over."""
     if not os.path.lexists(folder):
         return
     if not os.path.isdir(folder):
@@ -272,6 +282,20 @@ def check_dump_folder(folder: str) -> None:
         raise DumpError(f"--dump {folder}: the folder holds files that are not a cgc dump "
                         f"(no run.json of format {DUMP_FORMAT}); cgc replaces only an "
                         "earlier dump: give a new folder, or an empty one")
+    if empty or run is None or replace:
+        return
+    with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
+        earlier = json.load(handle)
+    program = run.program
+    now = {"config": program.config, "seed": run.seed,
+           "constants": {name: (value if isinstance(value, (int, float)) else float(value))
+                         for name, value in program.constants.items()},
+           "roles": {role: value for role, value in sorted(program.roles.items())}}
+    differs = [key for key in now if json.loads(json.dumps(now[key])) != earlier.get(key)]
+    if differs:
+        raise DumpError(f"--dump {folder} holds the dump of another run (its "
+                        f"{', '.join(differs)} {'differs' if len(differs) == 1 else 'differ'}): "
+                        "give --replace-dump to write over it, or another folder")
 
 
 def write_dump(folder: str, run: Run, losses, ids, targets, before, gradients, after,
