@@ -457,6 +457,19 @@ def _doc(args) -> int:
     return EXIT_OK
 
 
+def _choose_backend(name: str) -> tuple[str, str] | None:
+    """The backend `--backend NAME` picks and why; None, the reason told, where it cannot
+    run here."""
+    from .backends import choose
+    from .backends.base import Unavailable
+    try:
+        return choose(name)
+    except Unavailable as error:
+        print(f"cgc: error: --backend {name}: {error}; the CPU reference machine runs "
+              "anywhere: --backend numpy", file=sys.stderr)
+        return None
+
+
 def _positive_options(args, names) -> None:
     for name in names:
         value = getattr(args, name.replace("-", "_"))
@@ -516,8 +529,7 @@ def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
 
 
 def _run(args) -> int:
-    from .backends import choose
-    from .backends.base import DataError, RunFault, Unavailable
+    from .backends.base import DataError, RunFault
     if args.steps < 1:
         raise _UsageError("--steps must be at least 1")
     from .backends import parallel
@@ -560,12 +572,10 @@ def _run(args) -> int:
         except OSError as error:
             raise _PathError(f"cannot write {args.checkpoint_dir}: "
                              f"{error.strerror or error}") from None
-    try:
-        backend, why = choose(args.backend)
-    except Unavailable as error:
-        print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
-              "runs anywhere: --backend numpy", file=sys.stderr)
+    chosen = _choose_backend(args.backend)
+    if chosen is None:
         return EXIT_DIAGNOSTICS
+    backend, why = chosen
     from .backends import checkpoint as checkpoints
     from .backends.data import Batches, describe, load_tokens, split_documents
     from .backends.training import Checkpointing, LearningRate, Validation, summary, train
@@ -783,8 +793,7 @@ def _sampler(args, runner, frontend):
 
 
 def _sample(args) -> int:
-    from .backends import checkpoint as checkpoints, choose
-    from .backends.base import Unavailable
+    from .backends import checkpoint as checkpoints
     from .backends.sampling import decode_bytes
     if args.tokens < 1:
         raise _UsageError("--tokens must be at least 1")
@@ -796,12 +805,10 @@ def _sample(args) -> int:
     _readable([args.checkpoint], folders=True)
     schedule = _sample_schedule(args.schedule)
     _readable([schedule])
-    try:
-        backend, _ = choose(args.backend)
-    except Unavailable as error:
-        print(f"cgc: error: --backend {args.backend}: {error}; the CPU reference machine "
-              "runs anywhere: --backend numpy", file=sys.stderr)
+    chosen = _choose_backend(args.backend)
+    if chosen is None:
         return EXIT_DIAGNOSTICS
+    backend, _ = chosen
     path = checkpoints.latest(args.checkpoint)
     values, manifest = checkpoints.load(path)
     identity = manifest.get("identity", {})
