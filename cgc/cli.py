@@ -76,9 +76,9 @@ def _writable(path: str | None) -> None:
 
 
 def _write_text(path: str, text: str) -> None:
+    from .resources import write_text_atomically
     try:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        write_text_atomically(path, text)
     except OSError as error:
         raise _PathError(f"cannot write {path}: {error.strerror or error}") from None
 
@@ -451,7 +451,10 @@ def _doc(args) -> int:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise _PathError(f"cannot write {args.output}: Not a directory")
     frontend = analyse(files)
-    written = write_documentation(frontend, args.output)
+    try:
+        written = write_documentation(frontend, args.output)
+    except OSError as error:
+        raise _PathError(f"cannot write {args.output}: {error.strerror or error}") from None
     print(f"wrote {_count(len(written), 'page')} to {args.output} (start at "
           f"{os.path.join(args.output, 'index.html')})")
     return EXIT_OK
@@ -681,6 +684,9 @@ def _run(args) -> int:
     except parallel.CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
+    except OSError as error:  # the dump's files (checkpoints and the log say their own)
+        raise _PathError(f"cannot write the dump {args.dump}: {error.strerror or error}") \
+            from None
     except DataError as error:
         print(f"cgc: error: the training data does not fit the model: {error}",
               file=sys.stderr)
@@ -710,7 +716,10 @@ def _run(args) -> int:
         print(f"wrote the checkpoint {training.checkpoint}", file=sys.stderr)
     if args.trace and timings:
         from .tools.trace import write_trace
-        write_trace(args.trace, timings, backend)
+        try:
+            write_trace(args.trace, timings, backend)
+        except OSError as error:
+            raise _PathError(f"cannot write {args.trace}: {error.strerror or error}") from None
         print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
     if args.plot and training.losses:
         from .tools.plot import write_loss_plot

@@ -51,3 +51,32 @@ def sync_to_disk(path: str) -> None:
         pass
     finally:
         os.close(descriptor)
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    """`text` into `path` through a temporary file beside it, renamed into place when whole:
+    a full disk or a kill leaves the old file (or none), never a cut one. OSError as open()
+    gives it; the temporary file is removed."""
+    import tempfile
+    folder = os.path.dirname(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+                                             suffix=".cgc-tmp", dir=folder)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

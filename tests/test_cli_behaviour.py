@@ -387,3 +387,20 @@ def test_a_dump_of_another_run_is_refused_unless_replace_dump(tmp_path, capsys):
     assert main([*base, "--seed", "5", "--replace-dump"]) == 0
     with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
         assert '"seed": 5' in handle.read()
+
+
+def test_an_output_that_cannot_be_written_whole_leaves_the_old_file(tmp_path, monkeypatch,
+                                                                      capsys):
+    """`cgc compile -o` on a full disk once cut the old file at 4096 bytes: now the text goes
+    through a temporary file renamed into place, and a failed write leaves the old one."""
+    output = tmp_path / "step.cu"
+    output.write_text("the old file\n")
+
+    def full(descriptor):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["compile", str(SCHEDULES / "train.cg"), "--config", "tiny",
+                 "-o", str(output)]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert output.read_text() == "the old file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.cu"]  # no temporary left
