@@ -20,6 +20,7 @@ from .pipeline import Frontend, analyse, backend_problems, check, evaluate, pars
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: a batch system's stop, told apart from Ctrl-C
 
 _DESCRIPTION = """\
 cgc compiles schedules of GPU kernel launches (.cg files) that describe a training step
@@ -27,7 +28,7 @@ of a GPT-style transformer. It proves every launch safe before anything runs.
 
 exit status: 0 success, 1 diagnostics (errors in a schedule, or a missing tool), 2 usage
 errors (an unknown command or option, a bad value, a FILE that cannot be read), 130 stopped
-by Ctrl-C."""
+by Ctrl-C, 143 stopped by SIGTERM."""
 
 
 class _UsageError(Exception):
@@ -628,6 +629,10 @@ def _run(args) -> int:
     if peak is None:
         raise _UsageError(f"{args.file} declares no peakLearningRate role: give --lr")
     floor = float(args.lr_min if args.lr_min is not None else peak)
+    if floor > float(peak):
+        raise _UsageError(f"--lr-min {floor:g} is above the peak rate {float(peak):g} ("
+                          + ("--lr" if args.lr is not None else
+                             f"{args.file}'s peakLearningRate role") + "): the decay only lowers it")
     # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
     rate = LearningRate(float(peak), floor, int(args.warmup or 0),
                         (args.decay_steps or args.steps) if floor != float(peak) else 0)
@@ -731,7 +736,13 @@ def _run(args) -> int:
     if communicator.lead:
         print(summary(training) + ("" if communicator.size == 1
                                    else f" on {communicator.size} ranks"))
-    return EXIT_INTERRUPTED if training.stopped else EXIT_OK
+    if training.diverged is not None:
+        print(f"cgc: error: the loss of step {training.diverged} is "
+              f"{training.losses[-1]}: training diverged, so it stopped there and wrote no "
+              f"checkpoint of it (learning rate {rate.at(training.diverged):.4g}: a lower "
+              "--lr or a --warmup may help)", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
+    return _stopped_status() if training.stopped else EXIT_OK
 
 
 def _sample_schedule(asked: str | None) -> str:
@@ -869,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = threading.Thread(target=work, daemon=True)
     stop_requested = 0.0
     _STOP.clear()
+    _STOP_SIGNAL[0] = signal.SIGINT
     _STEPPING.clear()
     previous_term = _take_sigterm()
     try:
@@ -882,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # the same Ctrl-C, delivered to the process and its group
                 if _STOP.is_set() or not _STEPPING.is_set():  # stop now
                     print("\ncgc: stopped", file=sys.stderr)
-                    return EXIT_INTERRUPTED
+                    return _stopped_status()
                 _STOP.set()
                 stop_requested = now
                 print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
@@ -893,7 +905,15 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous_term)
     if not result:
         return EXIT_INTERNAL
-    return EXIT_INTERRUPTED if _STOP.is_set() and result[0] == EXIT_OK else result[0]
+    return _stopped_status() if _STOP.is_set() and result[0] == EXIT_OK else result[0]
+
+
+# The signal that asked the run to stop: its exit status says which (128 + the signal).
+_STOP_SIGNAL = [signal.SIGINT]
+
+
+def _stopped_status() -> int:
+    return EXIT_TERMINATED if _STOP_SIGNAL[0] == signal.SIGTERM else EXIT_INTERRUPTED
 
 
 def _take_sigterm():
@@ -904,6 +924,7 @@ def _take_sigterm():
         return None
 
     def stop(signum, frame):
+        _STOP_SIGNAL[0] = signal.SIGTERM
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, stop)

@@ -155,7 +155,7 @@ def test_sigterm_stops_after_the_step_and_writes_a_final_checkpoint(tmp_path):
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     lines += out.splitlines()
-    assert process.returncode == 130, err
+    assert process.returncode == 143, err  # 128 + SIGTERM, not Ctrl-C's 130
     last = step_lines("".join(lines))[-1][0]
     values, manifest = checkpoint.load(checkpoint.latest(str(folder)))
     assert manifest["step"] == last >= 3
@@ -250,6 +250,35 @@ def test_a_broken_checkpoint_is_a_one_line_error(saved, broken, tmp_path, capsys
     assert status == 1, err
     assert err.startswith("cgc: error: ") and "is not a whole cgc checkpoint" in err
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_damaged_header_says_what_is_wrong(saved, tmp_path, capsys):
+    """The header's JSON or its cgc manifest damaged: the reason, not a bare key name."""
+    data = bytearray(open(saved, "rb").read())
+    size = int.from_bytes(data[:8], "little")
+    header = data[8:8 + size].decode()
+    cases = {"not-json": header.replace("{", "[", 1),
+             "no-manifest": header.replace('"cgc"', '"cgx"', 1)}
+    for name, text in cases.items():
+        target = tmp_path / f"{name}.safetensors"
+        target.write_bytes(bytes(data[:8]) + text.encode() + bytes(data[8 + size:]))
+        status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
+                             "--resume", target)
+        assert status == 1, err
+        reason = "is not JSON" if name == "not-json" else "has no 'cgc' manifest"
+        assert reason in err and "Traceback" not in err, err
+
+
+def test_a_diverged_run_stops_with_an_error_and_keeps_no_checkpoint_of_it(tmp_path, capsys):
+    folder = tmp_path / "run"
+    status, out, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 40,
+                           "--lr", "1e30", "--checkpoint-dir", folder)
+    assert status == 1, err
+    assert "training diverged" in err and "a lower --lr" in err and "Traceback" not in err
+    steps = step_lines(out)
+    assert len(steps) < 40  # it stopped at the first step whose loss was not finite
+    assert not os.path.exists(folder) or not [n for n in os.listdir(folder)
+                                              if n.endswith(".safetensors")]
 
 
 def test_a_folder_without_checkpoints_and_a_missing_path_are_errors(tmp_path, capsys):

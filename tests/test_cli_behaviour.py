@@ -363,6 +363,7 @@ def test_ctrl_c_stops_a_run_after_the_step_under_way(tmp_path):
     (["--seed", "-1"], 2, "--seed must be a finite number, not negative"),
     (["--lr", "nan"], 2, "--lr must be a finite number, not negative"),
     (["--lr", "1e300"], 2, "--lr 1e+300 is past float32's range"),
+    (["--lr", "0.01", "--lr-min", "0.1"], 2, "--lr-min 0.1 is above the peak rate 0.01"),
     (["--plot", "{folder}"], 2, "Is a directory"),  # before any step, not after them all
     (["--plot", "/dev/full"], 2, "No space left on device"),
     (["--log", "/dev/full"], 1, "No space left on device"),

@@ -181,7 +181,12 @@ def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
         header = json.loads(data[8:8 + header_bytes])
         manifest = json.loads(header.get("__metadata__", {})[METADATA_KEY])
         items = safetensors.deserialize(data)
-    except (ValueError, KeyError, TypeError, AttributeError, safetensors.SafetensorError) as error:
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{broken}: its header or manifest is not JSON ({error})") from None
+    except (KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{broken}: its header has no {METADATA_KEY!r} manifest (a "
+                              "safetensors file cgc did not write, or a damaged one)") from None
+    except (ValueError, safetensors.SafetensorError) as error:
         raise CheckpointError(f"{broken}: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{broken}: its format is {manifest.get('format')!r}, not "

@@ -27,6 +27,7 @@ class Training:
     losses: list[float] = field(default_factory=list)  # every step's, resumed ones included
     seconds: list[float] = field(default_factory=list)  # the steps run here
     stopped: bool = False  # ended early by a stop request
+    diverged: int | None = None  # the step whose loss was not finite, where training stopped
     validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
     checkpoint: str | None = None  # the last checkpoint written
 
@@ -198,6 +199,11 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         last = step == steps or (stop is not None and stop.is_set())
         out.write(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
         out.flush()
+        if not math.isfinite(outcome.loss):  # every later step would only carry the NaN on
+            result.diverged = step
+            if interactive and not last:
+                out.write("\n")
+            break
         if validation and validation.every and (step % validation.every == 0 or step == steps):
             loss = validation_loss(run, validation)
             result.validation.append((step, loss))
@@ -213,7 +219,8 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 and step != steps:
             result.checkpoint = write_checkpoint(run, checkpointing, step, batches,
                                                  result.losses, validation)
-    if checkpointing and step > start:  # the end, or a stop request (Ctrl-C, SIGTERM)
+    # the end, or a stop request (Ctrl-C, SIGTERM); never parameters a diverged step wrote
+    if checkpointing and step > start and result.diverged is None:
         result.checkpoint = write_checkpoint(run, checkpointing, step, batches, result.losses,
                                              validation)
     if dump and len(result.losses) > len(history or []):
