@@ -9,9 +9,10 @@ Two campaigns share the mutations and the judging:
   a declared buffer shrunk), each checked statically and run on the bounds-checked NumPy
   machine (ground truth 1). 629 variants, about 10 s.
 
-- `--all`: mutants of every schedule (the whole step `cgTrainStep` of train.cg, which
-  includes the forward pass, the backward pass, the optimizer and the library, and each of
-  `cgForward`, `cgBackward` and `cgOptimizer` on its own), of every kind: grids (+1, -1, x2,
+- `--all`: mutants of every schedule (SCHEDULES: the whole steps of train.cg,
+  train_recompute.cg and train_parallel.cg, which include the forward pass, the backward
+  pass, the optimizer and the library, sample.cg's forward, and each of `cgForward`,
+  `cgBackward` and `cgOptimizer` on its own), of every kind: grids (+1, -1, x2,
   /2, =1), repeat counts (+1, -1, x2, =1), bindings (a storage, bank or entry swapped for
   another of the same element type, a slot index moved, a pointer or scalar dropped, an item
   index moved, a scalar's value changed, a launch put in another phase or in none), removed
@@ -186,12 +187,16 @@ def variants(modules: list[Module], seed: int) -> list[Variant]:
 
 # (file, entry): the schedules, each judged with its own entry.
 SCHEDULES = (("train.cg", "cgTrainStep"), ("backward.cg", "cgBackward"),
-             ("forward.cg", "cgForward"), ("optimizer.cg", "cgOptimizer"))
-MUTATED_FILES = ("train.cg", "forward.cg", "backward.cg", "optimizer.cg", "library.cg")
+             ("forward.cg", "cgForward"), ("optimizer.cg", "cgOptimizer"),
+             ("train_recompute.cg", "cgRecomputeTrainStep"),
+             ("train_parallel.cg", "cgTrainParallelStep"), ("sample.cg", "cgSampleStep"))
+MUTATED_FILES = tuple(schedule for schedule, _ in SCHEDULES) + ("library.cg",)
 KINDS = ("grid", "repeat", "binding", "removed", "reordered", "storage", "combined", "constants",
          "random")
 # How the second-order mutants are shared among the schedules.
-COMBINED_SHARE = {"train.cg": 0.6, "backward.cg": 0.2, "forward.cg": 0.1, "optimizer.cg": 0.1}
+COMBINED_SHARE = {"train.cg": 0.45, "train_recompute.cg": 0.15, "train_parallel.cg": 0.05,
+                  "backward.cg": 0.15, "forward.cg": 0.1, "optimizer.cg": 0.05,
+                  "sample.cg": 0.05}
 # The model's shape, and the values constant mutants draw from (the kernels' constants
 # change with them: each distinct set is its own sanitized build).
 CONSTANT_CHOICES = {
@@ -854,12 +859,15 @@ def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int
     return found
 
 
-# Every image a schedule of the campaign launches: the training step, its recomputing twin
-# and the seed's backward (its own loss, cross-entropy, scatter and accumulating products).
+# Every image a schedule of the campaign launches: the training step, its recomputing and
+# data-parallel twins (the collective) and the seed's backward (its own loss, cross-entropy,
+# scatter and accumulating products); sample.cg's forward is the training step's.
 LIBRARY_SCHEDULE = """import "{folder}/train.cg"
 import "{folder}/train_recompute.cg"
+import "{folder}/train_parallel.cg"
 def cgGroundTruthLibrary : (family NvidiaLaunchSchedule) =
-  (cgThen cgTrainStep (cgThen cgRecomputeTrainStep (cgThen cgZeroGradients cgBackward)))
+  (cgThen cgTrainStep (cgThen cgRecomputeTrainStep
+    (cgThen cgAllReduceGradients (cgThen cgZeroGradients cgBackward))))
 """
 
 
