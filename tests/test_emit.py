@@ -97,17 +97,18 @@ def test_every_kernel_image_has_its_template():
 def test_a_template_error_is_reported_at_the_template_line(tmp_path, monkeypatch):
     templates = tmp_path / "templates"
     shutil.copytree(data_dir("templates"), templates)
-    broken = templates / "kernels" / "gelu.cu.j2"
+    # a kernel the training step launches (its GELU is now a product's epilogue)
+    broken = templates / "kernels" / "cast_down.cu.j2"
     lines = broken.read_text().splitlines()
-    lines[5] = lines[5] + " undefined_identifier += 1;"
+    lines[4] = lines[4] + " undefined_identifier += 1;"
     broken.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("CGC_TEMPLATES", str(templates))
     result = emitted("train", "tiny")
     ok, log = nvrtc_compile(result.text, "train.tiny.cu")
     assert not ok
     text = render_all(compiler_diagnostics(result, log, "train.tiny.cu"))
-    assert f"{broken}:6:1: error: identifier \"undefined_identifier\" is undefined " \
-           "(in the kernel of image 'cgImageGelu')" in text
+    assert f"{broken}:5:1: error: identifier \"undefined_identifier\" is undefined " \
+           "(in the kernel of image 'cgImageCastDown')" in text
     assert "note: emitted as line" in text
 
 
