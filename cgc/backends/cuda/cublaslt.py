@@ -13,11 +13,12 @@ import ctypes
 import ctypes.util
 from pathlib import Path
 
+from ...core.elements import ELEMENTS
+
 # cublasLt.h
 EPILOGUES = {"DEFAULT": 1, "GELU_AUX": 160, "DGELU": 192}  # cublasLtEpilogue_t
 OPERATIONS = {"N": 0, "T": 1}  # cublasOperation_t
 COMPUTE_32F = 68  # CUBLAS_COMPUTE_32F
-R_32F = 0  # CUDA_R_32F
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE = 3, 4, 7
 DESC_AUX_POINTER, DESC_AUX_LD = 11, 12
 PREF_MAX_WORKSPACE_BYTES = 1
@@ -88,8 +89,9 @@ class CublasLt:
     def matmul_desc(self, transa: str, transb: str, epilogue: str, aux_ld: int | None) -> int:
         """A descriptor: float32 compute and scale, cuBLASLt's operations on its A and B."""
         desc = ctypes.c_void_p()
+        scale = ELEMENTS["float32"].cuda_data_type_code
         self._call("cublasLtMatmulDescCreate", ctypes.byref(desc), ctypes.c_int(COMPUTE_32F),
-                   ctypes.c_int(R_32F))
+                   ctypes.c_int(scale))
         self._set(desc.value, DESC_TRANSA, ctypes.c_int32(OPERATIONS[transa]))
         self._set(desc.value, DESC_TRANSB, ctypes.c_int32(OPERATIONS[transb]))
         self._set(desc.value, DESC_EPILOGUE, ctypes.c_uint32(EPILOGUES[epilogue]))
