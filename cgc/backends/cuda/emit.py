@@ -3,7 +3,8 @@
 The emitter computes every name, size, grid and offset; the Jinja templates in templates/
 only place them (StrictUndefined: a missing value is an error, never an empty string).
 Each kernel image has a template named after it (cgImageLayerNorm: kernels/layer_norm.cu.j2);
-each image of a library (cuBLAS) has a host function of its own name in program.cu.j2.
+each image of a library (cuBLAS: products, through cuBLASLt) has a host function of its own
+name in program.cu.j2.
 """
 
 from __future__ import annotations
