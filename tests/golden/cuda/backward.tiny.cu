@@ -1438,6 +1438,20 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
                           plan.d_layout, &plan.algo, cg_lt_workspace, workspace, stream), where);
 }
 
+// At the end of the program: every plan's descriptor and layouts, then the handle.
+static void cg_products_release() {
+  for (CgMatmulPlan& plan : cg_matmul_plans) {
+    cublasLtMatmulDescDestroy(plan.desc);
+    cublasLtMatrixLayoutDestroy(plan.b_layout);
+    cublasLtMatrixLayoutDestroy(plan.a_layout);
+    cublasLtMatrixLayoutDestroy(plan.c_layout);
+    cublasLtMatrixLayoutDestroy(plan.d_layout);
+  }
+  cg_matmul_plans.clear();
+  cublasLtDestroy(cg_lt);
+  cg_lt = nullptr;
+}
+
 // cgImageProductData: Row-major products through cuBLASLt: output[M, N] = A[M, K] B[K, N].
 static void cgImageProductData(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
   cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, output, CUDA_R_32F, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
@@ -1709,7 +1723,7 @@ int main(int argc, char** argv) {
     std::printf("step %d: loss %.6f\n", step + 1, sum / rows);
   }
   cg_check(cudaStreamDestroy(stream), "destroying the stream");
-  cublasLtDestroy(cg_lt);
+  cg_products_release();
   cg_release();
   return 0;
 }
