@@ -15,6 +15,7 @@ from cgc.pipeline import open_run
 
 
 from conftest import SCHEDULES
+from cgc.backends.cuda.cublaslt import load as REAL_LOAD  # before any test installs the fake
 
 PATH = str(SCHEDULES / "train.cg")
 
@@ -127,3 +128,20 @@ def test_the_training_loop_dumps_and_traces_a_cupy_run_as_it_does_a_numpy_one(
             assert float(np.linalg.norm(ours - theirs)) / scale <= 1e-4, (part, entry)
     for ours, theirs in zip(results["cupy"].losses, results["numpy"].losses):
         assert abs(ours - theirs) <= 1e-5 * theirs
+
+
+
+def test_a_missing_cublaslt_is_said_not_raised(monkeypatch):
+    """Without libcublasLt the CuPy backend is unavailable, with a message saying how to get
+    it (no traceback: the run reports it as it reports a missing CuPy)."""
+    from cgc.backends.cuda import backend, cublaslt
+    frontend = analyse([PATH])
+    reference = open_run("numpy", frontend, PATH, "tiny", {}, seed=1)
+    fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
+                      reference.machine.constants)
+    assert backend.unavailable_reason() is None  # the fake's cuBLASLt
+    monkeypatch.setattr(cublaslt, "load", REAL_LOAD)  # the real loader, finding nothing
+    monkeypatch.setattr(cublaslt, "_library_paths", lambda: ["/nowhere/libcublasLt.so.13"])
+    reason = backend.unavailable_reason()
+    assert reason is not None and "pip install 'cgc[cuda]'" in reason \
+        and "/nowhere/libcublasLt.so.13" in reason
