@@ -162,8 +162,6 @@ DESIGNS = {
     # a row a block: each thread loads its 7 groups of 16 bytes (50304 bfloat16 logits over
     # 1024 threads) before using any
     "cgImageClassifier": Design(inflight=112),
-    "cgImageGelu": Design(inflight=16),
-    "cgImageGeluBackward": Design(inflight=32),
     "cgImageCastDown": Design(inflight=32),
     "cgImageSquareSum": Design(inflight=16),
     # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
@@ -193,7 +191,9 @@ class LaunchFacts:
     floor_bytes: int
     flops: float  # the products' operations (0 for kernels without products)
     library: bool = False
-    copies_residual_bytes: int = 0  # cuBLAS residual products copy C first
+    # A copy a library product makes before it runs: none since the products went through
+    # cuBLASLt (cublasGemmEx's C = D made the residual product copy C first).
+    copies_residual_bytes: int = 0
 
     @property
     def warps(self) -> int:
@@ -333,10 +333,10 @@ def launch_facts(program, launch, point) -> LaunchFacts:
     library = image.library is not None
     blocks, threads, copy = 0, 0, 0
     if library:
-        product = CUBLAS_PRODUCTS.get(image.name)
-        if product is not None and product.copies_residual:
-            scalars = {image.scalars[b.index].name: value(b.value, point) for b in launch.scalars}
-            copy = 2 * scalars["m"] * scalars["n"] * 4  # read and write the float32 C
+        # Every product is one cublasLtMatmul: the residual is read as C (its bytes are in
+        # traffic(), as an operand), with no copy first; an epilogue's aux matrix (GELU_AUX
+        # writes pre, DGELU reads it) is a pointer of the image, in traffic() too.
+        assert image.name in CUBLAS_PRODUCTS, image.name
     else:
         grid = launch.arguments().grid
         blocks = math.prod(value(g, point) for g in grid)

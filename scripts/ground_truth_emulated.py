@@ -104,7 +104,7 @@ int cg_gt_reset() {
   return static_cast<int>(cudaGetLastError());
 }
 int cg_gt_prepare() {
-  cg_check(cublasCreate(&cg_cublas), "creating the cuBLAS handle");
+  cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
   cg_gt_attributes();
   return static_cast<int>(cudaGetLastError());
 }

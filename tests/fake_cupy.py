@@ -2,8 +2,9 @@
 
 "Device" memory is host memory and device pointers are host addresses. A kernel launch
 runs the image's NumPy reference kernel on the memory its pointer arguments address (with
-the reference machine's bounds checks); cuBLAS's gemmEx is computed from its definition,
-column-major, as cuBLAS documents it; a stream capture records calls and the graph
+the reference machine's bounds checks); cuBLASLt's matmul (the CuPy backend's ctypes
+binding, cgc/backends/cuda/cublaslt.py, replaced by FakeCublasLt) and cuBLAS's gemmEx are
+computed from their definitions, column-major, as NVIDIA documents them; a stream capture records calls and the graph
 replays them. This checks everything the CuPy backend does with addresses, argument
 order, scalar types and cuBLAS's operands, without a GPU; it says nothing of the CUDA
 kernels themselves.
@@ -189,6 +190,106 @@ def _gemm(handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb
     _run_or_record(run)
 
 
+_GELU = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def _gelu(x):
+    return np.float32(0.5) * x * (np.float32(1) + np.tanh(_GELU * (x + np.float32(0.044715) * x ** 3)))
+
+
+def _gelu_slope(x):
+    t = np.tanh(_GELU * (x + np.float32(0.044715) * x * x * x))
+    return np.float32(0.5) * (np.float32(1) + t) + np.float32(0.5) * x * (np.float32(1) - t * t) * \
+        _GELU * (np.float32(1) + np.float32(3 * 0.044715) * x * x)
+
+
+def _matrix(address, kind, rows, columns, leading):
+    """A column-major rows x columns matrix at `address`, as float32 values (a view of the
+    raw memory: bfloat16 decoded into a copy)."""
+    dtype = np.uint16 if kind == 14 else np.float32
+    raw = _at(address, dtype)
+    needed = (columns - 1) * leading + rows
+    flat = raw[:needed]
+    values = from_bfloat16_bits(flat) if kind == 14 else flat.astype(np.float32)
+    return np.lib.stride_tricks.as_strided(values, (rows, columns),
+                                           (values.itemsize, values.itemsize * leading))
+
+
+class FakeCublasLt:
+    """cgc/backends/cuda/cublaslt.CublasLt's calls, computed from cuBLASLt's definition:
+    D = epilogue(alpha op(A) op(B) + beta C), column-major, C and D of one layout (C may be D
+    or another matrix; not read when beta is 0), GELU_AUX writing the value before GELU to
+    aux and DGELU multiplying it by GELU'(aux), the epilogue on the float32 value before it
+    is rounded to D's type. Descriptors are dicts; what cuBLASLt refuses fails an assert."""
+
+    def __init__(self):
+        self.matmuls = []  # (epilogue, c is d) of every matmul run, for the tests
+
+    def create(self):
+        return 0x1e
+
+    def matmul_desc(self, transa, transb, epilogue, aux_ld):
+        from cgc.backends.cuda.cublaslt import EPILOGUES
+        assert transa in "NT" and transb in "NT" and epilogue in EPILOGUES
+        assert (aux_ld is None) == (epilogue == "DEFAULT")
+        assert aux_ld is None or aux_ld % 8 == 0, "cuBLASLt: aux ld must be divisible by 8"
+        return {"transa": transa, "transb": transb, "epilogue": epilogue, "aux_ld": aux_ld,
+                "aux": None}
+
+    def set_aux(self, desc, pointer):
+        desc["aux"] = pointer
+
+    def layout(self, data_type, rows, columns, ld):
+        assert ld >= rows
+        return (data_type, rows, columns, ld)
+
+    def heuristic(self, handle, desc, layouts, workspace_bytes, alignments):
+        assert all(a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for a in alignments)
+        return types.SimpleNamespace(algo="the fake's")
+
+    def matmul(self, handle, desc, alpha, a, a_layout, b, b_layout, beta, c, c_layout, d,
+               d_layout, algo, workspace, workspace_bytes, stream):
+        assert c_layout == d_layout and a_layout[0] == b_layout[0]
+        assert workspace_bytes == 0 or _at(workspace, np.uint8).size >= workspace_bytes
+        d_type, m, n, ldd = d_layout
+        ta, tb = desc["transa"] == "T", desc["transb"] == "T"
+        k = a_layout[1] if ta else a_layout[2]  # op(A) is m x k, op(B) k x n
+        assert (a_layout[2] if ta else a_layout[1]) == m and (b_layout[1] if tb else b_layout[2]) == n
+        assert (b_layout[2] if tb else b_layout[1]) == k
+        epilogue, aux, aux_ld = desc["epilogue"], desc["aux"], desc["aux_ld"]
+        assert epilogue == "DEFAULT" or aux, "cuBLASLt: an aux epilogue without its pointer"
+        alpha_value = ctypes.c_float.from_address(alpha).value
+        beta_value = ctypes.c_float.from_address(beta).value
+        self.matmuls.append((epilogue, c == d))
+
+        def run():
+            left = _matrix(a, a_layout[0], a_layout[1], a_layout[2], a_layout[3])
+            right = _matrix(b, b_layout[0], b_layout[1], b_layout[2], b_layout[3])
+            left = left.T if ta else left
+            right = right.T if tb else right
+            product = np.matmul(np.ascontiguousarray(left), np.ascontiguousarray(right),
+                                dtype=np.float32)
+            value = np.float32(alpha_value) * product
+            if beta_value != 0.0:
+                value = value + np.float32(beta_value) * _matrix(c, d_type, m, n, ldd)
+            value = value.astype(np.float32)
+            dtype = np.uint16 if d_type == 14 else np.float32
+            if epilogue == "GELU_AUX":
+                raw = _at(aux, dtype)
+                for column in range(n):
+                    target = raw[column * aux_ld:column * aux_ld + m]
+                    target[:] = to_bfloat16_bits(value[:, column]) if d_type == 14 else value[:, column]
+                value = _gelu(value)
+            elif epilogue == "DGELU":
+                value = value * _gelu_slope(_matrix(aux, d_type, m, n, aux_ld))
+            raw = _at(d, dtype)
+            for column in range(n):
+                target = raw[column * ldd:column * ldd + m]
+                target[:] = to_bfloat16_bits(value[:, column]) if d_type == 14 else value[:, column]
+
+        _run_or_record(run)
+
+
 def _memcpy(destination, source, size, kind, stream):
     def run():
         _at(destination, np.uint8)[:size] = _at(source, np.uint8)[:size].copy()
@@ -212,6 +313,7 @@ class NcclCommunicator:
 UNIQUE_ID = tuple(range(128))  # what get_unique_id draws: each rank must get rank 0's
 nccl_calls: list = []
 nccl_communicators: list = []
+cublaslt: FakeCublasLt | None = None  # set by install
 
 
 def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None:
@@ -221,6 +323,9 @@ def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None
     _capture = None
     images, low, constants = image_declarations, low_type, kernel_constants
     cupy = sys.modules[__name__]
+    global cublaslt
+    cublaslt = FakeCublasLt()
+    monkeypatch.setattr("cgc.backends.cuda.cublaslt.load", lambda: cublaslt)
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, memcpyAsync=_memcpy,
                                     memcpyDeviceToDevice=3)
     cupy.cuda = types.SimpleNamespace(runtime=runtime, Stream=Stream, Event=Event,

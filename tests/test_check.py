@@ -52,6 +52,14 @@ def errors_of(path, config="tiny"):
 
 
 def test_in_place_gelu_backward_passes_because_the_image_allows_it(schedules):
+    # the backward as it was before the DGELU product: a product, then GELU's gradient in place
+    edit(schedules / "library.cg",
+         "(cgProductTransposedGeluBackward cgSeq cgWidth4 cgWidth (cgArena cgGradientFc) "
+         "(cgArena cgGradientLow) (cgHalfOf cgProjWeight layer) fcPre)",
+         "(cgThen (cgProductTransposedLow cgSeq cgWidth4 cgWidth (cgArena cgGradientFc) "
+         "(cgArena cgGradientLow) (cgHalfOf cgProjWeight layer)) "
+         "(cgGeluBackward (cgArena cgGradientFc) (cgArena cgGradientFc) fcPre cgSeqWidth4))")
+    checked(schedules / "train.cg")
     edit(schedules / "images.cg", "  (scalar 0 count int32)\n  (alias 0 1)\n",
          "  (scalar 0 count int32)\n")
     messages = errors_of(schedules / "train.cg")

@@ -2,7 +2,7 @@
 file unchanged and run it on the CPU with CUDA's semantics.
 
 The C++ test programs in cgc/backends/cuda_cpu/tests/ check one part each (barriers, warp
-collectives, shared memory, WMMA, bfloat16, cuBLAS, launch errors) and exit 1 when a check
+collectives, shared memory, WMMA, bfloat16, cuBLAS, cuBLASLt, launch errors) and exit 1 when a check
 fails; the emitted files are built with the command the project uses, and the tiny step's
 losses are compared with the NumPy reference machine's. Everything is compiled once per session,
 all at once, in parallel.
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ (Debian's g++ 12)
 BUILD = ["-std=c++17", "-O2", "-pthread", "-I", str(INCLUDE), "-x", "c++"]
 SANITIZE = ["-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
             "-pthread", "-I", str(INCLUDE), "-x", "c++"]
-UNIT_TESTS = ["barrier", "warp", "shared", "wmma", "bf16", "cublas", "launch"]
+UNIT_TESTS = ["barrier", "warp", "shared", "wmma", "bf16", "cublas", "cublaslt", "launch"]
 # (schedule, config, how): every emitted file is compiled; "syntax" only checks it.
 EMITTED = [("train", "tiny", "build"), ("train", "tiny32", "build"), ("backward", "tiny", "build"),
            ("backward", "tiny32", "syntax"), ("train", "gpt2", "syntax"), ("backward", "gpt2", "syntax")]
@@ -252,6 +252,17 @@ def test_cublas_gemm_ex(builds):
     done = _unit(builds, "cublas", threads=2)
     _passes(done, "cublas")
     assert "48 gemm shapes checked" in done.stdout
+
+
+def test_cublaslt_matmul(builds):
+    """cublasLtMatmul as the emitted program calls it: all four operation pairs, C distinct from
+    D (a residual), C == D in place, the GELU_AUX and DGELU epilogues with their aux matrix,
+    against a plain reference; the reference of a mutated epilogue does not match, and
+    arguments cuBLASLt refuses are refused."""
+    done = _unit(builds, "cublaslt", threads=2)
+    _passes(done, "cublaslt")
+    assert "96 cuBLASLt products checked" in done.stdout
+    assert "mutated epilogues caught" in done.stdout
 
 
 def test_launch_errors(builds):

@@ -97,15 +97,68 @@ def test_every_kernel_image_has_its_template():
 def test_a_template_error_is_reported_at_the_template_line(tmp_path, monkeypatch):
     templates = tmp_path / "templates"
     shutil.copytree(data_dir("templates"), templates)
-    broken = templates / "kernels" / "gelu.cu.j2"
+    # a kernel the training step launches (its GELU is now a product's epilogue)
+    broken = templates / "kernels" / "cast_down.cu.j2"
     lines = broken.read_text().splitlines()
-    lines[5] = lines[5] + " undefined_identifier += 1;"
+    lines[4] = lines[4] + " undefined_identifier += 1;"
     broken.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("CGC_TEMPLATES", str(templates))
     result = emitted("train", "tiny")
     ok, log = nvrtc_compile(result.text, "train.tiny.cu")
     assert not ok
     text = render_all(compiler_diagnostics(result, log, "train.tiny.cu"))
-    assert f"{broken}:6:1: error: identifier \"undefined_identifier\" is undefined " \
-           "(in the kernel of image 'cgImageGelu')" in text
+    assert f"{broken}:5:1: error: identifier \"undefined_identifier\" is undefined " \
+           "(in the kernel of image 'cgImageCastDown')" in text
     assert "note: emitted as line" in text
+
+
+def _copies_and_gelu_passes(text: str) -> list[str]:
+    """What the cuBLASLt products were built to remove: a device copy in a product's host
+    function or in the step (before a residual product), and a separate GELU pass."""
+    found = []
+    functions = re.findall(r"^static void (cgImageProduct\w+)\(.*?^}", text, re.MULTILINE | re.DOTALL)
+    bodies = re.findall(r"^static void cgImageProduct\w+\(.*?^}", text, re.MULTILINE | re.DOTALL)
+    for name, body in zip(functions, bodies):
+        if "cudaMemcpy" in body:
+            found.append(f"{name} copies")
+    step = text[text.index("// the schedule: one function per phase"):text.index("void cg_step(")]
+    if "cudaMemcpy" in step:
+        found.append("the step copies")
+    found += re.findall(r"CG_LAUNCH\((cgImageGelu(?:Backward)?),", text)
+    return found
+
+
+@pytest.mark.parametrize("config", ["tiny", "gpt2"])
+def test_no_copy_before_residual_products_and_gelu_fused_into_products(config):
+    text = emitted("train", config).text
+    assert _copies_and_gelu_passes(text) == []
+    # the residual is cuBLASLt's C and the output its D, beta 1
+    residual = re.search(r"^static void cgImageProductResidual\(.*?^}", text,
+                         re.MULTILINE | re.DOTALL).group(0)
+    assert ", residual, output, CUDA_R_32F, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);" in residual
+    assert "CUBLASLT_EPILOGUE_GELU_AUX, pre);" in text and "CUBLASLT_EPILOGUE_DGELU, pre);" in text
+    # the detector fails on what the emitter used to write: a copy first, GELU its own pass
+    copied = text.replace(residual, residual.replace(
+        "{\n", "{\n  cg_check(cudaMemcpyAsync(output, residual, 4, cudaMemcpyDeviceToDevice, stream), where);\n", 1))
+    assert _copies_and_gelu_passes(copied) == ["cgImageProductResidual copies"]
+    assert _copies_and_gelu_passes(text + "CG_LAUNCH(cgImageGelu, dim3(1), dim3(256), 0, stream)") \
+        == ["cgImageGelu"]
+
+
+def test_an_epilogue_product_with_an_aux_ld_cublaslt_refuses_is_an_error():
+    """n is the aux matrix's leading dimension: cuBLASLt wants it divisible by 8."""
+    from cgc.backends.cuda.emit import image_problems
+    path = str(SCHEDULES / "train.cg")
+    program = evaluate(analyse([path]), path, config="tiny")
+    assert image_problems(program) == []
+    launch = next(launch for launch, _, _ in program.launches()
+                  if launch.image.name == "cgImageProductGelu")
+    import dataclasses
+    scalars = tuple(dataclasses.replace(s, value=1020) if launch.image.scalars[s.index].name == "n"
+                    else s for s in launch.scalars)
+    broken = dataclasses.replace(launch, scalars=scalars)
+    monkey = dataclasses.replace(program, body=(broken,))
+    problems = image_problems(monkey)
+    assert [p.message for p in problems] == [
+        "image 'cgImageProductGelu' is launched with n = 1020, but cuBLASLt's GELU_AUX epilogue "
+        "needs the leading dimension of its aux matrix (pre, n) divisible by 8"]

@@ -118,6 +118,10 @@ def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overri
                 assert np.abs(ours).max() <= tolerance, where
         checked.add(launch.image.name)
     assert len(checked) >= 19  # every kernel and product image of the step
+    # the cuBLASLt products: epilogues (pre included: every written pointer is compared) and
+    # the residual read as C, distinct from D (D poisoned first: a copy skipped shows as NaN)
+    assert {"cgImageProductGelu", "cgImageProductTransposedGeluBackward",
+            "cgImageProductResidual"} <= checked
 
 
 def test_the_float32_step_matches_the_numpy_backend():

@@ -4,7 +4,7 @@ CuPy compiles the file `cgc compile` emits with NVRTC; the banks, the step buffe
 arena are one allocation each, laid out by the memory plan; parameters start from the same
 seeded generator as the NumPy backend, and tokens come from the same windows, so both
 backends start from the same point. Each launch of the program becomes one prepared call
-(a kernel launch, or a cuBLAS product); after a first, eager step the whole step is
+(a kernel launch, or a cuBLASLt product); after a first, eager step the whole step is
 captured as a CUDA graph and replayed.
 
 docs/benchmarks.md says what has been verified on which machine.
@@ -18,7 +18,10 @@ from ...checking.memory import storage_home
 from ...core.elements import ELEMENTS, element_bytes
 from ..base import Run, initial_parameters
 from ..numerics import decode, encode, storage_dtype
-from .emit import CUBLAS_PRODUCTS, NCCL_CALLS, NCCL_TYPES, emit_program, image_problems
+from . import cublaslt
+from .cublaslt import alignment
+from .emit import (CUBLAS_PRODUCTS, CUBLASLT_WORKSPACE_BYTES, NCCL_CALLS, NCCL_TYPES,
+                   emit_program, image_problems)
 from .toolchain import include_flags
 
 # MFU is reported against the H200's dense bfloat16 tensor-core peak (NVIDIA's datasheet:
@@ -33,11 +36,15 @@ def unavailable_reason() -> str | None:
         return ("CuPy is not installed: pip install 'cgc[cuda]' (it brings cupy-cuda13x and "
                 "CUDA's own wheels)")
     try:
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return None
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy finds no NVIDIA GPU here"
     except Exception as error:  # no driver, or no device: CuPy says which
         return f"CuPy finds no NVIDIA GPU here ({type(error).__name__}: {error})"
-    return "CuPy finds no NVIDIA GPU here"
+    try:
+        cublaslt.load()
+    except cublaslt.CublasLtError as error:
+        return str(error)
+    return None
 
 
 def gpu_available() -> bool:
@@ -55,8 +62,8 @@ class CupyRun(Run):
 
     def __init__(self, program, plan, seed: int):
         import cupy
-        from cupy_backends.cuda.libs import cublas
-        self.cupy, self.cublas = cupy, cublas
+        self.cupy = cupy
+        self.cublaslt = cublaslt.load()  # a clear error where libcublasLt is missing
         super().__init__(program, plan, seed)
         self.low = self.program.low
         self.emitted = emit_program(self.program, self.plan)
@@ -73,7 +80,9 @@ class CupyRun(Run):
         self.memory["buffers"] = cupy.zeros(max(self.plan.buffers_bytes, 256), dtype=cupy.uint8)
         self.memory["arena"] = cupy.zeros(max(self.plan.arena_bytes, 256), dtype=cupy.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.handle = cupy.cuda.device.get_cublas_handle()
+        self.memory["lt_workspace"] = cupy.zeros(CUBLASLT_WORKSPACE_BYTES, dtype=cupy.uint8)
+        self.lt_handle = self.cublaslt.create()
+        self.matmul_plans = {}
         self.load_parameters(initial_parameters(self.program, seed))
         self.stream.synchronize()
         self.calls = [self._prepare(launch, point) for launch, _, point in self.program.unrolled()]
@@ -142,30 +151,46 @@ class CupyRun(Run):
         return call
 
     def _product(self, name: str, arguments, values):
-        cublas, stream = self.cublas, self.stream
+        """A product image through cuBLASLt, from CUBLAS_PRODUCTS as the emitted program's
+        cg_matmul does it: column-major D^T = B^T A^T (cuBLASLt's A is our B), C the output
+        or a distinct matrix (the residual: no copy), the epilogue's aux matrix laid out as
+        D. Descriptors, layouts and algorithm are made once per shape and alignment."""
+        lt, stream = self.cublaslt, self.stream
         product = CUBLAS_PRODUCTS[name]
-        op_b, op_a, ld_b, ld_a = product.op_b, product.op_a, product.ld_b, product.ld_a
-        low_output, beta = product.low_output, product.beta
+        image = self.program.images[name]
         m, n, k = (int(values[x]) for x in ("m", "n", "k"))
         sizes = {"m": m, "n": n, "k": k}
+        pointers = {image.pointers[index].name: int(arguments[position])
+                    for position, index in enumerate(sorted(image.pointers))}
+        a, b, d, c = pointers["a"], pointers["b"], pointers["output"], pointers[product.c]
+        aux = pointers[product.aux] if product.aux is not None else 0
         low_type = ELEMENTS[self.low].cuda_data_type_code
-        output_type = low_type if low_output else ELEMENTS["float32"].cuda_data_type_code
-        operations = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
-        output, a, b = (int(x) for x in arguments[:3])
-        residual = int(arguments[3]) if product.copies_residual else None
-        alpha, beta_value = np.array(1.0, np.float32), np.array(beta, np.float32)
-        handle, copy_bytes = self.handle, 4 * m * n
-        runtime = self.cupy.cuda.runtime
+        d_type = low_type if product.low_output else ELEMENTS["float32"].cuda_data_type_code
+        alignments = tuple(alignment(x) for x in (b, a, c, d, aux if aux else 256))
+        key = (product, m, n, k, alignments)
+        plan = self.matmul_plans.get(key)
+        if plan is None:
+            desc = lt.matmul_desc(product.op_b, product.op_a, product.epilogue,
+                                  n if product.aux is not None else None)
+            if aux:  # the heuristic reads the aux pointer for its alignment
+                lt.set_aux(desc, aux)
+            b_n, a_n = product.op_b == "N", product.op_a == "N"
+            layouts = (lt.layout(low_type, n if b_n else k, k if b_n else n, sizes[product.ld_b]),
+                       lt.layout(low_type, k if a_n else m, m if a_n else k, sizes[product.ld_a]),
+                       lt.layout(d_type, n, m, n), lt.layout(d_type, n, m, n))
+            algo = lt.heuristic(self.lt_handle, desc, layouts, CUBLASLT_WORKSPACE_BYTES,
+                                alignments[:4])
+            plan = self.matmul_plans[key] = (desc, layouts, algo)
+        desc, layouts, algo = plan
+        alpha, beta = np.array(1.0, np.float32), np.array(product.beta, np.float32)
+        handle, workspace = self.lt_handle, self.memory["lt_workspace"].data.ptr
 
         def call():
-            cublas.setStream(handle, stream.ptr)
-            if residual is not None and residual != output:
-                runtime.memcpyAsync(output, residual, copy_bytes,
-                                    runtime.memcpyDeviceToDevice, stream.ptr)
-            cublas.gemmEx(handle, operations[op_b], operations[op_a], n, m, k,
-                          alpha.ctypes.data, b, low_type, sizes[ld_b], a, low_type, sizes[ld_a],
-                          beta_value.ctypes.data, output, output_type, n,
-                          cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+            if aux:  # this call's aux matrix (the descriptor is the shape's)
+                lt.set_aux(desc, aux)
+            lt.matmul(handle, desc, alpha.ctypes.data, b, layouts[0], a, layouts[1],
+                      beta.ctypes.data, c, layouts[2], d, layouts[3], algo, workspace,
+                      CUBLASLT_WORKSPACE_BYTES, stream.ptr)
 
         call.image = name
         return call

@@ -3,7 +3,8 @@
 The emitter computes every name, size, grid and offset; the Jinja templates in templates/
 only place them (StrictUndefined: a missing value is an error, never an empty string).
 Each kernel image has a template named after it (cgImageLayerNorm: kernels/layer_norm.cu.j2);
-each image of a library (cuBLAS) has a host function of its own name in program.cu.j2.
+each image of a library (cuBLAS: products, through cuBLASLt) has a host function of its own
+name in program.cu.j2.
 """
 
 from __future__ import annotations
@@ -27,8 +28,15 @@ from ...resources import cache_dir, data_dir
 
 @dataclass(frozen=True)
 class CublasProduct:
-    """How a product image maps onto cublasGemmEx. Row-major C[m, n] = A B is column-major
-    C^T = B^T A^T, so B comes first: its operation and leading dimension, then A's."""
+    """How a product image maps onto cublasLtMatmul. Row-major C[m, n] = A B is column-major
+    C^T = B^T A^T, so B comes first: its operation and leading dimension, then A's. The
+    element-wise epilogue and its aux matrix ([m, n], laid out as D) are unaffected by the swap.
+
+    `c` is the image's pointer cuBLASLt reads as C (scaled by beta): the output itself (C = D,
+    an accumulation, or not read at all when beta is 0), or a distinct matrix (the residual:
+    D = C + A B with no copy before, and C == D, in place, works as well). `epilogue` is
+    cuBLASLt's CUBLASLT_EPILOGUE_ name; `aux` is the image's pointer the epilogue writes
+    (GELU_AUX: the pre-activation) or reads (DGELU), with leading dimension n."""
 
     op_b: str  # N or T
     op_a: str
@@ -36,19 +44,33 @@ class CublasProduct:
     ld_a: str
     low_output: bool
     beta: float
-    copies_residual: bool = False
+    epilogue: str = "DEFAULT"
+    c: str = "output"
+    aux: str | None = None
 
 
-# The one table both the emitted host program and the CuPy backend call cuBLAS from.
+# The one table both the emitted host program and the CuPy backend call cuBLASLt from.
 CUBLAS_PRODUCTS = {
     "cgImageProductData": CublasProduct("N", "N", "n", "k", False, 0.0),
     "cgImageProductDataLow": CublasProduct("N", "N", "n", "k", True, 0.0),
+    "cgImageProductGelu": CublasProduct("N", "N", "n", "k", True, 0.0, "GELU_AUX", aux="pre"),
     "cgImageProductTransposed": CublasProduct("T", "N", "k", "k", False, 0.0),
     "cgImageProductTransposedLow": CublasProduct("T", "N", "k", "k", True, 0.0),
-    "cgImageProductResidual": CublasProduct("N", "N", "n", "k", False, 1.0, True),
+    "cgImageProductTransposedGeluBackward": CublasProduct("T", "N", "k", "k", True, 0.0, "DGELU",
+                                                          aux="pre"),
+    "cgImageProductResidual": CublasProduct("N", "N", "n", "k", False, 1.0, c="residual"),
     "cgImageProductWeight": CublasProduct("N", "T", "n", "m", False, 1.0),
     "cgImageProductWeightSet": CublasProduct("N", "T", "n", "m", False, 0.0),
 }
+
+# cuBLASLt's workspace: one allocation of the program, shared by every product (they run one
+# at a time on the one stream). 32 MiB is what NVIDIA's cuBLAS documentation recommends for
+# Hopper; the heuristic is told this much and picks no algorithm that needs more.
+CUBLASLT_WORKSPACE_BYTES = 32 * 1024 * 1024
+
+# cuBLASLt's aux matrix (the GELU input) must have a leading dimension divisible by 8
+# (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD); ours is n.
+CUBLASLT_AUX_LD_MULTIPLE = 8
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,26 @@ def template_path(image: str) -> str:
 _CONSTANT = re.compile(r"\b(" + "|".join(KERNEL_CONSTANTS) + r")\b")
 
 
+def _aux_problems(program: Program) -> list[Diagnostic]:
+    """A product with an epilogue's aux matrix needs n (its leading dimension) divisible by
+    CUBLASLT_AUX_LD_MULTIPLE, or cuBLASLt refuses it at run time: said here, at the launch."""
+    found = []
+    for launch, _, _ in program.launches():
+        product = CUBLAS_PRODUCTS.get(launch.image.name)
+        if product is None or product.aux is None:
+            continue
+        for scalar in launch.arguments().scalars:
+            value = scalar.value
+            if scalar.parameter.name == "n" and isinstance(value, int) \
+                    and value % CUBLASLT_AUX_LD_MULTIPLE:
+                found.append(Diagnostic(
+                    "error", f"image '{launch.image.name}' is launched with n = {value}, but "
+                    f"cuBLASLt's {product.epilogue} epilogue needs the leading dimension of its "
+                    f"aux matrix ({product.aux}, n) divisible by {CUBLASLT_AUX_LD_MULTIPLE}",
+                    launch.span))
+    return found
+
+
 def image_problems(program: Program) -> list[Diagnostic]:
     """What the CUDA backend lacks for the images the program launches, as errors at each
     image's declaration: a kernel without its template, a template or a shared-memory size
@@ -146,6 +188,7 @@ def image_problems(program: Program) -> list[Diagnostic]:
     given = {name for name, _ in program.kernel_constants()}
     folder = data_dir("templates")
     used = sorted({launch.image.name: launch.image for launch, _, _ in program.launches()}.items())
+    found += _aux_problems(program)
     for name, image in used:
         if image.collective is not None:
             continue  # each (collective ...) the language accepts has a line in NCCL_CALLS
@@ -222,6 +265,10 @@ class Emitter:
         found.append({"name": "cg_arena", "bytes": max(self.plan.arena_bytes, 256),
                       "comment": f"{len(self.plan.arena)} arena slots, shared where never "
                                  "live together"})
+        if self.products():
+            found.append({"name": "cg_lt_workspace", "bytes": CUBLASLT_WORKSPACE_BYTES,
+                          "comment": "cuBLASLt's workspace, for every product (32 MiB, what "
+                                     "NVIDIA recommends for Hopper)"})
         return found
 
     def buffers(self) -> list[dict]:
@@ -370,22 +417,19 @@ class Emitter:
                                learning_rates=learning_rates)
 
     def products(self) -> list[dict]:
-        """The host functions of the cuBLAS images the program uses, from CUBLAS_PRODUCTS."""
+        """The host functions of the cuBLAS images the program uses, from CUBLAS_PRODUCTS:
+        one cg_matmul call each (program.cu.j2)."""
         used = sorted({launch.image.name for launch, _, _ in self.program.launches()
                        if launch.image.library == "cublas"})
         found = []
         for name in used:
             image, product = self.program.images[name], CUBLAS_PRODUCTS[name]
-            prelude = []
-            if product.copies_residual:  # D = residual + A B, with C = D: start from a copy
-                prelude = ["if (output != residual)",
-                           "  cg_check(cudaMemcpyAsync(output, residual, sizeof(float) * "
-                           "static_cast<size_t>(m) * n, cudaMemcpyDeviceToDevice, stream), where);"]
             found.append({
                 "image": name, "summary": (image.doc or name).replace("\n", " "),
                 "parameters": ", ".join(c_parameters(image, self.low)),
                 "op_b": product.op_b, "op_a": product.op_a, "ld_b": product.ld_b,
-                "ld_a": product.ld_a, "beta": _float(product.beta), "prelude": prelude,
+                "ld_a": product.ld_a, "beta": _float(product.beta), "c": product.c,
+                "epilogue": product.epilogue, "aux": product.aux or "nullptr",
                 "output_type": ("cg_low_type" if product.low_output
                                 else ELEMENTS["float32"].cuda_data_type)})
         return found
@@ -426,6 +470,7 @@ class Emitter:
             arena_bytes=max(self.plan.arena_bytes, 256),
             low_cuda_type=ELEMENTS[self.low].cuda_data_type, phases=self.phases,
             products=self.products(), collectives=self.collectives(),
+            workspace_bytes=CUBLASLT_WORKSPACE_BYTES,
             step_lines=step_lines, main=self.main())
 
 

@@ -3,7 +3,7 @@
 The host C++ compiler builds the emitted .cu with the project's own CUDA-on-CPU headers
 (cgc/backends/cuda_cpu/include: every CUDA thread a fiber, blocks over the cores, shared
 memory per block, warp collectives, WMMA, bfloat16 as the device rounds it, cuBLAS's
-gemmEx on the CPU) into a shared library, cached by content. A small driver, generated
+gemmEx and cuBLASLt's matmul on the CPU) into a shared library, cached by content. A small driver, generated
 here and compiled in the same translation unit, exports the host program's step, its
 allocations, and one entry point per kernel image and cuBLAS product, so a run can go
 through the emitted host program (`cg_step`) or launch by launch, as the CuPy backend does.

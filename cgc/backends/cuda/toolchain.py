@@ -141,11 +141,14 @@ def nvcc() -> Path:
 
 
 def _cublas_flags() -> list[str]:
+    """cuBLASLt (every product) and cuBLAS (whose status type the program shares): the
+    nvidia-cublas wheel ships both libraries."""
     try:
         library = cuda_root() / "lib"
-        return [f"-L{library}", "-l:libcublas.so.13", f"-Xlinker=-rpath={library}"]
+        return [f"-L{library}", "-l:libcublasLt.so.13", "-l:libcublas.so.13",
+                f"-Xlinker=-rpath={library}"]
     except ToolchainMissing:  # an ordinary CUDA installation
-        return ["-lcublas"]
+        return ["-lcublasLt", "-lcublas"]
 
 
 def nccl_root() -> Path | None:
@@ -174,7 +177,7 @@ def _nccl_flags(source: str) -> list[str]:
 
 
 def nvcc_build(source_path: str, output: str) -> tuple[bool, str]:
-    """The whole file, host program included, compiled and linked with cuBLAS (and NCCL,
+    """The whole file, host program included, compiled and linked with cuBLASLt (and NCCL,
     for a program with collectives)."""
     compiler = nvcc()
     source = Path(source_path).read_text(encoding="utf-8")

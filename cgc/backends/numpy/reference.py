@@ -108,6 +108,21 @@ def product_transposed(k: Kernel) -> None:
     k.pointers["output"].write(0, _operands(k, transposed=True, weight=False))
 
 
+def product_gelu(k: Kernel) -> None:
+    """cuBLASLt's GELU_AUX epilogue: GELU of the float32 sum, then rounded to the low type;
+    pre is the float32 sum rounded on its own."""
+    value = _operands(k, transposed=False, weight=False)
+    k.pointers["pre"].write(0, value)
+    k.pointers["output"].write(0, _gelu(value))
+
+
+def product_transposed_gelu_backward(k: Kernel) -> None:
+    """cuBLASLt's DGELU epilogue: the float32 sum times GELU'(pre as stored), rounded once."""
+    m, n = k.scalars["m"], k.scalars["n"]
+    pre = k.pointers["pre"].read(0, m * n).reshape(m, n)
+    k.pointers["output"].write(0, _operands(k, transposed=True, weight=False) * _gelu_slope(pre))
+
+
 def product_residual(k: Kernel) -> None:
     m, n = k.scalars["m"], k.scalars["n"]
     residual = k.pointers["residual"].read(0, m * n).reshape(m, n)
@@ -262,22 +277,28 @@ def _elementwise_count(k: Kernel, per_block: int) -> int:
     return min(int(k.scalars["count"]), k.grid[0] * per_block)
 
 
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh form, in float32: the kernels' gelu_forward and cuBLASLt's GELU epilogue."""
+    return F32(0.5) * x * (F32(1) + np.tanh(_GELU * (x + F32(0.044715) * x * x * x)))
+
+
+def _gelu_slope(x: np.ndarray) -> np.ndarray:
+    """GELU'(x), tanh form, in float32: the kernels' gelu_slope and cuBLASLt's DGELU."""
+    t = np.tanh(_GELU * (x + F32(0.044715) * x * x * x))
+    return F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * _GELU * \
+        (F32(1) + F32(3 * 0.044715) * x * x)
+
+
 def gelu(k: Kernel) -> None:
     n = _elementwise_count(k, 2048)
-    x = k.pointers["input"].read(0, n)
-    y = F32(0.5) * x * (F32(1) + np.tanh(_GELU * (x + F32(0.044715) * x * x * x)))
-    k.pointers["output"].write(0, y)
+    k.pointers["output"].write(0, _gelu(k.pointers["input"].read(0, n)))
 
 
 def gelu_backward(k: Kernel) -> None:
     n = _elementwise_count(k, 2048)
     x = k.pointers["pre"].read(0, n)
     dy = k.pointers["gradientAct"].read(0, n)
-    inner = _GELU * (x + F32(0.044715) * x * x * x)
-    t = np.tanh(inner)
-    slope = F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * _GELU * \
-        (F32(1) + F32(3 * 0.044715) * x * x)
-    k.pointers["gradientPre"].write(0, dy * slope)
+    k.pointers["gradientPre"].write(0, dy * _gelu_slope(x))
 
 
 def cast_down(k: Kernel) -> None:
@@ -454,8 +475,10 @@ KERNELS = {
     "cgImageLayerNormParameterGradients": layer_norm_parameter_gradients,
     "cgImageProductData": product_data,
     "cgImageProductDataLow": product_data,
+    "cgImageProductGelu": product_gelu,
     "cgImageProductTransposed": product_transposed,
     "cgImageProductTransposedLow": product_transposed,
+    "cgImageProductTransposedGeluBackward": product_transposed_gelu_backward,
     "cgImageProductResidual": product_residual,
     "cgImageProductWeight": product_weight,
     "cgImageProductWeightSet": product_weight_set,

@@ -3,7 +3,7 @@
 //
 // One file, two programs: NVRTC compiles the kernels (the host part is skipped under
 // __CUDACC_RTC__); nvcc compiles the whole of it into a standalone program that links
-// cuBLAS.
+// cuBLASLt (and cuBLAS, whose status type it shares).
 
 // ======================================================================================
 // device code
@@ -890,36 +890,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageCrossEntropyBackward(fl
   logitsGradient[at] = (p - (column == target ? 1.0f : 0.0f)) * scale;
 }
 
-// cgImageGelu: GELU (tanh form), 2048 elements per block.
-// output = GELU(input): 8 elements a thread, one 16-byte access each way when whole.
-extern "C" __global__ void __launch_bounds__(256) cgImageGelu(__nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ input, int count) {
-  const long first = element_group(256);
-  if (first + 8 <= count) {
-    Pack8 x = load8(input + first);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x.v[i] = gelu_forward(x.v[i]);
-    store8(output + first, x);
-  } else {
-    for (long i = first; i < count; ++i) output[i] = from_float<low_t>(gelu_forward(to_float(input[i])));
-  }
-}
-
-// cgImageGeluBackward: gradientPre = gradientAct * GELU'(pre); may run in place over gradientAct.
-// gradientPre = gradientAct * GELU'(pre), in place over gradientAct when they are one buffer.
-extern "C" __global__ void __launch_bounds__(256) cgImageGeluBackward(__nv_bfloat16* gradientPre, const __nv_bfloat16* gradientAct, const __nv_bfloat16* __restrict__ pre, int count) {
-  const long first = element_group(256);
-  if (first + 8 <= count) {
-    Pack8 dy = load8(gradientAct + first);
-    const Pack8 x = load8(pre + first);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) dy.v[i] *= gelu_slope(x.v[i]);
-    store8(gradientPre + first, dy);
-  } else {
-    for (long i = first; i < count; ++i)
-      gradientPre[i] = from_float<low_t>(to_float(gradientAct[i]) * gelu_slope(to_float(pre[i])));
-  }
-}
-
 // cgImageLayerNorm: Layer norm of one row per block, written in the low type, with its statistics.
 // One row per block: the row stays in registers between the two passes (mean, variance).
 extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(__nv_bfloat16* __restrict__ output, float* __restrict__ statistics, const float* __restrict__ input, const float* __restrict__ gamma, const float* __restrict__ beta, float epsilon) {
@@ -1121,9 +1091,11 @@ extern "C" __global__ void __launch_bounds__(128) cgImageScatter(float* __restri
 // ======================================================================================
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -1166,6 +1138,7 @@ static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, f
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 436992 bytes: 13 step buffers
 static char* cg_arena = nullptr;  // 630784 bytes: 21 arena slots, shared where never live together
+static char* cg_lt_workspace = nullptr;  // 33554432 bytes: cuBLASLt's workspace, for every product (32 MiB, what NVIDIA recommends for Hopper)
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankP.cgQkvWeight
@@ -1244,6 +1217,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_buffers, 0, 436992UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 630784UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 630784UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_lt_workspace, 33554432UL), "allocating cg_lt_workspace");
+  cg_check(cudaMemset(cg_lt_workspace, 0, 33554432UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
   cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 65536UL);
   cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 163840UL);
@@ -1352,63 +1327,180 @@ static void cg_release() {
   cudaFree(cg_bank_cgBankV);
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
+  cudaFree(cg_lt_workspace);
 }
 
-// ---- matrix products through cuBLAS (row-major, float32 accumulation) ------------------
-static cublasHandle_t cg_cublas = nullptr;
+// ---- matrix products through cuBLASLt (row-major, float32 accumulation) ----------------
+static cublasLtHandle_t cg_lt = nullptr;
 static const cudaDataType_t cg_low_type = CUDA_R_16BF;
 
-// Row-major C[m, n] = A B is column-major C^T = B^T A^T: the operands swap places.
-static void cg_gemm(cudaStream_t stream, const char* where, cublasOperation_t op_b,
-                    cublasOperation_t op_a, int m, int n, int k, const void* b, int ldb,
-                    const void* a, int lda, void* c, cudaDataType_t c_type, float beta) {
-  const float alpha = 1.0f;
-  cg_check(cublasSetStream(cg_cublas, stream), where);
-  cg_check(cublasGemmEx(cg_cublas, op_b, op_a, n, m, k, &alpha, b, cg_low_type, ldb, a,
-                        cg_low_type, lda, &beta, c, c_type, n, CUBLAS_COMPUTE_32F,
-                        CUBLAS_GEMM_DEFAULT), where);
+// What one cuBLASLt product needs that depends only on its shape: the matmul descriptor
+// (operations, epilogue, aux leading dimension), the four matrix layouts and the algorithm
+// the heuristic chose. Made at a shape's first call and kept: a step has a handful of shapes.
+// The pointers' alignments are part of the shape, since the heuristic may choose an algorithm
+// that needs the alignment it was told (cublasLt.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*).
+struct CgMatmulPlan {
+  cublasOperation_t op_b, op_a;
+  int m, n, k, ldb, lda;
+  cudaDataType_t d_type;
+  cublasLtEpilogue_t epilogue;
+  uint32_t alignment[5];  // of b, a, c, d, aux
+  size_t workspace;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t b_layout, a_layout, c_layout, d_layout;
+  cublasLtMatmulAlgo_t algo;
+};
+static std::vector<CgMatmulPlan> cg_matmul_plans;
+
+// The largest power of two (up to 256) that divides the address.
+static uint32_t cg_alignment(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 1;
+  while (alignment < 256 && address % (2 * alignment) == 0) alignment *= 2;
+  return alignment;
 }
 
-// cgImageProductData: Row-major products through cuBLAS: output[M, N] = A[M, K] B[K, N].
+static void cg_lt_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                            const void* value, size_t bytes, const char* where) {
+  cg_check(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes), where);
+}
+
+static CgMatmulPlan& cg_matmul_plan(const CgMatmulPlan& shape, const void* aux, const char* where) {
+  for (CgMatmulPlan& plan : cg_matmul_plans)
+    if (plan.op_b == shape.op_b && plan.op_a == shape.op_a && plan.m == shape.m && plan.n == shape.n &&
+        plan.k == shape.k && plan.ldb == shape.ldb && plan.lda == shape.lda && plan.d_type == shape.d_type &&
+        plan.epilogue == shape.epilogue && plan.workspace == shape.workspace &&
+        std::memcmp(plan.alignment, shape.alignment, sizeof plan.alignment) == 0)
+      return plan;
+  CgMatmulPlan plan = shape;
+  // cuBLASLt's A is our B and its B our A: column-major D^T[n, m] = op(B^T) op(A^T).
+  cg_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), where);
+  cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &plan.op_b, sizeof plan.op_b, where);
+  cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &plan.op_a, sizeof plan.op_a, where);
+  cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &plan.epilogue, sizeof plan.epilogue, where);
+  if (aux != nullptr) {  // the aux matrix is laid out as D: leading dimension n
+    const int64_t aux_ld = plan.n;
+    cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld, where);
+    // The heuristic reads the aux pointer's value for its alignment.
+    cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, where);
+  }
+  const bool b_n = plan.op_b == CUBLAS_OP_N, a_n = plan.op_a == CUBLAS_OP_N;
+  cg_check(cublasLtMatrixLayoutCreate(&plan.b_layout, cg_low_type, b_n ? plan.n : plan.k, b_n ? plan.k : plan.n,
+                                      plan.ldb), where);
+  cg_check(cublasLtMatrixLayoutCreate(&plan.a_layout, cg_low_type, a_n ? plan.k : plan.m, a_n ? plan.m : plan.k,
+                                      plan.lda), where);
+  cg_check(cublasLtMatrixLayoutCreate(&plan.c_layout, plan.d_type, plan.n, plan.m, plan.n), where);
+  cg_check(cublasLtMatrixLayoutCreate(&plan.d_layout, plan.d_type, plan.n, plan.m, plan.n), where);
+  cublasLtMatmulPreference_t preference;
+  cg_check(cublasLtMatmulPreferenceCreate(&preference), where);
+  const uint64_t workspace = plan.workspace;
+  cg_check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                sizeof workspace), where);
+  const cublasLtMatmulPreferenceAttributes_t alignments[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    cg_check(cublasLtMatmulPreferenceSetAttribute(preference, alignments[i], &plan.alignment[i],
+                                                  sizeof plan.alignment[i]), where);
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  cg_check(cublasLtMatmulAlgoGetHeuristic(cg_lt, plan.desc, plan.b_layout, plan.a_layout, plan.c_layout,
+                                          plan.d_layout, preference, 1, &result, &found), where);
+  cg_check(cublasLtMatmulPreferenceDestroy(preference), where);
+  if (found < 1) {
+    std::fprintf(stderr, "%s: cuBLASLt has no algorithm for this product (m %d, n %d, k %d)\n", where, plan.m,
+                 plan.n, plan.k);
+    std::exit(1);
+  }
+  plan.algo = result.algo;
+  cg_matmul_plans.push_back(plan);
+  return cg_matmul_plans.back();
+}
+
+// D[m, n] = epilogue(A B + beta C), row-major, as column-major D^T = B^T A^T: the operands swap
+// places. C may be D itself (in place) or another matrix of D's shape; aux ([m, n], laid out as
+// D) is the epilogue's, or null.
+static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t op_b, cublasOperation_t op_a,
+                      int m, int n, int k, const void* b, int ldb, const void* a, int lda, const void* c, void* d,
+                      cudaDataType_t d_type, float beta, cublasLtEpilogue_t epilogue, const void* aux) {
+  const float alpha = 1.0f;
+  // Without the program's allocations (a harness that binds its own buffers), no workspace.
+  const size_t workspace = cg_lt_workspace != nullptr ? 33554432UL : 0;
+  CgMatmulPlan shape{};
+  shape.op_b = op_b, shape.op_a = op_a, shape.m = m, shape.n = n, shape.k = k, shape.ldb = ldb, shape.lda = lda;
+  shape.d_type = d_type, shape.epilogue = epilogue, shape.workspace = workspace;
+  const void* pointers[5] = {b, a, c, d, aux};
+  for (int i = 0; i < 5; ++i) shape.alignment[i] = cg_alignment(pointers[i]);
+  CgMatmulPlan& plan = cg_matmul_plan(shape, aux, where);
+  if (aux != nullptr)  // this call's aux matrix (the descriptor is the shape's)
+    cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, where);
+  cg_check(cublasLtMatmul(cg_lt, plan.desc, &alpha, b, plan.b_layout, a, plan.a_layout, &beta, c, plan.c_layout, d,
+                          plan.d_layout, &plan.algo, cg_lt_workspace, workspace, stream), where);
+}
+
+// At the end of the program: every plan's descriptor and layouts, then the handle.
+static void cg_products_release() {
+  for (CgMatmulPlan& plan : cg_matmul_plans) {
+    cublasLtMatmulDescDestroy(plan.desc);
+    cublasLtMatrixLayoutDestroy(plan.b_layout);
+    cublasLtMatrixLayoutDestroy(plan.a_layout);
+    cublasLtMatrixLayoutDestroy(plan.c_layout);
+    cublasLtMatrixLayoutDestroy(plan.d_layout);
+  }
+  cg_matmul_plans.clear();
+  cublasLtDestroy(cg_lt);
+  cg_lt = nullptr;
+}
+
+// cgImageProductData: Row-major products through cuBLASLt: output[M, N] = A[M, K] B[K, N].
 static void cgImageProductData(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, CUDA_R_32F, 0.0f);
+  cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, output, CUDA_R_32F, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
 }
 
 // cgImageProductDataLow: As cgImageProductData, the output written in the low type.
 static void cgImageProductDataLow(cudaStream_t stream, const char* where, __nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, cg_low_type, 0.0f);
+  cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, output, cg_low_type, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
 }
 
-// cgImageProductResidual: output[M, N] = residual[M, N] + A[M, K] B[K, N]: a residual connection.
+// cgImageProductGelu: output[M, N] = GELU(A[M, K] B[K, N]) and pre[M, N] = A B, both in the low type: the MLP's first product with its activation fused (cuBLASLt's GELU_AUX epilogue), pre kept for the backward. GELU is the tanh form, applied to the float32 sum before it is rounded; pre is that sum rounded on its own. cuBLASLt wants pre's leading dimension, n, a multiple of 8 (the CUDA backend refuses another n); every operand 16-byte aligned, as its kernels prefer.
+static void cgImageProductGelu(cudaStream_t stream, const char* where, __nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, __nv_bfloat16* __restrict__ pre, int m, int n, int k) {
+  cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, output, cg_low_type, 0.0f, CUBLASLT_EPILOGUE_GELU_AUX, pre);
+}
+
+// cgImageProductResidual: output[M, N] = residual[M, N] + A[M, K] B[K, N]: a residual connection. cuBLASLt reads the residual as C and writes D = output (beta = 1): no copy first; output may be residual.
 static void cgImageProductResidual(cudaStream_t stream, const char* where, float* output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, const float* residual, int m, int n, int k) {
-  if (output != residual)
-    cg_check(cudaMemcpyAsync(output, residual, sizeof(float) * static_cast<size_t>(m) * n, cudaMemcpyDeviceToDevice, stream), where);
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, output, CUDA_R_32F, 1.0f);
+  cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, b, n, a, k, residual, output, CUDA_R_32F, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
 }
 
 // cgImageProductTransposed: output[M, N] = A[M, K] B[N, K]^T: B is stored as [N, K].
 static void cgImageProductTransposed(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, CUDA_R_32F, 0.0f);
+  cg_matmul(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, output, CUDA_R_32F, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+}
+
+// cgImageProductTransposedGeluBackward: output[M, N] = (A[M, K] B[N, K]^T) * GELU'(pre[M, N]), in the low type: the gradient at the MLP's pre-activation in one product (cuBLASLt's DGELU epilogue), pre as cgImageProductGelu stored it. The float32 sum is multiplied by the slope of GELU (tanh form) at pre, then rounded once. n, pre's leading dimension, a multiple of 8, as for cgImageProductGelu.
+static void cgImageProductTransposedGeluBackward(cudaStream_t stream, const char* where, __nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, const __nv_bfloat16* __restrict__ pre, int m, int n, int k) {
+  cg_matmul(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, output, cg_low_type, 0.0f, CUBLASLT_EPILOGUE_DGELU, pre);
 }
 
 // cgImageProductTransposedLow: As cgImageProductTransposed, the output written in the low type.
 static void cgImageProductTransposedLow(cudaStream_t stream, const char* where, __nv_bfloat16* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, cg_low_type, 0.0f);
+  cg_matmul(stream, where, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, b, k, a, k, output, output, cg_low_type, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
 }
 
 // cgImageProductWeight: output[M, N] += A[K, M]^T B[K, N]: a weight gradient, accumulated.
 static void cgImageProductWeight(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 1.0f);
+  cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, output, CUDA_R_32F, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
 }
 
 // cgImageProductWeightSet: output[M, N] = A[K, M]^T B[K, N]: a weight gradient written whole (beta = 0, output not read), for a gradient that one product gives all of: no zeroing needed before it.
 static void cgImageProductWeightSet(cudaStream_t stream, const char* where, float* __restrict__ output, const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int m, int n, int k) {
-  cg_gemm(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, CUDA_R_32F, 0.0f);
+  cg_matmul(stream, where, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, b, n, a, m, output, output, CUDA_R_32F, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
 }
 
-// Kernels that take more than 48 KiB of shared memory say so once.
+// Once, before the first step: the cuBLASLt handle; kernels that take more than 48 KiB of
+// shared memory say so.
 static void cg_prepare() {
-  cg_check(cublasCreate(&cg_cublas), "creating the cuBLAS handle");
+  cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
 }
 
 // ======================================================================================
@@ -1417,14 +1509,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:187:13 (from library.cg:513:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:540:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from library.cg:513:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:516:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:516:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:522:7 cgImageLoss
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:540:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:543:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:543:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:549:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:522:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:549:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -1436,90 +1528,84 @@ static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:143:9 (from backward.cg:65:19) cgImageCastDown
+  // library.cg:176:9 (from backward.cg:65:19) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:65:19) cgImageCastDown");
+  CG_LAUNCHED("library.cg:176:9 (from backward.cg:65:19) cgImageCastDown");
   // library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight
   cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
   // library.cg:38:13 (from backward.cg:71:17) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:71:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward
+  // library.cg:253:19 (from backward.cg:73:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:220:19 (from backward.cg:73:17) cgImageLayerNormBackward");
-  // library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:253:19 (from backward.cg:73:17) cgImageLayerNormBackward");
+  // library.cg:232:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:232:7 (from backward.cg:73:17) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
+  // library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
+  CG_LAUNCHED("library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:257:7 (from backward.cg:81:11) cgImageRotary
+  // library.cg:290:7 (from backward.cg:81:11) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("library.cg:257:7 (from backward.cg:81:11) cgImageRotary");
-  // library.cg:291:31 (from backward.cg:81:11) cgImageAttention
+  CG_LAUNCHED("library.cg:290:7 (from backward.cg:81:11) cgImageRotary");
+  // library.cg:324:31 (from backward.cg:81:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 15360, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:291:31 (from backward.cg:81:11) cgImageAttention");
+  CG_LAUNCHED("library.cg:324:31 (from backward.cg:81:11) cgImageAttention");
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm
+  // library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:187:13 (from backward.cg:81:11) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgFcPre, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:143:9 (from backward.cg:81:11) cgImageGelu
-  CG_LAUNCH(cgImageGelu, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgFcAct, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGelu");
-  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductGelu
+  cgImageProductGelu(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  // library.cg:176:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  CG_LAUNCHED("library.cg:176:9 (from backward.cg:81:11) cgImageCastDown");
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), 256, 256, 64);
-  // library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward
-  CG_LAUNCH(cgImageGeluBackward, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientFc, cgGradientFc, cgFcPre, 65536);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageGeluBackward");
+  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
+  // library.cg:275:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
-  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:275:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:232:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
-  // library.cg:143:9 (from backward.cg:81:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:232:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
+  // library.cg:176:9 (from backward.cg:81:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-  CG_LAUNCHED("library.cg:143:9 (from backward.cg:81:11) cgImageCastDown");
+  CG_LAUNCHED("library.cg:176:9 (from backward.cg:81:11) cgImageCastDown");
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-  // library.cg:425:51 (from backward.cg:81:11) cgImageAttentionDelta
+  // library.cg:453:49 (from backward.cg:81:11) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:425:51 (from backward.cg:81:11) cgImageAttentionDelta");
-  // library.cg:433:53 (from backward.cg:81:11) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:453:49 (from backward.cg:81:11) cgImageAttentionDelta");
+  // library.cg:461:51 (from backward.cg:81:11) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 18432, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:433:53 (from backward.cg:81:11) cgImageAttentionBackward");
-  // library.cg:257:7 (from backward.cg:81:11) cgImageRotary
+  CG_LAUNCHED("library.cg:461:51 (from backward.cg:81:11) cgImageAttentionBackward");
+  // library.cg:290:7 (from backward.cg:81:11) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgGradientQkv, 1);
-  CG_LAUNCHED("library.cg:257:7 (from backward.cg:81:11) cgImageRotary");
+  CG_LAUNCHED("library.cg:290:7 (from backward.cg:81:11) cgImageRotary");
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-  // library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
+  // library.cg:275:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
   CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:242:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
-  // library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
+  CG_LAUNCHED("library.cg:275:21 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  // library.cg:232:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients
   CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgNormPartials, 8);
-  CG_LAUNCHED("library.cg:199:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
+  CG_LAUNCHED("library.cg:232:7 (from backward.cg:81:11) cgImageLayerNormParameterGradients");
 }
 
 // phase cgPhaseScatter
@@ -1637,7 +1723,7 @@ int main(int argc, char** argv) {
     std::printf("step %d: loss %.6f\n", step + 1, sum / rows);
   }
   cg_check(cudaStreamDestroy(stream), "destroying the stream");
-  cublasDestroy(cg_cublas);
+  cg_products_release();
   cg_release();
   return 0;
 }

@@ -10,6 +10,7 @@
 // does not specify (README.md).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
@@ -126,14 +127,32 @@ inline float gemm_load(const void* base, cudaDataType_t type, std::size_t at) {
   return bfloat16_bits_to_float(static_cast<const unsigned short*>(base)[at]);
 }
 
+// The element-wise epilogues a product may apply (cuBLASLt's; cublasGemmEx has none).
+enum GemmEpilogue { kGemmPlain, kGemmGeluAux, kGemmDgelu };
+
+// GELU, tanh form, and its slope, in float: what cuBLASLt's GELU epilogues compute and the
+// emitted kernels' gelu_forward and gelu_slope (common.cuh) spell the same way.
+inline float gemm_gelu(float x) {
+  return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+inline float gemm_gelu_slope(float x) {
+  const float t = std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 struct GemmJob {
   int m, n, k;
   const float* a;  // op(A), m x k, row i at a + i * k
   const float* b;  // op(B), k x n, row p at b + p * n
-  void* c;
+  void* c;  // the output, D (cuBLASLt's name; cublasGemmEx's C)
   cudaDataType_t c_type;
   int ldc;
   float alpha, beta;
+  const void* c_in = nullptr;  // the matrix read for beta (cuBLASLt's C, of D's type): null means c itself
+  int ldc_in = 0;
+  GemmEpilogue epilogue = kGemmPlain;
+  void* aux = nullptr;  // GELU_AUX: written (the value before GELU); DGELU: read (the GELU input)
+  int ldaux = 0;
 };
 
 constexpr int kGemmRows = 4;  // rows of C computed together, sharing each row of op(B)
@@ -180,15 +199,31 @@ CGCPU_NO_TSAN inline void gemm_rows(void* context, std::uint64_t group) {
         acc[r][j] = acc[r][j] + product;
       }
   }
+  const void* c_in = job.c_in != nullptr ? job.c_in : job.c;
+  const int ldc_in = job.c_in != nullptr ? job.ldc_in : job.ldc;
   for (int r = 0; r < rows; ++r) {
     const int i = first + r;
     for (int j = 0; j < n; ++j) {
       const std::size_t at = static_cast<std::size_t>(j) * job.ldc + i;
       float value = job.alpha * acc[r][j];
       if (job.beta != 0.0f) {
-        const float old = gemm_load(job.c, job.c_type, at);
+        const float old = gemm_load(c_in, job.c_type, static_cast<std::size_t>(j) * ldc_in + i);
         const float scaled = job.beta * old;
         value = value + scaled;
+      }
+      // The epilogue acts on the float value, before it is rounded to D's type; the aux
+      // matrix has D's type and is rounded on its own.
+      if (job.epilogue != kGemmPlain) {
+        const std::size_t aux_at = static_cast<std::size_t>(j) * job.ldaux + i;
+        if (job.epilogue == kGemmGeluAux) {
+          if (job.c_type == CUDA_R_32F)
+            static_cast<float*>(job.aux)[aux_at] = value;
+          else
+            static_cast<unsigned short*>(job.aux)[aux_at] = float_to_bfloat16_bits(value);
+          value = gemm_gelu(value);
+        } else {
+          value = value * gemm_gelu_slope(gemm_load(job.aux, job.c_type, aux_at));
+        }
       }
       if (job.c_type == CUDA_R_32F)
         static_cast<float*>(job.c)[at] = value;
