@@ -161,8 +161,9 @@ def test_report_names_a_missing_cuda_header_and_the_extra(tmp_path, monkeypatch,
     assert main(["compile", str(SCHEDULES / "library.cg"), "-o", str(out), "--report"]) == 1
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("cgc: error:")]
+    # the first header the emitted file includes that the folder lacks (cuBLASLt's)
     assert errors == ["cgc: error: nvcc (/opt/cuda/bin/nvcc) does not find CUDA's header "
-                      "cublas_v2.h: pip install 'cgc[cuda-tools]' installs it, with an nvcc "
+                      "cublasLt.h: pip install 'cgc[cuda-tools]' installs it, with an nvcc "
                       "that finds it"]
     assert "#include" not in err and "fatal error" not in err
     assert "cgc[cuda-tools]" in Path(ROOT / "pyproject.toml").read_text()  # the extra exists
@@ -204,7 +205,7 @@ def test_report_with_a_system_nvcc_that_lacks_cublas(tmp_path, monkeypatch, caps
     out = tmp_path / "library.cu"
     assert main(["compile", str(SCHEDULES / "library.cg"), "-o", str(out), "--report"]) == 1
     err = capsys.readouterr().err
-    assert f"cgc: error: nvcc ({found}) does not find CUDA's header cublas_v2.h: " \
+    assert f"cgc: error: nvcc ({found}) does not find CUDA's header cublasLt.h: " \
            "pip install 'cgc[cuda-tools]'" in err
     assert "fatal error" not in err and "compilation terminated" not in err
 
