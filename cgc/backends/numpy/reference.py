@@ -112,9 +112,13 @@ def product_weight_set(k: Kernel) -> None:
 
 
 def _rotary_tables(positions: int, head_width: int):
+    """cos and sin of each position's angle for pair i, position * 10000^(-2i/D), as the
+    kernels' rotary_angle computes them: the angle in half-turns (over pi), in float32."""
     half = head_width // 2
     frequencies = np.power(F32(10000), -np.arange(half, dtype=F32) * F32(2) / F32(head_width))
-    angles = np.arange(positions, dtype=F32)[:, None] * frequencies[None, :]
+    per_position = (frequencies * F32(1 / math.pi)).astype(F32)
+    turns = (np.arange(positions, dtype=F32)[:, None] * per_position[None, :]).astype(F32)
+    angles = np.pi * turns.astype(np.float64)
     return np.cos(angles).astype(F32), np.sin(angles).astype(F32)
 
 
@@ -147,7 +151,7 @@ def rotary(k: Kernel) -> None:
 
 class _Heads:
     """The attention problem of one launch: sequences of the grid, heads. q and k arrive
-    turned by the rotary pass (rotary), and their gradients leave unturned."""
+    turned by the rotary pass (rotary); the backward turns their gradients back."""
 
     def __init__(self, k: Kernel):
         self.sequences = k.grid[2]
@@ -236,8 +240,11 @@ def attention_backward(k: Kernel) -> None:
     dv = np.matmul(probabilities.transpose(0, 1, 3, 2), d_out, dtype=F32)
     dprobabilities = np.matmul(d_out, v.transpose(0, 1, 3, 2), dtype=F32)
     dscores = probabilities * (dprobabilities - delta) * heads.scale
-    dq = np.matmul(dscores, key, dtype=F32)
-    dkey = np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32)
+    # the gradients at the turned q and k, turned back: at the unturned ones
+    cos, sin = _rotary_tables(heads.context, heads.head_width)
+    dq = _rotate(np.matmul(dscores, key, dtype=F32), cos, sin, inverse=True)
+    dkey = _rotate(np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32), cos, sin,
+                   inverse=True)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
     d = heads.head_width
     heads.write_owned(k, "gradientQkv", merged,
