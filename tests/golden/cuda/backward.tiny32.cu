@@ -261,7 +261,8 @@ __device__ __forceinline__ void layer_norm_backward(
       for (int i = 0; i < kVectors; ++i) {
         const int j = lane + i * 32;
         if (j < kWidth / 4) {
-          const float4 g = scratch[warp * kColumns + j], b = scratch[warp * kColumns + kWidth / 4 + j];
+          const float4 g = scratch[warp * kColumns + j];
+          const float4 b = scratch[warp * kColumns + kWidth / 4 + j];
           gamma_sum[i] = make_float4(gamma_sum[i].x + g.x, gamma_sum[i].y + g.y,
                                      gamma_sum[i].z + g.z, gamma_sum[i].w + g.w);
           beta_sum[i] = make_float4(beta_sum[i].x + b.x, beta_sum[i].y + b.y,
