@@ -21,7 +21,10 @@ counts and inner loops' trips, re-reads). A launch takes the longest of:
 - shared memory: wavefronts (128 bytes a clock an SM; an n-way bank conflict costs n);
 - issue: warp instructions a loop executes (the loops inside a main loop times their trips
   from the design) over 4 schedulers an SM;
-divided by the tail of the last wave, plus MODEL.launch_overhead_s. The gap between
+divided by the tail of the last wave; plus, for a kernel whose last block finishes the work
+alone after every other block is done (the layer-norm backward's sum of the blocks' partial
+sums), that block's reads from L2 on one SM (Little's law with MODEL.l2_latency_s, at most
+MODEL.sm_l2_bytes_per_clock); plus MODEL.launch_overhead_s. The gap between
 modelled and floor, kernel by kernel, is the to-do list.
 
     python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
@@ -60,6 +63,8 @@ class Model:
     cublas_fraction: float = 0.70  # cuBLAS on GPT-2 small's products, of the peak
     issue_per_clock: int = 4  # warp instructions an SM issues a clock (4 schedulers)
     launch_overhead_s: float = 1.5e-6  # a launch replayed from a CUDA graph, end to start
+    l2_latency_s: float = 300e-9  # an L2 hit under load, issue to use (the far partition too)
+    sm_l2_bytes_per_clock: int = 64  # what one SM's loads take from L2 a clock
 
 
 MODEL = Model()
@@ -79,7 +84,10 @@ class Design:
     inner_trips(roles, launch, inner): for the loops inside one tiled main loop (their
         counts, in address order, as the audit lists them), the trips each makes a thread
         per main-loop iteration (on average: a loop run on the first iteration only makes
-        fewer than one). The SASS body counts each once; the model adds the rest."""
+        fewer than one). The SASS body counts each once; the model adds the rest;
+    last_block_bytes(roles, launch): bytes the last block reads from L2 alone, after every
+        other block has finished (a serial tail, on one SM);
+    last_block_inflight: the bytes each thread of that block has in flight."""
 
     inflight: int = 16
     conflicts: dict = field(default_factory=dict)
@@ -88,6 +96,8 @@ class Design:
     issue: object = None
     wavefronts: object = None
     inner_trips: object = None
+    last_block_bytes: object = None
+    last_block_inflight: int = 16
 
 
 def _causal_tiles(r) -> int:
@@ -100,6 +110,11 @@ def _attention_rereads(r, launch) -> int:
     """K and V tiles loaded once per query tile that reads them (the floor counts once)."""
     tile_bytes = 2 * r["attentionTile"] * r["headWidth"] * 2  # K and V, bfloat16
     return _causal_tiles(r) * tile_bytes
+
+
+def _norm_partials(r, launch) -> int:
+    """The layer-norm backward's partial sums: a row of 2 x width floats a block."""
+    return launch.blocks * 2 * r["width"] * 4
 
 
 def _sort_stages(r) -> int:
@@ -155,10 +170,13 @@ DESIGNS = {
     "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
     "cgImageLayerNorm": Design(inflight=24),
     # a warp a row: its input, its gradient and gamma, 24 floats each a lane, loaded together
-    # (the residual of the Add variant is read after the row's sums, alone)
-    "cgImageLayerNormBackward": Design(inflight=288),
-    "cgImageLayerNormBackwardAdd": Design(inflight=288),
-    "cgImageLayerNormParameterGradients": Design(inflight=16),
+    # (the residual of the Add variant is read after the row's sums, alone); then the last
+    # block reads every block's row of partials (2 x width floats) from L2, kNormTailLoads
+    # (16) float4 loads a thread in flight (common.cuh: layer_norm_backward)
+    "cgImageLayerNormBackward": Design(inflight=288, last_block_bytes=_norm_partials,
+                                       last_block_inflight=16 * 16),
+    "cgImageLayerNormBackwardAdd": Design(inflight=288, last_block_bytes=_norm_partials,
+                                          last_block_inflight=16 * 16),
     # a row a block: each thread loads its 7 groups of 16 bytes (50304 bfloat16 logits over
     # 1024 threads) before using any
     "cgImageClassifier": Design(inflight=112),
@@ -291,7 +309,13 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
     parts["issue"] = issue / (clock * model.issue_per_clock)
     parts["overhead"] = model.launch_overhead_s
     busiest = max(v for k, v in parts.items() if k != "overhead")
-    parts["total"] = busiest / tail(facts.blocks, per_sm * hw.sms) + parts["overhead"]
+    parts["last block"] = 0.0
+    if design.last_block_bytes:
+        rate = min(facts.threads * design.last_block_inflight / model.l2_latency_s,
+                   model.sm_l2_bytes_per_clock * hw.clock_hz)
+        parts["last block"] = design.last_block_bytes(roles, facts) / rate
+    parts["total"] = busiest / tail(facts.blocks, per_sm * hw.sms) + parts["last block"] \
+        + parts["overhead"]
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
 
 
@@ -369,7 +393,7 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
     return rows
 
 
-PARTS = ("hbm", "l2", "tensor", "shared", "issue", "overhead")
+PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "overhead")
 
 
 def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> None:

@@ -195,7 +195,8 @@ class KernelCode:
     loops: list[Loop] = field(default_factory=list)
 
     def counts(self, where=lambda i: True) -> Counter:
-        """Instructions by class, `wide` for 128-bit global accesses, `instructions` for
+        """Instructions by class, `wide` for 128-bit global accesses, `ticket` for the
+        atomics that are atomicInc (ATOMG.E.INC: they count, they add no data), `instructions` for
         all of them, and `wavefronts:KIND` for the shared and generic accesses' wavefronts
         (a generic access is priced as shared: in these kernels that is where they go;
         cp.async as the shared-memory store it ends in)."""
@@ -207,6 +208,8 @@ class KernelCode:
             if instruction.kind is None:
                 continue
             found[instruction.kind] += 1
+            if instruction.kind == "atomic" and ".INC" in instruction.opcode:
+                found["ticket"] += 1  # atomicInc: a ticket (the layer-norm backward's last block)
             if instruction.kind == "global" and instruction.wide:
                 found["wide"] += 1
             if instruction.kind in SHARED_KINDS:
@@ -424,7 +427,8 @@ class KernelAudit:
                 "stack": self.stack, "blocks_per_sm": self.occupancy.blocks,
                 "limiter": self.occupancy.limiter, "warps_per_sm": self.occupancy.warps,
                 **{k: c[k] for k in ("tensor", "ldsm", "lds", "sts", "ldgsts", "generic",
-                                     "global", "wide", "local", "atomic", "barrier")},
+                                     "global", "wide", "local", "atomic", "ticket",
+                                     "barrier")},
                 "tile_loops": [dict(t) for t in self.tile_loops],
                 "tensor_outside_loops": self.tensor_outside_loops,
                 "inner_loops": [[dict(c) for c in loops] for loops in self.inner_loops]}

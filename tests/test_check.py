@@ -205,8 +205,6 @@ def test_the_read_before_write_rule_needs_the_whole_step(schedules):
                          r"\s+cgAttentionTile\)"),
     ("cgImageAttentionBackward", r"(\(cgLaunch cgImageAttentionBackward\s+)\(naturalDivideUnchecked"
                                  r"\s+cgContext\s+cgAttentionTile\)"),
-    ("cgImageLayerNormParameterGradients", r"(\(cgLaunch cgImageLayerNormParameterGradients\s+)"
-                                           r"\(naturalDivideCeiling \(naturalMultiply 2 cgWidth\) 256\)"),
     # rows left unturned would reach the attention kernels with q and k as the product left them
     ("cgImageRotary", r"(\(cgLaunch cgImageRotary\s+)cgContext"),
 ])

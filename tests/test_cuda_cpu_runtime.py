@@ -2,10 +2,10 @@
 file unchanged and run it on the CPU with CUDA's semantics.
 
 The C++ test programs in cgc/backends/cuda_cpu/tests/ check one part each (barriers, warp
-collectives, shared memory, WMMA, bfloat16, cuBLAS, cuBLASLt, launch errors) and exit 1 when a check
-fails; the emitted files are built with the command the project uses, and the tiny step's
-losses are compared with the NumPy reference machine's. Everything is compiled once per session,
-all at once, in parallel.
+collectives, shared memory, WMMA, bfloat16, cuBLAS, cuBLASLt, launch errors, atomics) and exit
+1 when a check fails; the emitted files are built with the command the project uses, and the
+tiny step's losses are compared with the NumPy reference machine's. Everything is compiled once
+per session, all at once, in parallel.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ (Debian's g++ 12)
 BUILD = ["-std=c++17", "-O2", "-pthread", "-I", str(INCLUDE), "-x", "c++"]
 SANITIZE = ["-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
             "-pthread", "-I", str(INCLUDE), "-x", "c++"]
-UNIT_TESTS = ["barrier", "warp", "shared", "wmma", "bf16", "cublas", "cublaslt", "launch"]
+UNIT_TESTS = ["barrier", "warp", "shared", "wmma", "bf16", "cublas", "cublaslt", "launch",
+              "atomics"]
 # (schedule, config, how): every emitted file is compiled; "syntax" only checks it.
 EMITTED = [("train", "tiny", "build"), ("train", "tiny32", "build"), ("backward", "tiny", "build"),
            ("backward", "tiny32", "syntax"), ("train", "gpt2", "syntax"), ("backward", "gpt2", "syntax")]
@@ -263,6 +264,14 @@ def test_cublaslt_matmul(builds):
     _passes(done, "cublaslt")
     assert "96 cuBLASLt products checked" in done.stdout
     assert "mutated epilogues caught" in done.stdout
+
+
+def test_atomics_across_blocks_on_two_workers(builds):
+    """atomicInc and atomicDec as the CUDA Programming Guide defines them (the wrap at the
+    limit included); a ticket a thread over a grid on two workers, each taken once and the
+    counter back at zero; the last-block pattern of the layer-norm backward: one last block a
+    launch, which sees every block's partial sum, 20 launches in a row."""
+    _passes(_unit(builds, "atomics", threads=2), "atomics")
 
 
 def test_launch_errors(builds):

@@ -8,7 +8,7 @@ blocks (block sampling, EmulatedRun.set_blocks): the first, the last and three r
 For each non-library image, its first launch of the step:
 - its inputs get fresh random data (seeded; ids and targets inside the vocabulary; values in
   ranges where exp cannot overflow), the same in the emulated memory and the numpy machine's;
-  a kernel whose blocks each own a part of the launch (a row, 32 rows, a sequence, 2048
+  a kernel whose blocks each own a part of the launch (a row, 128 rows, a sequence, 2048
   elements: PARTITIONS) gets data only in the parts its sampled blocks own;
 - its write-only outputs are poisoned (all bits set: NaN, or -1) in the emulated memory;
 - the sampled blocks run in the emulator; the image's numpy reference runs on the sampled
@@ -64,11 +64,13 @@ class Partition:
     per_part: dict = field(default_factory=dict)
     count: int | None = None
     rebased: tuple = ("count",)  # scalars that count elements from the launch's start
+    fixed: dict = field(default_factory=dict)  # scalars a one-part sub-launch takes instead
 
 
-def partitions(c) -> dict:
+def partitions(c, grid) -> dict:
     W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
-    rows32 = 32 * W
+    norm_rows = c["rows"] // grid[0]  # the layer-norm backward's rows a block (when it divides)
+    rows_n = norm_rows * W
     return {
         "cgImageEmbedding": Partition(0, {"output": W, "ids": 1}),
         "cgImageLayerNorm": Partition(0, {"output": W, "statistics": 2, "input": W}),
@@ -87,12 +89,15 @@ def partitions(c) -> dict:
         "cgImageClassifier": Partition(0, {"logits": V, "loss": 1, "correct": 1, "targets": 1}),
         "cgImageCrossEntropyBackward": Partition(0, {"logitsGradient": V, "logits": V,
                                                      "loss": 1, "correct": 1, "targets": 1}),
-        "cgImageLayerNormBackward": Partition(0, {"gradientInput": rows32, "gradientOutput":
-                                                  rows32, "input": rows32, "statistics": 64,
-                                                  "partials": 2 * W}),
-        "cgImageLayerNormBackwardAdd": Partition(0, {"gradientInput": rows32, "gradientOutput":
-                                                     rows32, "input": rows32, "residual": rows32,
-                                                     "statistics": 64, "partials": 2 * W}),
+        "cgImageLayerNormBackward": Partition(0, {"gradientInput": rows_n, "gradientOutput":
+                                                  rows_n, "input": rows_n,
+                                                  "statistics": 2 * norm_rows,
+                                                  "partials": 2 * W}, fixed={"rows": norm_rows}),
+        "cgImageLayerNormBackwardAdd": Partition(0, {"gradientInput": rows_n, "gradientOutput":
+                                                     rows_n, "input": rows_n, "residual": rows_n,
+                                                     "statistics": 2 * norm_rows,
+                                                     "partials": 2 * W},
+                                                 fixed={"rows": norm_rows}),
         "cgImageAdamW": Partition(0, {"parameter": 1024, "gradient": 1024,
                                       "moment1": 1024, "moment2": 1024, "copy": 1024},
                                   1024, ("count", "matrices")),
@@ -125,12 +130,12 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
         return rows(y * T + x, 1, 3 * W, [(0, 2 * W)])
     if image == "cgImageCrossEntropyBackward":
         return [(x * V + y * 128, x * V + min((y + 1) * 128, V))]
-    if image == "cgImageLayerNormParameterGradients":
-        first, last = x * 256, (x + 1) * 256
-        if pointer == "gradientBeta":
-            first, last = first - W, last - W
-        first, last = max(first, 0), min(last, W)
-        return [(first, last)] if first < last else []
+    if image in ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"):
+        # dgamma and dbeta are the last block's, which runs only when every block of the
+        # launch has taken its ticket: never under block sampling (they stay unwritten)
+        per_block = {"gradientInput": int(scalars["rows"]) // grid[0] * W, "partials": 2 * W,
+                     "gradientGamma": 0, "gradientBeta": 0}[pointer]
+        return [(x * per_block, (x + 1) * per_block)] if per_block else []
     if image == "cgImageScatter":
         share = -(-V // grid[0])
         first, last = x * share, min((x + 1) * share, V)
@@ -141,9 +146,7 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
                "cgImageClassifier": {"logits": V, "loss": 1, "correct": 1},
                "cgImageScatterOrder": {"order": c["rows"]},
                "cgImageSquareSum": {"partials": 1}, "cgImageStepAdvance": {"step": 1},
-               "cgImageGradientNorm": {"norm": 2},
-               "cgImageLayerNormBackward": {"gradientInput": 32 * W, "partials": 2 * W},
-               "cgImageLayerNormBackwardAdd": {"gradientInput": 32 * W, "partials": 2 * W}}
+               "cgImageGradientNorm": {"norm": 2}}
     if image in per_row:
         n = per_row[image][pointer]
         return [(x * n, (x + 1) * n)]
@@ -254,6 +257,7 @@ def _sub_launch(machine, launch, bound, partition, part):
     if partition.count is not None:
         for name in partition.rebased:
             scalars[name] = max(int(scalars[name]) - part * partition.count, 0)
+    scalars.update(partition.fixed)
     grid = list(bound.grid)
     grid[partition.axis] = 1
     pointers = {}
@@ -278,7 +282,6 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
     machine = reference.machine
     c = dict(machine.constants)
     c.setdefault("attentionTile", program.role("attentionTile"))
-    parts_of = partitions(c)
     memory = Memory(program, plan, low)
     rng = np.random.default_rng(20240611)
     checked, report = [], []
@@ -293,7 +296,7 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
         blocks = sample(grid[0] * grid[1] * grid[2], rng)
         coordinates = [(b % grid[0], b // grid[0] % grid[1], b // (grid[0] * grid[1]))
                        for b in blocks]
-        partition = parts_of.get(image.name)
+        partition = partitions(c, grid).get(image.name)
         parts = sorted({xyz[partition.axis] for xyz in coordinates}) if partition else None
         scalars = {s.parameter.name: s.value for s in bound.scalars}
         access = {b.parameter.name: b.parameter.access for b in bound.pointers}

@@ -45,13 +45,11 @@ def layer_norm(k: Kernel) -> None:
     k.pointers["statistics"].write(0, np.stack([mean, rstd], axis=1))
 
 
-ROWS_PER_BLOCK = 32  # of the layer-norm backward kernels
-
-
 def _layer_norm_gradient(k: Kernel):
-    """dx of the launch's rows, and each block's sums for dgamma and dbeta as partials."""
-    blocks, width = k.grid[0], _width(k)
-    rows = blocks * ROWS_PER_BLOCK
+    """dx of the launch's rows; each block's sums for dgamma and dbeta as its row of partials
+    (block b: rows b * rows // gridX up to (b + 1) * rows // gridX); dgamma and dbeta, the
+    partials' sum over the blocks, written whole (the last block's, in the kernel)."""
+    blocks, width, rows = k.grid[0], _width(k), int(k.scalars["rows"])
     x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
     dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, width)
     statistics = k.pointers["statistics"].read(0, rows * 2).reshape(rows, 2)
@@ -61,10 +59,13 @@ def _layer_norm_gradient(k: Kernel):
     dnormed = dout * gamma
     dx = rstd * (dnormed - dnormed.mean(axis=1, keepdims=True, dtype=F32)
                  - normed * (dnormed * normed).mean(axis=1, keepdims=True, dtype=F32))
-    shape = (blocks, ROWS_PER_BLOCK, width)
-    partials = np.concatenate([(dout * normed).reshape(shape).sum(axis=1, dtype=F32),
-                               dout.reshape(shape).sum(axis=1, dtype=F32)], axis=1)
+    edges = [b * rows // blocks for b in range(blocks + 1)]
+    sums = np.concatenate([dout * normed, dout], axis=1)
+    partials = np.stack([sums[a:b].sum(axis=0, dtype=F32) for a, b in zip(edges, edges[1:])])
     k.pointers["partials"].write(0, partials)
+    totals = partials.sum(axis=0, dtype=F32)
+    k.pointers["gradientGamma"].write(0, totals[:width])
+    k.pointers["gradientBeta"].write(0, totals[width:])
     return dx, rows, width
 
 
@@ -77,18 +78,6 @@ def layer_norm_backward_add(k: Kernel) -> None:
     dx, rows, width = _layer_norm_gradient(k)
     residual = k.pointers["residual"].read(0, rows * width).reshape(rows, width)
     k.pointers["gradientInput"].write(0, residual + dx)
-
-
-def layer_norm_parameter_gradients(k: Kernel) -> None:
-    """A thread a column of [dgamma | dbeta]: the grid's threads own the first columns."""
-    blocks, width = int(k.scalars["blocks"]), _width(k)
-    partials = k.pointers["partials"].read(0, blocks * 2 * width).reshape(blocks, 2 * width)
-    sums = partials.sum(axis=0, dtype=F32)
-    columns = min(k.grid[0] * k.block[0], 2 * width)
-    if columns > 0:
-        k.pointers["gradientGamma"].write(0, sums[:min(columns, width)])
-    if columns > width:
-        k.pointers["gradientBeta"].write(0, sums[width:columns])
 
 
 def _operands(k: Kernel, transposed: bool, weight: bool):
@@ -138,9 +127,13 @@ def product_weight_set(k: Kernel) -> None:
 
 
 def _rotary_tables(positions: int, head_width: int):
+    """cos and sin of each position's angle for pair i, position * 10000^(-2i/D), as the
+    kernels' rotary_angle computes them: the angle in half-turns (over pi), in float32."""
     half = head_width // 2
     frequencies = np.power(F32(10000), -np.arange(half, dtype=F32) * F32(2) / F32(head_width))
-    angles = np.arange(positions, dtype=F32)[:, None] * frequencies[None, :]
+    per_position = (frequencies * F32(1 / math.pi)).astype(F32)
+    turns = (np.arange(positions, dtype=F32)[:, None] * per_position[None, :]).astype(F32)
+    angles = np.pi * turns.astype(np.float64)
     return np.cos(angles).astype(F32), np.sin(angles).astype(F32)
 
 
@@ -173,7 +166,7 @@ def rotary(k: Kernel) -> None:
 
 class _Heads:
     """The attention problem of one launch: sequences of the grid, heads. q and k arrive
-    turned by the rotary pass (rotary), and their gradients leave unturned."""
+    turned by the rotary pass (rotary); the backward turns their gradients back."""
 
     def __init__(self, k: Kernel):
         self.sequences = k.grid[2]
@@ -262,8 +255,11 @@ def attention_backward(k: Kernel) -> None:
     dv = np.matmul(probabilities.transpose(0, 1, 3, 2), d_out, dtype=F32)
     dprobabilities = np.matmul(d_out, v.transpose(0, 1, 3, 2), dtype=F32)
     dscores = probabilities * (dprobabilities - delta) * heads.scale
-    dq = np.matmul(dscores, key, dtype=F32)
-    dkey = np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32)
+    # the gradients at the turned q and k, turned back: at the unturned ones
+    cos, sin = _rotary_tables(heads.context, heads.head_width)
+    dq = _rotate(np.matmul(dscores, key, dtype=F32), cos, sin, inverse=True)
+    dkey = _rotate(np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32), cos, sin,
+                   inverse=True)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
     d = heads.head_width
     heads.write_owned(k, "gradientQkv", merged,
@@ -472,7 +468,6 @@ KERNELS = {
     "cgImageLayerNorm": layer_norm,
     "cgImageLayerNormBackward": layer_norm_backward,
     "cgImageLayerNormBackwardAdd": layer_norm_backward_add,
-    "cgImageLayerNormParameterGradients": layer_norm_parameter_gradients,
     "cgImageProductData": product_data,
     "cgImageProductDataLow": product_data,
     "cgImageProductGelu": product_gelu,

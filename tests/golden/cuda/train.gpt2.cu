@@ -133,19 +133,59 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 
 // ---- shared kernel bodies -------------------------------------------------------------
 
-// Layer-norm backward of 32 rows, a warp a row at a time: dx = rstd * (dn - mean(dn) -
-// n * mean(dn * n)), with n the normalised row and dn = dout * gamma; with kAdd, dx also
-// adds the residual gradient. The block's sums of dout * n (for dgamma) and of dout (for
-// dbeta) go to its row of partials, [dgamma | dbeta], the warps added in a fixed order.
-constexpr int kNormRowsPerBlock = 32;
+// Layer-norm backward, one launch: dx = rstd * (dn - mean(dn) - n * mean(dn * n)), with n the
+// normalised row and dn = dout * gamma (with kAdd, dx also adds the residual gradient), and
+// the parameter gradients dgamma = sum over rows of dout * n, dbeta = sum of dout, written
+// whole (beta = 0: the step has no zeroing pass; a layer norm's parameters get all their
+// gradient from this one launch).
+//
+// Block b takes rows [b * rows / grid, (b + 1) * rows / grid), a warp a row at a time; the
+// warps' sums meet in a fixed tree in shared memory and go to the block's row of partials,
+// [dgamma | dbeta]. Then each block takes a ticket; the block that takes the last one sums
+// every block's row of partials in block order and writes dgamma and dbeta (llm.c's
+// layernorm_backward_kernel10). The sums run in the same order every run: the same bits.
+//
+// The ticket counter, `tickets`, is a __device__ unsigned int of the kernel's own, zero when
+// the module loads. atomicInc(&tickets, gridDim.x - 1) returns the old count and stores
+// old >= gridDim.x - 1 ? 0 : old + 1, so the block that takes ticket gridDim.x - 1 also puts
+// the counter back to zero: it is zero again when the launch ends, with no memset and no
+// buffer for the checker to know of. That needs each launch to finish before the next one
+// starts ticketing: the step's launches are on one stream, which runs them one after the
+// other (no two launches of the kernel are ever resident at once). A launch that aborts
+// half-way leaves the count wrong, but an aborted kernel is a sticky error that ends the
+// context, and the module with it.
+//
+// Ordering: warp 0 writes the block's partials, fences (__threadfence: its writes are seen
+// device-wide before anything it does next), and the barrier orders that before thread 0's
+// ticket; the last block's thread 0 fences after its ticket, and the barrier after it orders
+// that before every thread's reads of the other blocks' partials, read through L2 (__ldcg:
+// L1 is not coherent between SMs).
+__host__ __device__ constexpr unsigned cg_greatest_divisor(unsigned a, unsigned b) {
+  return b == 0 ? a : cg_greatest_divisor(b, a % b);
+}
+// float4 loads each thread of the last block has in flight (the partials are hot in L2).
+constexpr int kNormTailLoads = 16;
 
-template <int kThreads, bool kAdd>
-__device__ __forceinline__ void layer_norm_backward_rows(
-    float* gradientInput, const float* gradientOutput, const float* input,
-    const float* statistics, const float* gamma, float* partials, const float* residual) {
+// kRowWidth (always kWidth) puts the width in the function's name: its __shared__ arrays
+// are sized by it, and the CPU emulation makes them function-local statics of an inline
+// function, which g++ unifies across every loaded library (STB_GNU_UNIQUE, even under
+// RTLD_LOCAL): two emulated runs of different widths in one process would share one array.
+template <int kThreads, bool kAdd, int kRowWidth = kWidth>
+__device__ __forceinline__ void layer_norm_backward(
+    float* gradientInput, float* gradientGamma, float* gradientBeta, float* partials,
+    const float* gradientOutput, const float* input, const float* statistics,
+    const float* gamma, const float* residual, int rows, unsigned int* tickets) {
+  static_assert(kRowWidth == kWidth, "the model's width");
   constexpr int kWarps = kThreads / 32;
   constexpr int kVectors = (kWidth / 4 + 31) / 32;  // float4s a lane holds of one row
-  __shared__ float warp_sums[kWarps][2 * kWidth];
+  constexpr int kColumns = 2 * kWidth / 4;          // float4s of a row of partials
+  // The last block's threads each sum one column over one slice of the blocks: as many
+  // slices as make the (column, slice) pairs a whole number of passes over the threads.
+  constexpr int kSlices = kThreads / cg_greatest_divisor(kColumns, kThreads);
+  constexpr int kTree = kWarps / 2 * kColumns, kTail = kSlices * kColumns;
+  static_assert(kWidth % 4 == 0 && (kWarps & (kWarps - 1)) == 0, "float4 rows, 2^n warps");
+  __shared__ float4 scratch[kTree > kTail ? kTree : kTail];
+  __shared__ bool last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float4 gamma_sum[kVectors], beta_sum[kVectors];
 #pragma unroll
@@ -153,8 +193,9 @@ __device__ __forceinline__ void layer_norm_backward_rows(
     gamma_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     beta_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  for (int r = warp; r < kNormRowsPerBlock; r += kWarps) {
-    const int row = blockIdx.x * kNormRowsPerBlock + r;
+  const int first = static_cast<int>(static_cast<long>(blockIdx.x) * rows / gridDim.x);
+  const int end = static_cast<int>(static_cast<long>(blockIdx.x + 1) * rows / gridDim.x);
+  for (int row = first + warp; row < end; row += kWarps) {
     const size_t base = static_cast<size_t>(row) * kWidth;
     const float mean = statistics[2 * row], rstd = statistics[2 * row + 1];
     float4 normed[kVectors], dnormed[kVectors];
@@ -199,21 +240,89 @@ __device__ __forceinline__ void layer_norm_backward_rows(
       }
     }
   }
+  // The warps' sums, a tree in a fixed order: each round the upper half of the warps still
+  // holding sums hands them to the lower half (warp w + half to warp w), until warp 0 holds
+  // the block's.
 #pragma unroll
-  for (int i = 0; i < kVectors; ++i) {
-    const int c = (lane + i * 32) * 4;
-    if (c < kWidth) {
-      *reinterpret_cast<float4*>(&warp_sums[warp][c]) = gamma_sum[i];
-      *reinterpret_cast<float4*>(&warp_sums[warp][kWidth + c]) = beta_sum[i];
+  for (int half = kWarps / 2; half > 0; half /= 2) {
+    if (warp >= half && warp < 2 * half) {
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i) {
+        const int j = lane + i * 32;
+        if (j < kWidth / 4) {
+          scratch[(warp - half) * kColumns + j] = gamma_sum[i];
+          scratch[(warp - half) * kColumns + kWidth / 4 + j] = beta_sum[i];
+        }
+      }
     }
-  }
-  __syncthreads();
-  float* out = partials + static_cast<size_t>(blockIdx.x) * 2 * kWidth;
-  for (int c = threadIdx.x; c < 2 * kWidth; c += kThreads) {
-    float sum = 0.0f;
+    __syncthreads();
+    if (warp < half) {
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += warp_sums[w][c];
-    out[c] = sum;
+      for (int i = 0; i < kVectors; ++i) {
+        const int j = lane + i * 32;
+        if (j < kWidth / 4) {
+          const float4 g = scratch[warp * kColumns + j];
+          const float4 b = scratch[warp * kColumns + kWidth / 4 + j];
+          gamma_sum[i] = make_float4(gamma_sum[i].x + g.x, gamma_sum[i].y + g.y,
+                                     gamma_sum[i].z + g.z, gamma_sum[i].w + g.w);
+          beta_sum[i] = make_float4(beta_sum[i].x + b.x, beta_sum[i].y + b.y,
+                                    beta_sum[i].z + b.z, beta_sum[i].w + b.w);
+        }
+      }
+    }
+    __syncthreads();  // the slots are written again next round, by other warps
+  }
+  float4* own = reinterpret_cast<float4*>(partials) + static_cast<size_t>(blockIdx.x) * kColumns;
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int j = lane + i * 32;
+      if (j < kWidth / 4) {
+        own[j] = gamma_sum[i];
+        own[kWidth / 4 + j] = beta_sum[i];
+      }
+    }
+    __threadfence();  // this block's partials, seen device-wide before its ticket
+  }
+  __syncthreads();  // every partial written (and fenced) before thread 0 takes the ticket
+  if (threadIdx.x == 0) {
+    last = atomicInc(tickets, gridDim.x - 1) == gridDim.x - 1;
+    if (last) __threadfence();  // the other blocks' partials are read after the ticket
+  }
+  __syncthreads();  // `last` and the ticket's ordering, for every thread
+  if (!last) return;
+
+  // The last block: column j of [dgamma | dbeta] over the blocks of slice s, in block order,
+  // kNormTailLoads rows loaded before any is added; then the slices, in order.
+  const float4* all = reinterpret_cast<const float4*>(partials);
+  const int blocks = gridDim.x;
+  for (int task = threadIdx.x; task < kTail; task += kThreads) {
+    const int j = task % kColumns, slice = task / kColumns;
+    const int from = slice * blocks / kSlices, to = (slice + 1) * blocks / kSlices;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int b = from; b < to; b += kNormTailLoads) {
+      float4 loaded[kNormTailLoads];
+#pragma unroll
+      for (int u = 0; u < kNormTailLoads; ++u)
+        loaded[u] = b + u < to ? __ldcg(all + static_cast<size_t>(b + u) * kColumns + j)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kNormTailLoads; ++u)
+        sum = make_float4(sum.x + loaded[u].x, sum.y + loaded[u].y, sum.z + loaded[u].z,
+                          sum.w + loaded[u].w);
+    }
+    scratch[task] = sum;
+  }
+  __syncthreads();  // every slice's sums, before they are added
+  for (int j = threadIdx.x; j < kColumns; j += kThreads) {
+    float4 sum = scratch[j];
+#pragma unroll
+    for (int s = 1; s < kSlices; ++s) {
+      const float4 more = scratch[s * kColumns + j];
+      sum = make_float4(sum.x + more.x, sum.y + more.y, sum.z + more.z, sum.w + more.w);
+    }
+    float* to = j < kWidth / 4 ? gradientGamma + 4 * j : gradientBeta + 4 * (j - kWidth / 4);
+    *reinterpret_cast<float4*>(to) = sum;
   }
 }
 
@@ -482,11 +591,17 @@ __device__ __forceinline__ void to_a(FragmentA<float>& a, const Accumulator& lef
 }
 
 // Rotary positions: the pair (i, i + D/2) of a head turns by position * 10000^(-2i/D); the
-// angle's sine and cosine (negated sine: turned back), then the turn of one pair.
+// angle's sine and cosine (negated sine: turned back), then the turn of one pair. One
+// function for the rotary pass and the attention backward's inverse turn: the same bits.
+// The angle goes in half-turns (over pi) to sincospif, whose reduction is exact for every
+// float: sincosf's slow path for large arguments (Payne-Hanek) keeps a 32-byte local array,
+// which in the attention backward is stack and local memory (scripts/sass_audit.py).
+constexpr float kInversePi = 0.318309886183790671538f;
+
 __device__ __forceinline__ void rotary_angle(int position, int i, bool inverse, float& sine,
                                              float& cosine) {
-  const float angle = position * powf(10000.0f, -2.0f * i / kHeadWidth);
-  sincosf(angle, &sine, &cosine);
+  const float turns = position * (powf(10000.0f, -2.0f * i / kHeadWidth) * kInversePi);
+  sincospif(turns, &sine, &cosine);
   if (inverse) sine = -sine;
 }
 
@@ -648,7 +763,7 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   }
 }
 
-// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), head and sequence.
+// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), head and sequence. q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
 // Attention backward, FlashAttention-2's split, deterministic (no atomics), with delta =
 // rowsum(dO * O) from the pre-pass (attention_delta). The block of tile j first accumulates
 // dK_j and dV_j over the query tiles i >= j (each warp 16 key rows: S^T = K Q^T and dP^T =
@@ -656,8 +771,10 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
 // dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 16 query rows: dQ
 // += dS K). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
 // mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
-// shared memory. q and k arrive already rotated (the rotary pass); dQ and dK are written as
-// the gradients at the rotated q and k, which the rotary pass then turns back.
+// shared memory. q and k arrive already rotated (the rotary pass); dQ and dK, the gradients at
+// the rotated q and k, are turned back in registers as they are written (the rotary pass's
+// inverse, with the same angles: rotary_angle), so they leave as the gradients at the
+// unrotated q and k. Each element of dQ and dK is written once, by one lane: turned once.
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
@@ -686,7 +803,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
     }
   };
   // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
-  // gradientQkv.
+  // gradientQkv; q's and k's (parts 0 and 1) turned back first. A lane holds both elements
+  // of each rotary pair (d, d + D/2): accumulators n and n + D/16.
   auto store = [&](Accumulator (&values)[D / 8], int part) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -697,8 +815,14 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int d = n * 8 + 2 * t + e;
-          to[d] = from_float<low_t>(values[n].x[2 * h + e]);
-          to[d + D / 2] = from_float<low_t>(values[n + D / 16].x[2 * h + e]);
+          float first = values[n].x[2 * h + e], second = values[n + D / 16].x[2 * h + e];
+          if (part < 2) {
+            float sine, cosine;
+            rotary_angle(position, d, true, sine, cosine);
+            rotate_pair(sine, cosine, first, second);
+          }
+          to[d] = from_float<low_t>(first);
+          to[d + D / 2] = from_float<low_t>(second);
         }
     }
   };
@@ -1071,36 +1195,31 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(__nv_bfloat16
   }
 }
 
-// cgImageLayerNormBackward: dinput = layer-norm backward of dout, 32 rows a block (a warp a row at a time); each block writes its rows' sums for dgamma and dbeta to partials, summed in a fixed order by cgImageLayerNormParameterGradients: no atomics, the same bits every run.
-// dinput = LN'(dout): 32 rows a block, a warp a row at a time; partials gets the block's
-// sums for dgamma and dbeta.
-extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials) {
-  layer_norm_backward_rows<128, false>(gradientInput, gradientOutput, input, statistics,
-                                                gamma, partials, nullptr);
+// cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the last block to finish (a ticket: atomicInc on a counter of the kernel's own, which the last block puts back to zero) adds the rows of partials in block order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
+// dinput = LN'(dout), and dgamma and dbeta written whole, in one launch (layer_norm_backward
+// in common.cuh: each block's partial sums, then the last block to take a ticket adds them).
+// The ticket counter: zero at module load, put back to zero by the last block of each launch.
+__device__ unsigned int cgImageLayerNormBackward_tickets = 0;
+
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+  layer_norm_backward<256, false>(gradientInput, gradientGamma, gradientBeta, partials,
+                                            gradientOutput, input, statistics, gamma, nullptr,
+                                            rows, &cgImageLayerNormBackward_tickets);
 }
 
 // cgImageLayerNormBackwardAdd: As cgImageLayerNormBackward, adding the residual gradient: dinput = residual + LN'(dout). The residual may be dinput itself (an in-place update of the residual gradient).
-// dinput = residual + LN'(dout), 32 rows a block; residual may be dinput itself.
-extern "C" __global__ void __launch_bounds__(128) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual) {
-  layer_norm_backward_rows<128, true>(gradientInput, gradientOutput, input, statistics,
-                                               gamma, partials, residual);
+// dinput = residual + LN'(dout), and dgamma and dbeta written whole, in one launch
+// (layer_norm_backward in common.cuh); residual may be dinput itself. The ticket counter:
+// zero at module load, put back to zero by the last block of each launch.
+__device__ unsigned int cgImageLayerNormBackwardAdd_tickets = 0;
+
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+  layer_norm_backward<256, true>(gradientInput, gradientGamma, gradientBeta, partials,
+                                           gradientOutput, input, statistics, gamma, residual,
+                                           rows, &cgImageLayerNormBackwardAdd_tickets);
 }
 
-// cgImageLayerNormParameterGradients: dgamma = the sum of the blocks' partial sums, dbeta likewise: a thread a column, the blocks in order. Written, not added: a layer norm's parameters get all their gradient from its one backward, so nothing needs zeroing before it.
-// dgamma and dbeta = the blocks' partial sums, a thread a column, the blocks in order.
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormParameterGradients(float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, const float* __restrict__ partials, int blocks) {
-  const int column = blockIdx.x * 256 + threadIdx.x;
-  if (column >= 2 * kWidth) return;
-  float sum = 0.0f;
-  for (int block = 0; block < blocks; ++block) sum += partials[static_cast<size_t>(block) * 2 * kWidth + column];
-  if (column < kWidth) {
-    gradientGamma[column] = sum;
-  } else {
-    gradientBeta[column - kWidth] = sum;
-  }
-}
-
-// cgImageRotary: Rotary positions on the q and k parts of a qkv buffer, in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back (the gradient of q and k). Once per step: after each QKV product, and on the attention backward's gradient. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
+// cgImageRotary: Rotary positions on the q and k parts of a qkv buffer, in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back. The step launches it once a layer, after the QKV product (inverse 0); the attention backward turns dq and dk back itself. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
 // Rotary positions on the q and k parts of a qkv buffer, in place, once per step: a block a
 // row (gridX its position, gridY its sequence), a warp a share of the heads of q and k, a
 // lane a pair (i, i + D/2). The angle of (position, i) is the same for every head and for q
@@ -1339,7 +1458,7 @@ static __nv_bfloat16* cgSavedNormed1 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgSavedNormed2 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
-static float* cgNormPartials = nullptr;  // float32[393216]: arena slot
+static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
 static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
@@ -1458,7 +1577,7 @@ static void cg_allocate() {
   CG_REGION(cgSavedNormed2, 150994944UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
-  CG_REGION(cgNormPartials, 1572864UL);
+  CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgGradientAttention, 12582912UL);
   CG_REGION(cgDy0, 25165824UL);
   CG_REGION(cgDy1, 25165824UL);
@@ -1669,12 +1788,12 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // library.cg:290:7 (from forward.cg:17:7) cgImageRotary
+    // library.cg:280:7 (from forward.cg:17:7) cgImageRotary
     CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgSavedQkv + 18874368L * (layer), 0);
-    CG_LAUNCHED("library.cg:290:7 (from forward.cg:17:7) cgImageRotary");
-    // library.cg:324:31 (from forward.cg:17:7) cgImageAttention
+    CG_LAUNCHED("library.cg:280:7 (from forward.cg:17:7) cgImageRotary");
+    // library.cg:314:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 46080, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer));
-    CG_LAUNCHED("library.cg:324:31 (from forward.cg:17:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:314:31 (from forward.cg:17:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
     // library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm
@@ -1689,18 +1808,18 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:540:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:529:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:540:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:543:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:543:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:529:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:532:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:532:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:564:11 (from backward.cg:24:11) cgImageClassifier
+  // library.cg:553:11 (from backward.cg:24:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:564:11 (from backward.cg:24:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:553:11 (from backward.cg:24:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -1709,12 +1828,9 @@ static void cg_phase_4_cgPhaseOutputGradient(cudaStream_t stream) {
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
   // library.cg:38:13 (from backward.cg:24:11) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:24:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:253:19 (from backward.cg:24:11) cgImageLayerNormBackward
-  CG_LAUNCH(cgImageLayerNormBackward, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials);
-  CG_LAUNCHED("library.cg:253:19 (from backward.cg:24:11) cgImageLayerNormBackward");
-  // library.cg:232:7 (from backward.cg:24:11) cgImageLayerNormParameterGradients
-  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:232:7 (from backward.cg:24:11) cgImageLayerNormParameterGradients");
+  // library.cg:238:17 (from backward.cg:24:11) cgImageLayerNormBackward
+  CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, 8192);
+  CG_LAUNCHED("library.cg:238:17 (from backward.cg:24:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
@@ -1730,12 +1846,9 @@ static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:275:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0);
-  CG_LAUNCHED("library.cg:275:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
-  // library.cg:232:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients
-  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:232:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients");
+  // library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), 8192);
+  CG_LAUNCHED("library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
   // library.cg:176:9 (from backward.cg:26:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
   CG_LAUNCHED("library.cg:176:9 (from backward.cg:26:7) cgImageCastDown");
@@ -1743,25 +1856,19 @@ static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:453:49 (from backward.cg:26:7) cgImageAttentionDelta
+  // library.cg:443:49 (from backward.cg:26:7) cgImageAttentionDelta
   CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
-  CG_LAUNCHED("library.cg:453:49 (from backward.cg:26:7) cgImageAttentionDelta");
-  // library.cg:461:51 (from backward.cg:26:7) cgImageAttentionBackward
+  CG_LAUNCHED("library.cg:443:49 (from backward.cg:26:7) cgImageAttentionDelta");
+  // library.cg:451:51 (from backward.cg:26:7) cgImageAttentionBackward
   CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
-  CG_LAUNCHED("library.cg:461:51 (from backward.cg:26:7) cgImageAttentionBackward");
-  // library.cg:290:7 (from backward.cg:26:7) cgImageRotary
-  CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgGradientQkv, 1);
-  CG_LAUNCHED("library.cg:290:7 (from backward.cg:26:7) cgImageRotary");
+  CG_LAUNCHED("library.cg:451:51 (from backward.cg:26:7) cgImageAttentionBackward");
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
   // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
   cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:275:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1);
-  CG_LAUNCHED("library.cg:275:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
-  // library.cg:232:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients
-  CG_LAUNCH(cgImageLayerNormParameterGradients, dim3(6, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgNormPartials, 256);
-  CG_LAUNCHED("library.cg:232:7 (from backward.cg:26:7) cgImageLayerNormParameterGradients");
+  // library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
+  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
+  CG_LAUNCHED("library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
 }
 
 // phase cgPhaseScatter

@@ -42,8 +42,18 @@ inline float __saturatef(float x) { return x != x ? 0.0f : (x < 0.0f ? 0.0f : (x
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float rcbrtf(float x) { return 1.0f / cbrtf(x); }
-inline float sinpif(float x) { return sinf(static_cast<float>(M_PI) * x); }
-inline float cospif(float x) { return cosf(static_cast<float>(M_PI) * x); }
+// sin(pi x) and cos(pi x): x reduced to [-1, 1] exactly (x - 2 round(x / 2) is exact for any
+// float), then pi r in double: no error from rounding pi x to float first, as on a GPU, whose
+// sinpif family reduces exactly too (within 1 ulp of the true value; not bit for bit).
+namespace cgcpu::detail {
+inline double half_turns(float x) { return static_cast<double>(x) - 2.0 * ::nearbyint(0.5 * static_cast<double>(x)); }
+}  // namespace cgcpu::detail
+inline float sinpif(float x) { return static_cast<float>(::sin(M_PI * cgcpu::detail::half_turns(x))); }
+inline float cospif(float x) { return static_cast<float>(::cos(M_PI * cgcpu::detail::half_turns(x))); }
+inline void sincospif(float x, float* s, float* c) {
+  *s = sinpif(x);
+  *c = cospif(x);
+}
 inline float normcdff(float x) { return 0.5f * erfcf(-x * static_cast<float>(M_SQRT1_2)); }
 
 // ---- min / max, as CUDA's overload set (global namespace) -----------------------------------
