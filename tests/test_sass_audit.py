@@ -202,8 +202,9 @@ def test_every_kernel_of_the_file_is_audited(gpt2_audit):
     """The audit covers exactly what the file launches, and the table promises only for
     kernels the file has (an image the step stops launching leaves the table too)."""
     source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
-    # 17 kernels: GELU and its gradient are epilogues of the cuBLASLt products now
-    assert set(gpt2_audit) == set(shapes) and len(shapes) >= 17
+    # 16 kernels: GELU and its gradient are epilogues of the cuBLASLt products now, and the
+    # layer-norm parameter gradients part of the layer-norm backward
+    assert set(gpt2_audit) == set(shapes) and len(shapes) >= 16
     assert set(PROMISES) <= set(shapes), set(PROMISES) - set(shapes)
     for name, audit in gpt2_audit.items():
         assert audit.registers > 0 and audit.threads == shapes[name].threads
