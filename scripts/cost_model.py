@@ -192,7 +192,9 @@ DESIGNS = {
         wavefronts=lambda r, launch: _sort_stages(r) * _sort_keys(r) // 32 * SORT_WAVEFRONTS),
     # each gradient float's address waits on order[p] and then ids[order[p]]: one float a
     # thread in flight
-    "cgImageScatterSorted": Design(inflight=4),
+    # a run's rows are looked up a window at a time, then four rows' loads issued before
+    # their adds: the SASS issues 8 of them (32 bytes) before the first add
+    "cgImageScatterSorted": Design(inflight=32),
     "cgImageStepAdvance": Design(inflight=4),
 }
 

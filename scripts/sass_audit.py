@@ -144,6 +144,9 @@ _LABEL = re.compile(r"^(\.L_\w+):")
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)"
                           r"(.*?);")
 _TARGET = re.compile(r"`\((\.L_\w+)\)")
+# The predicates that are never true: an instruction under them never executes
+# (`@!PT LDS RZ, [RZ]` pads the code after cp.async), so it counts for nothing.
+_NEVER = ("@!PT", "@!UPT")
 
 
 @dataclass
@@ -265,6 +268,8 @@ def parse_sass(text: str) -> dict[str, KernelCode]:
             pending.append(m.group(1))
             continue
         if m := _INSTRUCTION.match(line):
+            if m.group(2) is not None and m.group(2).strip() in _NEVER:
+                continue  # padding the compiler predicates off (after cp.async): never runs
             instruction = Instruction(int(m.group(1), 16), m.group(3), m.group(4).strip(),
                                       m.group(2) is not None)
             current.instructions.append(instruction)

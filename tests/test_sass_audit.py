@@ -407,6 +407,22 @@ def test_doctored_listing_counts_each_kind():
                               "wavefronts:lds": 1})
 
 
+def test_an_instruction_predicated_never_counts_for_nothing():
+    """`@!PT LDS RZ, [RZ]` pads the code after cp.async: it never runs, so it is no
+    shared-memory load (counting it charged the attention kernels wavefronts they never
+    issue); under a real predicate the same load counts."""
+    padded = LISTING.replace("        /*00e0*/                   EXIT ;",
+                             "        /*00d8*/              @!PT LDS RZ, [RZ] ;\n"
+                             "        /*00dc*/             @!UPT LDS RZ, [RZ] ;\n"
+                             "        /*00e0*/                   EXIT ;")
+    assert sass_audit.parse_sass(padded)["doctored"].counts() == \
+        sass_audit.parse_sass(LISTING)["doctored"].counts()
+    real = LISTING.replace("        /*00e0*/                   EXIT ;",
+                           "        /*00d8*/               @P2 LDS RZ, [RZ] ;\n"
+                           "        /*00e0*/                   EXIT ;")
+    assert sass_audit.parse_sass(real)["doctored"].counts()["lds"] == 2
+
+
 def test_doctored_listing_loops_ignore_the_jump_back_from_an_out_of_line_path():
     """The loop .L_x_0..0x90 holds two HMMA; the branch from the divergent path at 0x100
     back to 0x80 crosses it and spans the EXIT: no loop. The HMMA at 0xd0 is outside."""

@@ -1297,11 +1297,11 @@ extern "C" __global__ void __launch_bounds__(1024) cgImageScatterOrder(int* __re
 }
 
 // cgImageScatterSorted: table[ids[row]] += gradient[row] for every row, from the rows sorted by id (order): the block at the first position of each id's run adds the run's rows, in row order, to the id's row of the table. No atomics, the same bits every run, each gradient row read once; positions are taken grid-stride, so any grid covers them all.
-// table[ids[row]] += gradient[row], from the rows sorted by id: the position that starts an
-// id's run adds the run's rows to the id's table row, in row order (the order the seed's
-// scatter adds them in: the table, then each row). Positions grid-stride; no atomics.
+// table[ids[row]] += gradient[row], from the rows sorted by id: the block at the position that
+// starts an id's run adds the run's rows to the id's table row, in row order (the order the
+// seed's scatter adds them in: the table, then each row). Positions grid-stride; no atomics.
 // The order and the ids are data: cgImageScatterOrder and the runtime keep them in range,
-// and a position whose row or id is not (a schedule that binds other buffers) is skipped,
+// and a position whose row or id is not (a schedule that binds other buffers) ends the run,
 // so no value makes the kernel read or write outside its buffers.
 __device__ __forceinline__ int scatter_sorted_id(const int* ids, const int* order, int position) {
   const int row = order[position];
@@ -1310,17 +1310,68 @@ __device__ __forceinline__ int scatter_sorted_id(const int* ids, const int* orde
   return id >= 0 && id < kVocab ? id : -1;
 }
 
+// A run is read kScatterWindow positions at a time: each of as many threads looks up one
+// position's row and id at once, into shared memory, so that the adds that follow wait on no chain of dependent
+// loads (order, then ids, then the gradient) and their loads can be in flight together. A
+// frequent id (the space of byte tokens: a fifth of a step's rows) is still one block's work.
+constexpr int kScatterColumns = (kWidth + 128 - 1) / 128;
+constexpr int kScatterRowsInFlight = 4;  // rows whose loads are issued before their adds
+constexpr int kScatterWindow = 32;  // positions looked up at once (a warp's worth)
+
 extern "C" __global__ void __launch_bounds__(128) cgImageScatterSorted(float* __restrict__ table, const float* __restrict__ gradient, const int* __restrict__ ids, const int* __restrict__ order) {
+  __shared__ int run_rows[kScatterWindow];
   for (int position = blockIdx.x; position < kRows; position += gridDim.x) {
     const int id = scatter_sorted_id(ids, order, position);
     if (id < 0) continue;
     if (position > 0 && scatter_sorted_id(ids, order, position - 1) == id) continue;
     float* to = table + static_cast<size_t>(id) * kWidth;
-    for (int c = threadIdx.x; c < kWidth; c += 128) {
-      float sum = to[c];
-      for (int p = position; p < kRows && scatter_sorted_id(ids, order, p) == id; ++p)
-        sum += gradient[static_cast<size_t>(order[p]) * kWidth + c];
-      to[c] = sum;
+    float sum[kScatterColumns];
+#pragma unroll
+    for (int k = 0; k < kScatterColumns; ++k) {
+      const int c = threadIdx.x + k * 128;
+      sum[k] = c < kWidth ? to[c] : 0.0f;
+    }
+    for (int start = position;;) {
+      if (threadIdx.x < kScatterWindow) {
+        const int p = start + static_cast<int>(threadIdx.x);
+        run_rows[threadIdx.x] = p < kRows && scatter_sorted_id(ids, order, p) == id ? order[p] : -1;
+      }
+      __syncthreads();
+      int count = 0;  // the run's rows in this window: a prefix, up to the first that is not
+      while (count < kScatterWindow && run_rows[count] >= 0) ++count;
+      int i = 0;
+      for (; i + kScatterRowsInFlight <= count; i += kScatterRowsInFlight) {
+        float value[kScatterRowsInFlight][kScatterColumns];  // loaded together, added in order
+#pragma unroll
+        for (int r = 0; r < kScatterRowsInFlight; ++r) {
+          const float* from = gradient + static_cast<size_t>(run_rows[i + r]) * kWidth;
+#pragma unroll
+          for (int k = 0; k < kScatterColumns; ++k) {
+            const int c = threadIdx.x + k * 128;
+            value[r][k] = c < kWidth ? from[c] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kScatterRowsInFlight; ++r)
+#pragma unroll
+          for (int k = 0; k < kScatterColumns; ++k) sum[k] += value[r][k];
+      }
+      for (; i < count; ++i) {
+        const float* from = gradient + static_cast<size_t>(run_rows[i]) * kWidth;
+#pragma unroll
+        for (int k = 0; k < kScatterColumns; ++k) {
+          const int c = threadIdx.x + k * 128;
+          if (c < kWidth) sum[k] += from[c];
+        }
+      }
+      __syncthreads();  // every thread has read run_rows before the next window overwrites it
+      if (count < kScatterWindow) break;
+      start += count;
+    }
+#pragma unroll
+    for (int k = 0; k < kScatterColumns; ++k) {
+      const int c = threadIdx.x + k * 128;
+      if (c < kWidth) to[c] = sum[k];
     }
   }
 }
