@@ -158,21 +158,12 @@ def _gemm(handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb
     """C = alpha op(A) op(B) + beta C, every matrix column-major, as cuBLAS defines it."""
     assert compute_type == 68 and a_type == b_type
 
-    def matrix(address, kind, rows, columns, leading):
-        dtype = np.uint16 if kind == 14 else np.float32
-        raw = _at(address, dtype)
-        needed = (columns - 1) * leading + rows
-        flat = raw[:needed]
-        values = from_bfloat16_bits(flat) if kind == 14 else flat.astype(np.float32)
-        return np.lib.stride_tricks.as_strided(values, (rows, columns),
-                                               (values.itemsize, values.itemsize * leading))
-
     alpha_value = ctypes.c_float.from_address(alpha).value
     beta_value = ctypes.c_float.from_address(beta).value
 
     def run():
-        left = matrix(a, a_type, *((m, k) if transa == 0 else (k, m)), lda)
-        right = matrix(b, b_type, *((k, n) if transb == 0 else (n, k)), ldb)
+        left = _matrix(a, a_type, *((m, k) if transa == 0 else (k, m)), lda)
+        right = _matrix(b, b_type, *((k, n) if transb == 0 else (n, k)), ldb)
         left = left if transa == 0 else left.T
         right = right if transb == 0 else right.T
         product = np.matmul(np.ascontiguousarray(left), np.ascontiguousarray(right),

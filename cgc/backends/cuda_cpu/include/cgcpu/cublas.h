@@ -127,6 +127,20 @@ inline float gemm_load(const void* base, cudaDataType_t type, std::size_t at) {
   return bfloat16_bits_to_float(static_cast<const unsigned short*>(base)[at]);
 }
 
+// op(X) of a column-major X, as a row-major rows x columns float matrix: X itself when not
+// transposed (leading dimension ld), else X^T. Both operands of GemmEx and cublasLtMatmul
+// (op(A) m x k, op(B) k x n) are read this way.
+inline std::vector<float> gemm_gather(const void* x, cudaDataType_t type, bool transposed, int rows,
+                                      int columns, int ld) {
+  std::vector<float> out(static_cast<std::size_t>(rows) * columns);
+  for (int i = 0; i < rows; ++i)
+    for (int p = 0; p < columns; ++p)
+      out[static_cast<std::size_t>(i) * columns + p] =
+          gemm_load(x, type, transposed ? static_cast<std::size_t>(i) * ld + p
+                                        : static_cast<std::size_t>(p) * ld + i);
+  return out;
+}
+
 // The element-wise epilogues a product may apply (cuBLASLt's; cublasGemmEx has none).
 enum GemmEpilogue { kGemmPlain, kGemmGeluAux, kGemmDgelu };
 
@@ -287,15 +301,8 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   TsanIgnore ignore;
   // op(A) as m x k and op(B) as k x n, row-major float.
-  std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n);
-  for (int i = 0; i < m; ++i)
-    for (int p = 0; p < k; ++p)
-      a[static_cast<std::size_t>(i) * k + p] =
-          gemm_load(A, Atype, ta ? static_cast<std::size_t>(i) * lda + p : static_cast<std::size_t>(p) * lda + i);
-  for (int p = 0; p < k; ++p)
-    for (int j = 0; j < n; ++j)
-      b[static_cast<std::size_t>(p) * n + j] =
-          gemm_load(B, Btype, tb ? static_cast<std::size_t>(p) * ldb + j : static_cast<std::size_t>(j) * ldb + p);
+  const std::vector<float> a = gemm_gather(A, Atype, ta, m, k, lda);
+  const std::vector<float> b = gemm_gather(B, Btype, tb, k, n, ldb);
   GemmJob job{m, n, k, a.data(), b.data(), C, Ctype, ldc, alpha_value, beta_value};
   pool().parallel_for(static_cast<std::uint64_t>((m + kGemmRows - 1) / kGemmRows), &gemm_rows, &job);
   return CUBLAS_STATUS_SUCCESS;

@@ -307,15 +307,8 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   TsanIgnore ignore;
   // op(A) as m x k and op(B) as k x n, row-major float (read before D is written: D may be C).
-  std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n);
-  for (int i = 0; i < m; ++i)
-    for (int p = 0; p < k; ++p)
-      a[static_cast<std::size_t>(i) * k + p] =
-          gemm_load(A, in, ta ? static_cast<std::size_t>(i) * lda + p : static_cast<std::size_t>(p) * lda + i);
-  for (int p = 0; p < k; ++p)
-    for (int j = 0; j < n; ++j)
-      b[static_cast<std::size_t>(p) * n + j] =
-          gemm_load(B, in, tb ? static_cast<std::size_t>(p) * ldb + j : static_cast<std::size_t>(j) * ldb + p);
+  const std::vector<float> a = gemm_gather(A, in, ta, m, k, lda);
+  const std::vector<float> b = gemm_gather(B, in, tb, k, n, ldb);
   GemmJob job{m, n, k, a.data(), b.data(), D, out, ldd, alpha_value, beta_value};
   job.c_in = C;
   job.ldc_in = ldd;
