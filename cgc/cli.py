@@ -630,9 +630,10 @@ def _run(args) -> int:
         raise _UsageError(f"{args.file} declares no peakLearningRate role: give --lr")
     floor = float(args.lr_min if args.lr_min is not None else peak)
     if floor > float(peak):
-        raise _UsageError(f"--lr-min {floor:g} is above the peak rate {float(peak):g} ("
-                          + ("--lr" if args.lr is not None else
-                             f"{args.file}'s peakLearningRate role") + "): the decay only lowers it")
+        source = ("--lr, or the checkpoint's" if resumed else "--lr") if args.lr is not None \
+            else f"{args.file}'s peakLearningRate role"
+        raise _UsageError(f"--lr-min {floor:g} is above the peak rate {float(peak):g} "
+                          f"({source}): the decay only lowers it")
     # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
     rate = LearningRate(float(peak), floor, int(args.warmup or 0),
                         (args.decay_steps or args.steps) if floor != float(peak) else 0)
@@ -737,10 +738,12 @@ def _run(args) -> int:
         print(summary(training) + ("" if communicator.size == 1
                                    else f" on {communicator.size} ranks"))
     if training.diverged is not None:
-        print(f"cgc: error: the loss of step {training.diverged} is "
-              f"{training.losses[-1]}: training diverged, so it stopped there and wrote no "
-              f"checkpoint of it (learning rate {rate.at(training.diverged):.4g}: a lower "
-              "--lr or a --warmup may help)", file=sys.stderr)
+        if communicator.lead:  # every rank sees it (the loss is their mean): one says so
+            print(f"cgc: error: step {training.diverged} made the loss, the gradient norm or "
+                  "the validation loss a number that is not finite: training diverged, so "
+                  "it stopped there and wrote no checkpoint of it (learning rate "
+                  f"{rate.at(training.diverged):.4g}: a lower --lr or a --warmup may help)",
+                  file=sys.stderr)
         return EXIT_DIAGNOSTICS
     return _stopped_status() if training.stopped else EXIT_OK
 
@@ -878,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
     # the thread stopped while it still runs (threading's bpo-45274 handler releases the
     # lock the running thread holds), and the run would end with no summary, exit 3.
     worker = threading.Thread(target=work, daemon=True)
-    stop_requested = 0.0
+    stop_requested, forwarded = 0.0, False
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
     _STEPPING.clear()
@@ -889,6 +892,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 finished.wait(0.1)
             except KeyboardInterrupt:
+                from .backends.parallel import forward_stop
+                if forward_stop():  # --ranks: the ranks stop after a step; wait for them
+                    forwarded = True
+                    continue
                 now = time.monotonic()
                 if _STOP.is_set() and now - stop_requested < _DUPLICATE_SIGNAL_SECONDS:
                     continue  # the same Ctrl-C, delivered to the process and its group
@@ -901,10 +908,12 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
     finally:
         sys.setrecursionlimit(previous)
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        for number, handler in (previous_term or {}).items():
+            signal.signal(number, handler)
     if not result:
         return EXIT_INTERNAL
+    if forwarded:  # the ranks were asked to stop: mpirun reports their status its own way
+        return _stopped_status()
     return _stopped_status() if _STOP.is_set() and result[0] == EXIT_OK else result[0]
 
 
@@ -918,8 +927,9 @@ def _stopped_status() -> int:
 
 def _take_sigterm():
     """SIGTERM (a batch system's stop) as Ctrl-C: a training run stops after the step under
-    way and writes its checkpoint. Returns the handler it replaced (None off the main
-    thread, where Python cannot set one)."""
+    way and writes its checkpoint; so does SIGUSR1, which mpirun forwards to the ranks.
+    Returns the handlers it replaced, by signal (None off the main thread, where Python
+    cannot set one)."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
@@ -927,7 +937,8 @@ def _take_sigterm():
         _STOP_SIGNAL[0] = signal.SIGTERM
         raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGTERM, stop)
+    from .backends.parallel import STOP_SIGNAL  # what mpirun forwards to a rank, as SIGTERM
+    return {number: signal.signal(number, stop) for number in (signal.SIGTERM, STOP_SIGNAL)}
 
 
 # A second SIGINT this soon after the first is the same Ctrl-C: `timeout -s INT` and some

@@ -4,6 +4,7 @@ not load; a checkpoint of another run, or a broken file, is a one-line error."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -269,16 +270,28 @@ def test_a_damaged_header_says_what_is_wrong(saved, tmp_path, capsys):
         assert reason in err and "Traceback" not in err, err
 
 
-def test_a_diverged_run_stops_with_an_error_and_keeps_no_checkpoint_of_it(tmp_path, capsys):
-    folder = tmp_path / "run"
+@pytest.mark.parametrize("validation", [False, True])
+def test_a_diverged_run_stops_with_an_error_and_keeps_no_checkpoint_of_it(validation, tmp_path,
+                                                                        capsys):
+    """The loss, the gradient norm or the validation loss not finite: the run stops at that
+    step, exit 1, and writes no checkpoint of it, even one a --checkpoint-every step would
+    write (the step-1 update at this rate already makes the validation loss NaN); its log
+    is strict JSON (null, not a bare NaN)."""
+    folder, log = tmp_path / "run", tmp_path / "log.jsonl"
+    more = ["--checkpoint-every", 1, "--val-every", 1, "--val-steps", 1] if validation else []
     status, out, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 40,
-                           "--lr", "1e30", "--checkpoint-dir", folder)
+                           "--lr", "1e30", "--checkpoint-dir", folder, "--log", log, *more)
     assert status == 1, err
     assert "training diverged" in err and "a lower --lr" in err and "Traceback" not in err
     steps = step_lines(out)
     assert len(steps) < 40  # it stopped at the first step whose loss was not finite
     assert not os.path.exists(folder) or not [n for n in os.listdir(folder)
                                               if n.endswith(".safetensors")]
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    records = [json.loads(line, parse_constant=refuse) for line in log.read_text().splitlines()]
+    assert records and None in [r.get("loss") for r in records]
 
 
 def test_a_folder_without_checkpoints_and_a_missing_path_are_errors(tmp_path, capsys):

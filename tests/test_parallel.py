@@ -194,6 +194,34 @@ def test_killing_a_rank_ends_the_run_within_seconds(tmp_path):
 
 
 @needs_mpi
+def test_sigterm_to_cgc_run_ranks_stops_every_rank_after_one_step_with_a_checkpoint(tmp_path):
+    """A batch system's SIGTERM reaches `cgc run --ranks 2` alone: cgc passes it on (as
+    SIGUSR1, which mpirun forwards; SIGTERM would make mpirun end the job at once), the ranks
+    agree on the step to stop after, and rank 0 writes a whole checkpoint: exit 143, nothing
+    left running. Before, cgc returned at once and the ranks trained on without it."""
+    folder = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", PARALLEL, "--backend", "numpy", "--ranks", "2",
+         "--steps", "100000", "--checkpoint-dir", str(folder)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, **MPI_ENVIRONMENT})
+    try:
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert all(lines), process.stderr.read()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, err
+    assert "(stopped early) on 2 ranks" in out, out
+    from cgc.backends import checkpoint
+    _, manifest = checkpoint.load(checkpoint.latest(str(folder)))
+    assert manifest["step"] >= 3 and manifest["ranks"] == 2
+    assert not [name for name in os.listdir(folder) if name.endswith(".cgc-tmp")]
+
+
+@needs_mpi
 def test_cgc_run_on_two_ranks_prints_once_and_refuses_a_step_without_a_collective():
     """`cgc run --ranks 2` starts mpirun itself; rank 0 alone prints, its losses are the
     whole batch's; a schedule without an all-reduce on several ranks is refused."""

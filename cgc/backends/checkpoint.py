@@ -183,9 +183,12 @@ def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
         items = safetensors.deserialize(data)
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{broken}: its header or manifest is not JSON ({error})") from None
-    except (KeyError, TypeError, AttributeError):
+    except KeyError:
         raise CheckpointError(f"{broken}: its header has no {METADATA_KEY!r} manifest (a "
                               "safetensors file cgc did not write, or a damaged one)") from None
+    except (TypeError, AttributeError) as error:
+        raise CheckpointError(f"{broken}: its header is not laid out as a cgc checkpoint's "
+                              f"({error})") from None
     except (ValueError, safetensors.SafetensorError) as error:
         raise CheckpointError(f"{broken}: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

@@ -15,6 +15,7 @@ Two implementations: `SingleRank` (no MPI: every collective is the identity) and
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from abc import ABC, abstractmethod
 
@@ -216,6 +217,11 @@ def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
 ROOT_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
+# The mpirun a `cgc run --ranks N` started, while it runs: a stop request (SIGTERM, Ctrl-C)
+# that reaches cgc alone is passed on to it, which passes it to every rank.
+_LAUNCHED: list = []
+
+
 def launch_ranks(ranks: int, arguments: list[str]) -> int:
     """Runs `cgc ARGUMENTS` on `ranks` MPI ranks and returns mpirun's exit status."""
     import subprocess
@@ -223,7 +229,28 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
     environment = dict(os.environ)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         environment.update(ROOT_ENVIRONMENT)
-    return subprocess.run(command, env=environment).returncode
+    process = subprocess.Popen(command, env=environment)
+    _LAUNCHED.append(process)
+    try:
+        return process.wait()
+    finally:
+        _LAUNCHED.remove(process)
+
+
+# What mpirun passes on to every rank: Open MPI ends the job on SIGTERM and SIGINT but
+# forwards SIGUSR1 and SIGUSR2, so a rank takes SIGUSR1 as a stop request (cli.py).
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def forward_stop() -> bool:
+    """Passes a stop request to the ranks this process launched (as STOP_SIGNAL, through
+    mpirun); False if it launched none. The ranks agree on the step to stop after (the
+    training loop's stop is decided by all of them), then checkpoint, as one run does."""
+    for process in list(_LAUNCHED):
+        if process.poll() is None:
+            process.send_signal(STOP_SIGNAL)
+            return True
+    return False
 
 
 def without_ranks(arguments: list[str]) -> list[str]:

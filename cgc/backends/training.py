@@ -143,10 +143,22 @@ def validation_loss(run: Run, validation: Validation) -> float:
     return float(np.mean(losses))
 
 
+def json_values(value):
+    """`value` with every float that is not finite as null: JSON has no NaN or infinity
+    (Python would write a bare NaN, which strict readers refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_values(item) for item in value]
+    return value
+
+
 def _log(log, record: dict) -> None:
     if log is not None:
         try:
-            log.write(json.dumps(record, sort_keys=True) + "\n")
+            log.write(json.dumps(json_values(record), sort_keys=True) + "\n")
             log.flush()
         except OSError as error:
             raise OutputError(f"cannot write the log {log.name}: "
@@ -178,7 +190,10 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         run.communicator.size == 1
     step = start
     for step in range(start + 1, steps + 1):
-        if stop is not None and stop.is_set():
+        stopping = stop is not None and stop.is_set()
+        if stop is not None and run.communicator.size > 1:  # every rank stops after one step
+            stopping = run.communicator.average_scalar(1.0 if stopping else 0.0) > 0.0
+        if stopping:
             result.stopped = True
             step -= 1
             break
@@ -199,8 +214,8 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         last = step == steps or (stop is not None and stop.is_set())
         out.write(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
         out.flush()
-        if not math.isfinite(outcome.loss):  # every later step would only carry the NaN on
-            result.diverged = step
+        if not (math.isfinite(outcome.loss) and math.isfinite(norm)):  # every later step
+            result.diverged = step                                   # would carry the NaN on
             if interactive and not last:
                 out.write("\n")
             break
@@ -212,6 +227,9 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                       f"({validation.steps} batches)\n" if validation.steps != 1 else
                       f"step {step}: validation loss {loss:.4f}\n")
             out.flush()
+            if not math.isfinite(loss):  # the parameters this step wrote are ruined
+                result.diverged = step
+                break
         if sample is not None and sample_every and step % sample_every == 0:
             out.write(f"step {step}: sample: {sample()!r}\n")
             out.flush()
@@ -383,7 +401,7 @@ def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradi
             _save(os.path.join(folder, name, f"{entry}.npy"), array.astype(np.float32))
         sync_to_disk(os.path.join(folder, name))
     with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=2, sort_keys=True)
+        json.dump(json_values(manifest), handle, indent=2, sort_keys=True)
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())

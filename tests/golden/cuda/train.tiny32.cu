@@ -1332,9 +1332,9 @@ extern "C" __global__ void __launch_bounds__(128) cgImageScatterSorted(float* __
       sum[k] = c < kWidth ? to[c] : 0.0f;
     }
     for (int start = position;;) {
-      if (threadIdx.x < kScatterWindow) {
-        const int p = start + static_cast<int>(threadIdx.x);
-        run_rows[threadIdx.x] = p < kRows && scatter_sorted_id(ids, order, p) == id ? order[p] : -1;
+      for (int w = threadIdx.x; w < kScatterWindow; w += 128) {  // any block width
+        const int p = start + w;
+        run_rows[w] = p < kRows && scatter_sorted_id(ids, order, p) == id ? order[p] : -1;
       }
       __syncthreads();
       int count = 0;  // the run's rows in this window: a prefix, up to the first that is not

@@ -125,7 +125,9 @@ inline ncclResult_t ncclAllReduce(const void* send, void* receive, std::size_t c
   (void)stream;  // the emulator's launches have all finished: the stream is in order
   if (comm == nullptr || (count > 0 && (send == nullptr || receive == nullptr)))
     return ncclInvalidArgument;
-  if (send != receive) std::memmove(receive, send, count * cgcpu_nccl_bytes(type));
+  // Always: in place too, so that a sanitizer sees the whole range a collective binds even on
+  // one rank, where nothing else touches it (a count past the buffer is a report, not silence).
+  std::memmove(receive, send, count * cgcpu_nccl_bytes(type));
   if (comm->ranks == 1) return ncclSuccess;  // the sum, the mean... of one rank: itself
   cgcpu::nccl_transport transport = cgcpu::detail::nccl_transport_slot().load();
   if (transport == nullptr) return ncclInvalidUsage;
