@@ -19,7 +19,8 @@ import signal
 import sys
 from abc import ABC, abstractmethod
 
-import numpy as np
+# NumPy is imported where it is used: cli.py reads STOP_SIGNAL for every command, and
+# `cgc compile` loads no NumPy (tests/test_startup.py).
 
 # The variables an MPI launcher sets in every rank's environment: Open MPI, MPICH / Intel
 # MPI (PMI), PMIx launchers. Without one, cgc runs as one rank and never loads MPI (whose
@@ -60,6 +61,7 @@ class Communicator(ABC):
 
     def average_scalar(self, value: float) -> float:
         """The mean of a float64 over the ranks (the loss of one step)."""
+        import numpy as np
         array = np.array([value], dtype=np.float64)
         self.all_reduce_average(array)
         return float(array[0])
@@ -119,6 +121,7 @@ class MpiCommunicator(Communicator):
     def _reduce(self, values: np.ndarray, average: bool) -> None:
         if not values.flags.c_contiguous:
             raise ValueError("a collective reduces a contiguous array in place")
+        import numpy as np
         result = np.empty_like(values) if self.rank == 0 else None
         self._call("reduction", self.comm.Reduce, values, result, self.MPI.SUM, 0)
         if self.rank == 0:
