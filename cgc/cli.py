@@ -77,9 +77,9 @@ def _writable(path: str | None) -> None:
 
 
 def _write_text(path: str, text: str) -> None:
-    from .resources import write_text_atomically
+    from .resources import write_atomically
     try:
-        write_text_atomically(path, text)
+        write_atomically(path, text)
     except OSError as error:
         raise _PathError(f"cannot write {path}: {error.strerror or error}") from None
 

@@ -53,17 +53,17 @@ def sync_to_disk(path: str) -> None:
         os.close(descriptor)
 
 
-def write_text_atomically(path: str, text: str) -> None:
-    """`text` into `path` through a temporary file beside it, renamed into place when whole:
-    a full disk or a kill leaves the old file (or none), never a cut one. OSError as open()
-    gives it; the temporary file is removed."""
+def write_atomically(path: str, data: str | bytes) -> None:
+    """`data` (text as UTF-8) into `path` through a temporary file beside it, renamed into
+    place when whole: a full disk or a kill leaves the old file (or none), never a cut one.
+    OSError as open() gives it; the temporary file is removed."""
     import tempfile
     folder = os.path.dirname(os.path.abspath(path))
     descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
                                              suffix=".cgc-tmp", dir=folder)
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(descriptor, "wb") as handle:
+            _write_all(handle, data.encode("utf-8") if isinstance(data, str) else data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, 0o666 & ~_umask())
@@ -74,6 +74,14 @@ def write_text_atomically(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def _write_all(handle, data: bytes) -> None:
+    """The file's bytes, in pieces of 1 MiB (a kill between two pieces leaves a partial
+    temporary file, which is what tests/test_checkpoint.py does to prove it is never read)."""
+    view = memoryview(data)
+    for start in range(0, len(view), 1 << 20):
+        handle.write(view[start:start + (1 << 20)])
 
 
 def _umask() -> int:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 
 import ml_dtypes
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
-from ..resources import sync_to_disk
+from ..resources import sync_to_disk, write_atomically
 
 FORMAT = "cgc-checkpoint-1"
 METADATA_KEY = "cgc"
@@ -98,14 +97,6 @@ def restore(run, values: dict[str, np.ndarray]) -> None:
         run.store(label, wide)
 
 
-def _write_all(handle, data: bytes) -> None:
-    """The file's bytes, in pieces (a kill between two pieces leaves a partial temporary
-    file, which is what tests/test_checkpoint.py does to prove it is never read)."""
-    view = memoryview(data)
-    for start in range(0, len(view), 1 << 20):
-        handle.write(view[start:start + (1 << 20)])
-
-
 def tensors_sha256(values: dict[str, np.ndarray]) -> str:
     """One SHA-256 over every tensor's name and bytes, in name order: the manifest records
     it, so that a damaged or altered tensor is told, not trained on."""
@@ -128,18 +119,9 @@ def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) 
     manifest = {**manifest, "tensors_sha256": tensors_sha256(values)}
     data = serialize(values, metadata={METADATA_KEY: json.dumps(manifest, sort_keys=True)})
     path = os.path.join(folder, file_name(step))
-    temporary = os.path.join(folder, f".{file_name(step)}.{secrets.token_hex(6)}.cgc-tmp")
     try:
-        with open(temporary, "wb") as handle:
-            _write_all(handle, data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        write_atomically(path, data)
     except OSError as error:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
         raise CheckpointError(f"cannot write the checkpoint {path}: "
                               f"{error.strerror or error}") from None
     sync_to_disk(folder)

@@ -28,7 +28,7 @@ from pygments.token import Token
 from ..frontend.api import Frontend
 from ..frontend.load import read_source
 from .highlight import CgLexer
-from ..resources import data_dir, write_text_atomically
+from ..resources import data_dir, write_atomically
 from ..frontend.syntax import Apply, Declaration, Lambda, Name
 
 _CLASSES = [  # the longest matching token type decides the CSS class
@@ -213,12 +213,12 @@ def write_documentation(frontend: Frontend, folder: str) -> list[str]:
         text = environment.get_template("doc/page.html.j2").render(
             title=title, page=page, pages=sorted(documenter.pages.values()))
         target = os.path.join(folder, page.name)
-        write_text_atomically(target, text)
+        write_atomically(target, text)
         written.append(target)
         entries += [{**d, "page": page.name, "file": title} for d in page.declarations]
     entries.sort(key=lambda d: (d["kind"], d["name"].lower()))
     index = os.path.join(folder, "index.html")
-    write_text_atomically(index, environment.get_template("doc/index.html.j2").render(
+    write_atomically(index, environment.get_template("doc/index.html.j2").render(
         entries=entries, pages=sorted(documenter.pages.items(), key=lambda p: p[1]),
         basename=os.path.basename))
     written.append(index)
