@@ -150,8 +150,8 @@ SORT_INSTRUCTIONS = 14
 SORT_WAVEFRONTS = 4
 
 DESIGNS = {
-    # ldmatrix from rows padded by kAttentionRowPadding: conflict-free (the default 1). In
-    # flight: the next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 128 threads.
+    # ldmatrix from rows padded by kAttentionRowPadding: its conflict ways are read from the
+    # emitted file (sass_audit.attention_ldmatrix_ways: 1 with the padding). In flight: the next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 128 threads.
     "cgImageAttention": Design(inflight=128,
                                tile_iterations=lambda r: (_causal_tiles(r),),
                                l2_bytes=_attention_rereads,
@@ -283,6 +283,8 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
     l2 = design.l2_bytes(roles, facts) if design.l2_bytes else 0
     parts["l2"] = l2 / model.l2_bytes_per_s
     hmma = wavefronts = issue = 0.0
+    # ldmatrix's conflicts come from the audited file's row stride, not from the design
+    conflicts = {**design.conflicts, "ldsm": audit.ldsm_conflicts}
     if design.tile_iterations:
         iterations = design.tile_iterations(roles)
         assert len(iterations) == len(audit.tile_loops), \
@@ -299,7 +301,7 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
                          zip(inner, design.inner_trips(roles, facts, inner))]
             for part, times in body:
                 hmma += part.get("tensor", 0) * executed * times
-                wavefronts += shared_wavefronts(part, design.conflicts) * executed * times
+                wavefronts += shared_wavefronts(part, conflicts) * executed * times
                 issue += part.get("instructions", 0) * executed * times
     if design.issue:
         issue += design.issue(roles, facts)

@@ -424,6 +424,8 @@ class KernelAudit:
     tensor_outside_loops: int
     # per tiled main loop, the counts of one trip of each loop directly inside it
     inner_loops: list[list[Counter]] = field(default_factory=list)
+    # bank-conflict ways of each ldmatrix (attention_ldmatrix_ways): 1 = conflict-free
+    ldsm_conflicts: int = 1
 
     def row(self) -> dict:
         c = self.counts
@@ -436,7 +438,8 @@ class KernelAudit:
                                      "barrier")},
                 "tile_loops": [dict(t) for t in self.tile_loops],
                 "tensor_outside_loops": self.tensor_outside_loops,
-                "inner_loops": [[dict(c) for c in loops] for loops in self.inner_loops]}
+                "inner_loops": [[dict(c) for c in loops] for loops in self.inner_loops],
+                "ldsm_conflicts": self.ldsm_conflicts}
 
 
 @dataclass
@@ -475,11 +478,40 @@ def emitted_file(path: str, config: str):
     return emitted.text, shapes
 
 
+def ldmatrix_conflict_ways(row_bytes: int) -> int:
+    """Bank-conflict ways of one ldmatrix 8 x 8 matrix: its 8 rows of 16 bytes, `row_bytes`
+    apart, over 32 banks of 4 bytes (8 groups of 16 bytes): the most rows in one group.
+    Unpadded rows of 64 bfloat16 (128 bytes) put all 8 in one group: 8 ways."""
+    return max(Counter((row * row_bytes // 16) % 8 for row in range(8)).values())
+
+
+def attention_ldmatrix_ways(source: str) -> int:
+    """The ldmatrix conflict ways of the attention tiles in an emitted file, from the row
+    stride it declares (kHeadWidth + kAttentionRowPadding 16-bit elements): what the SASS
+    cannot show, read from the code that sets it rather than assumed."""
+    width = re.search(r"\bkHeadWidth = (\d+)", source)
+    padding = re.search(r"constexpr int kAttentionRowPadding = (\d+);", source)
+    if width is None or padding is None:
+        return 1  # no attention tiles in this file
+    return ldmatrix_conflict_ways((int(width.group(1)) + int(padding.group(1))) * 2)
+
+
 def audit_file(path: str, config: str, hw: Hardware = H200) -> dict[str, KernelAudit]:
     check_versions()
-    source, shapes = emitted_file(path, config)
-    cubin = build_cubin(source)
-    return audit_code(parse_sass(disassemble(cubin)), resources(cubin, hw), shapes, hw)
+    return audit_source(*emitted_file(path, config), hw=hw)
+
+
+def audit_source(source: str, shapes: dict, folder: Path | None = None,
+                 hw: Hardware = H200) -> dict[str, KernelAudit]:
+    """Every kernel of an emitted file, audited from its machine code (built in `folder`),
+    with what the code shows besides (the ldmatrix conflict ways of its row stride)."""
+    cubin = build_cubin(source, folder)
+    audits = audit_code(parse_sass(disassemble(cubin)), resources(cubin, hw), shapes, hw)
+    ways = attention_ldmatrix_ways(source)
+    for audit in audits.values():
+        if audit.counts["ldsm"]:
+            audit.ldsm_conflicts = ways
+    return audits
 
 
 COLUMNS = [("kernel", "kernel"), ("threads", "threads"), ("registers", "regs"),

@@ -73,6 +73,12 @@ def cp_async(a: KernelAudit) -> bool:
     return a.counts["ldgsts"] > 0
 
 
+def conflict_free_ldmatrix(a: KernelAudit) -> bool:
+    """ldmatrix reads rows padded so that the 8 rows of each 8 x 8 matrix fall in 8
+    different bank groups: the ways are computed from the emitted file's row stride."""
+    return a.ldsm_conflicts == 1
+
+
 def at_least(blocks: int):
     def promise(a: KernelAudit) -> bool:
         return a.occupancy.blocks >= blocks
@@ -106,8 +112,10 @@ def _sum_of(total: int, parts: tuple[int, ...]) -> bool:
 EVERY_KERNEL = (no_local_memory, no_generic_accesses, no_atomics, launchable)
 
 PROMISES = {
-    "cgImageAttention": (tensor_per_tile(64), at_least(2), ldmatrix, cp_async),
-    "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async),
+    "cgImageAttention": (tensor_per_tile(64), at_least(2), ldmatrix, cp_async,
+                         conflict_free_ldmatrix),
+    "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async,
+                                 conflict_free_ldmatrix),
     # float4 or 16-byte packs (docs/kernels.md)
     "cgImageEmbedding": (wide_global_accesses,),
     "cgImageLayerNorm": (wide_global_accesses,),
@@ -134,9 +142,7 @@ def gpt2_audit(tmp_path_factory):
     """GPT-2 small's kernels, audited: one nvcc build for the session (cached by content)."""
     sass_audit.check_versions()
     source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
-    cubin = sass_audit.build_cubin(source, tmp_path_factory.mktemp("sass"))
-    return sass_audit.audit_code(sass_audit.parse_sass(sass_audit.disassemble(cubin)),
-                                 sass_audit.resources(cubin), shapes)
+    return sass_audit.audit_source(source, shapes, tmp_path_factory.mktemp("sass"))
 
 
 def _cases():
@@ -366,6 +372,21 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
     assert wide_global_accesses(audit["cgImageLayerNorm"]) and no_atomics(audit["cgImageCastDown"])
     assert one_ticket(audit["cgImageLayerNormBackward"])
     assert no_local_memory(audit["cgImageAdamW"])
+
+
+def test_ldmatrix_conflicts_follow_the_row_stride_of_the_emitted_file():
+    """Rows of 64 bfloat16 (128 bytes) put the 8 rows an ldmatrix reads in one bank group: 8
+    ways; padded by 8 (144 bytes) they fall in 8 groups: conflict-free. Read from the file,
+    so a template that drops the padding fails the attention kernels' promise (the SASS
+    alone cannot show a bank conflict)."""
+    assert sass_audit.ldmatrix_conflict_ways(128) == 8
+    assert sass_audit.ldmatrix_conflict_ways(144) == 1
+    assert sass_audit.ldmatrix_conflict_ways(160) == 2
+    source, _ = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
+    assert sass_audit.attention_ldmatrix_ways(source) == 1
+    unpadded = source.replace("constexpr int kAttentionRowPadding = 8;",
+                              "constexpr int kAttentionRowPadding = 0;")
+    assert unpadded != source and sass_audit.attention_ldmatrix_ways(unpadded) == 8
 
 
 # ---- doctored listings: the parser's corners -----------------------------------------
