@@ -248,7 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "same as running it yourself under mpirun); each rank takes its "
                           "share of every step's sequences and the schedule's all-reduce "
                           "averages the gradients (schedules/train_parallel.cg, "
-                          "docs/parallel.md)")
+                          "docs/parallel.md); at most as many ranks as cores unless "
+                          "--oversubscribe")
+    run.add_argument("--oversubscribe", action="store_true",
+                     help="with --ranks: allow more ranks than this machine has cores (they "
+                          "share them, each waiting its turn: for trying data parallel on a "
+                          "small machine)")
 
     sample = commands.add_parser(
         "sample", help="write text with a trained model (a checkpoint of cgc run)",
@@ -505,8 +510,11 @@ def _resumed(args):
 def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
               data_kind, ranks: int = 1) -> dict:
     """What must be the same for a run to continue from a checkpoint (the ranks too: each
-    takes its share of a step's windows, so another count is another run)."""
+    takes its share of a step's windows, so another count is another run; and the held-out
+    split: it changes which documents train)."""
     from .backends.checkpoint import carried_buffers
+    from .backends.data import HELD_OUT_EVERY
+    held_out = bool(args.val_every)
     import hashlib
     root = os.path.dirname(os.path.abspath(args.file))
     sources = {}
@@ -526,10 +534,39 @@ def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
                              "init": e.init, "std": e.std} for e in program.entries},
         "carried": carried_buffers(program),
         "seed": batches_seed,
-        "data": {"sha256": data_sha256, "tokens": int(corpus.size), "kind": data_kind},
+        "data": {"sha256": data_sha256, "tokens": int(corpus.size), "kind": data_kind,
+                 # validation holds documents out of training: another split, other data
+                 "held_out": (f"1 in {HELD_OUT_EVERY} documents (--val-every)" if held_out
+                              else "none (no --val-every)")},
         "learning_rate": rate.manifest(),
         "ranks": ranks,
     }
+
+
+def _launch_ranks(args) -> int:
+    """`cgc run --ranks N`: what every rank would refuse is refused here, before mpirun
+    starts (a schedule that is not a data-parallel whole step, more ranks than cores)."""
+    from .backends import parallel
+    from .pipeline import checked, collective_problems, whole_step_problems
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if args.ranks > (cores or 1) and not args.oversubscribe:
+        raise _UsageError(f"--ranks {args.ranks} is more ranks than this machine's {cores} "
+                          "cores: each rank would wait for a core; give --oversubscribe to "
+                          "run them anyway")
+    _readable([args.file])
+    frontend = analyse([args.file])
+    config = _configs(frontend, [args.config] if args.config else None)[0]
+    program = checked(frontend, args.file, args.entry, config,
+                      _overrides(frontend, args.set)).program
+    problems = whole_step_problems(frontend, program, args.file) or \
+        collective_problems(frontend, program, args.ranks)
+    if problems:
+        raise CompileError(problems)
+    try:
+        return parallel.launch_ranks(args.ranks, parallel.without_ranks(args.argv))
+    except parallel.CommunicatorError as error:
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
 
 
 def _run(args) -> int:
@@ -540,11 +577,7 @@ def _run(args) -> int:
     if args.ranks is not None and args.ranks < 1:
         raise _UsageError("--ranks must be at least 1")
     if args.ranks is not None and args.ranks > 1 and parallel.launched_size() <= 1:
-        try:
-            return parallel.launch_ranks(args.ranks, parallel.without_ranks(args.argv))
-        except parallel.CommunicatorError as error:
-            print(f"cgc: error: {error}", file=sys.stderr)
-            return EXIT_DIAGNOSTICS
+        return _launch_ranks(args)
     try:
         communicator = parallel.world()
     except parallel.CommunicatorError as error:
@@ -583,14 +616,15 @@ def _run(args) -> int:
     from .backends import checkpoint as checkpoints
     from .backends.data import Batches, describe, load_tokens, split_documents
     from .backends.training import Checkpointing, LearningRate, Validation, summary, train
-    from .pipeline import open_run
+    from .pipeline import collective_problems, open_run
     frontend = analyse([args.file])
     resumed = _resumed(args) if args.resume else None
     seed = args.seed if args.seed is not None else 0
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     try:
-        runner = open_run(backend, frontend, args.file, config, overrides, seed, args.entry)
+        runner = open_run(backend, frontend, args.file, config, overrides, seed, args.entry,
+                          whole_step=True)
     except RunFault as error:
         print(f"cgc: error: the {backend} backend cannot run {args.file}: {error}",
               file=sys.stderr)
@@ -599,12 +633,10 @@ def _run(args) -> int:
     if runner.warnings and communicator.lead:
         print(render_all(runner.warnings), file=sys.stderr)
     program = runner.program
-    if communicator.size > 1 and not any(launch.image.collective
-                                         for launch, _, _ in program.launches()):
+    problems = collective_problems(frontend, program, communicator.size)
+    if problems:
         if communicator.lead:  # said once; every rank stops
-            print(f"cgc: error: {communicator.size} ranks run, but {program.entry} has no "
-                  "collective: each rank would train alone; run a data-parallel step "
-                  "(schedules/train_parallel.cg)", file=sys.stderr)
+            print(render_all(problems), file=sys.stderr)
         return EXIT_DIAGNOSTICS
     try:
         batch, context, vocab = (int(program.role(r)) for r in ("batch", "context", "vocab"))

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 
 from .checking.check import check_program
 from .checking.memory import MemoryPlan, plan_memory
-from .core.diagnostics import CompileError, Reporter
+import os
+
+from .core.diagnostics import CompileError, Diagnostic, Note, Reporter
 from .core.ir import Program
 from .frontend.api import Frontend, analyse, evaluate, paused_gc, parse_override
 
 __all__ = ["Checked", "Frontend", "analyse", "backend_problems", "check", "checked", "evaluate",
-           "open_run", "parse_override"]
+           "collective_problems", "open_run", "parse_override", "whole_step_problems"]
 
 
 def check(program: Program) -> list:
@@ -52,11 +54,92 @@ def backend_problems(program: Program, names=None) -> list:
     return found
 
 
+def _step_bindings(frontend: Frontend) -> list:
+    """The `step` role's bindings in the loaded files: the whole steps they declare."""
+    roles = frontend.declarations
+    return [b for b in (roles.roles.get("step"), *roles.more_roles)
+            if b is not None and b.role == "step"]
+
+
+def whole_steps_using(path: str) -> list:
+    """The whole steps (their `step` role bindings) declared by the `.cg` files beside `path`
+    that load it: where a user who ran a part of a step finds the step it is part of."""
+    key = os.path.realpath(path)
+    folder = os.path.dirname(path)
+    found = []
+    try:
+        names = sorted(n for n in os.listdir(folder or ".") if n.endswith(".cg"))
+    except OSError:
+        return found
+    for name in names:
+        candidate = os.path.join(folder, name)
+        if os.path.realpath(candidate) == key:
+            continue
+        try:
+            with open(candidate, "rb") as handle:
+                if b"step" not in handle.read(1 << 20):  # no roles clause naming a step
+                    continue
+            frontend = analyse([candidate])
+        except (OSError, CompileError):
+            continue
+        if key in {os.path.realpath(m.path) for m in frontend.modules}:
+            found += [b for b in _step_bindings(frontend)
+                      if os.path.realpath(b.span.path) == os.path.realpath(candidate)]
+    return found
+
+
+def whole_step_problems(frontend: Frontend, program: Program, path: str) -> list:
+    """Why `program` is not a whole training step (none where it is): `cgc run` trains only
+    a schedule given the `step` role, whose checker proves it writes what it reads and the
+    loss the runtime takes after it; a part of a step (a forward alone, a backward) would
+    "train" on whatever its buffers held."""
+    if program.roles.get("step") == program.entry:
+        return []
+    declaration = frontend.scope.declarations.get(program.entry)
+    span = declaration.name.span if declaration is not None else None
+    here = _step_bindings(frontend)
+    if here:
+        default = frontend.default_entry(path)
+        notes = [Note(f"'{b.value.text}' is the whole step (its `step` role here): run it "
+                      + ("without --entry" if b.value.text == default
+                         else f"with --entry {b.value.text}"), b.span) for b in here]
+    else:
+        notes = [Note(f"'{b.value.text}' is a whole step that uses it: cgc run {b.span.path}",
+                      b.span)
+                 for b in whole_steps_using(path)]
+        notes = notes or [Note("a whole step is a schedule named by a `roles` declaration's "
+                               "(step NAME) clause (schedules/train.cg has one)")]
+    return [Diagnostic("error", f"'{program.entry}' is not a whole training step: no `roles` "
+                                "declaration gives it the `step` role, so nothing proves it "
+                                "writes what it reads and the loss; `cgc run` trains only a "
+                                "whole step (`cgc check` accepts parts of one)", span,
+                       tuple(notes))]
+
+
+def collective_problems(frontend: Frontend, program: Program, ranks: int) -> list:
+    """Why `program` cannot train on `ranks` ranks (none where it can): without a collective
+    each rank would train alone on its share of the batch."""
+    if ranks <= 1 or any(launch.image.collective for launch, _, _ in program.launches()):
+        return []
+    declaration = frontend.scope.declarations.get(program.entry)
+    return [Diagnostic("error", f"{ranks} ranks would run '{program.entry}', which has no "
+                                "collective: each rank would train alone on its share of the "
+                                "batch; run a data-parallel step (schedules/train_parallel.cg "
+                                "all-reduces the gradients)",
+                       declaration.name.span if declaration is not None else None)]
+
+
 def open_run(backend_name: str, frontend: Frontend, path: str, config: str | None = None,
-             overrides: dict | None = None, seed: int = 0, entry: str | None = None):
-    """FILE's entry, checked and set up on a backend with its first parameters."""
+             overrides: dict | None = None, seed: int = 0, entry: str | None = None,
+             whole_step: bool = False):
+    """FILE's entry, checked and set up on a backend with its first parameters; with
+    `whole_step`, only a whole training step (whole_step_problems)."""
     from .backends import backend
     result = checked(frontend, path, entry, config, overrides)
+    if whole_step:
+        problems = whole_step_problems(frontend, result.program, path)
+        if problems:
+            raise CompileError(problems)
     problems = backend_problems(result.program, [backend_name])
     if problems:
         raise CompileError(problems)

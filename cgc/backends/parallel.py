@@ -203,9 +203,11 @@ def quiet_unless_lead(communicator: Communicator):
 
 
 def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
-    """`mpirun -n RANKS python -m cgc ARGUMENTS`: what `cgc run --ranks N` runs. More ranks
-    than cores are allowed (--oversubscribe: CPU ranks in CI); as root, Open MPI must be
-    told that it may run (the variables below, set in its environment)."""
+    """`mpirun -n RANKS python -m cgc ARGUMENTS`: what `cgc run --ranks N` runs. mpirun is
+    given --oversubscribe whatever the count: cgc itself has refused more ranks than CPUs
+    unless the user asked (Open MPI's own count is of physical cores, which may be fewer);
+    as root, Open MPI must be told that it may run (the variables below, set in its
+    environment)."""
     import shutil
     mpirun = shutil.which("mpirun")
     if mpirun is None:
