@@ -570,8 +570,9 @@ def _run(args) -> int:
     _readable(args.data or (), folders=True)
     if args.resume:
         _readable([args.resume], folders=True)
-    for path in (args.trace, args.plot, args.log):
-        _writable(path)
+    from .outputs import check_command  # before the checkpoint folder is made
+    outputs = {"--log": args.log, "--plot": args.plot, "--trace": args.trace}
+    check_command(outputs, (), {"--dump": args.dump}, {"--checkpoint-dir": args.checkpoint_dir})
     if args.checkpoint_dir:  # made before any work, so that a bad one is told at once
         if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
             raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
@@ -589,10 +590,8 @@ def _run(args) -> int:
     from .backends.training import Checkpointing, LearningRate, Validation, summary, train
     from .pipeline import open_run
     frontend = analyse([args.file])
-    _outputs_not_inputs(frontend, {"--log": args.log, "--plot": args.plot,
-                                   "--trace": args.trace},
-                        [*(args.data or ()), args.resume,
-                         _sample_schedule(None) if args.sample_every else None],
+    _outputs_not_inputs(frontend, outputs, [*(args.data or ()), args.resume,
+                                            _sample_schedule(None) if args.sample_every else None],
                         {"--dump": args.dump})
     resumed = _resumed(args) if args.resume else None
     seed = args.seed if args.seed is not None else 0

@@ -162,11 +162,13 @@ def files_under(paths: Iterable[str | None]) -> list[str]:
 
 
 def check_command(outputs: dict[str, str | None], inputs: Iterable[str] = (),
-                  replaced_folders: dict[str, str | None] | None = None) -> None:
+                  replaced_folders: dict[str, str | None] | None = None,
+                  folders: dict[str, str | None] | None = None) -> None:
     """Every output of one command, by option (`--log`: path), checked as `check` does, and
-    against each other: two options naming one file are refused, as is an input or another
-    output inside a folder the command replaces whole (`--dump`). A device or FIFO may take
-    several outputs: it is written in place, each output in turn."""
+    against each other: two options naming one file are refused, as is an input, another
+    output or an output folder (`folders`: `--checkpoint-dir`) inside a folder the command
+    replaces whole (`replaced_folders`: `--dump`). A device or FIFO may take several
+    outputs: it is written in place, each output in turn."""
     inputs = list(inputs)
     seen: dict[object, str] = {}
     for option, path in outputs.items():
@@ -185,9 +187,10 @@ def check_command(outputs: dict[str, str | None], inputs: Iterable[str] = (),
         if not folder:
             continue
         inside = os.path.realpath(folder) + os.sep
-        for other, path in [*((f"{o} {p}", p) for o, p in outputs.items() if p),
+        others = {**outputs, **(folders or {})}
+        for other, path in [*((f"{o} {p}", p) for o, p in others.items() if p),
                             *((f"the input {p}", p) for p in inputs)]:
-            if os.path.realpath(path).startswith(inside):
+            if (os.path.realpath(path) + os.sep).startswith(inside):
                 raise Refused(f"{option} {folder} is replaced whole, and {other} is inside "
                               "it: give it a path outside the folder")
 

@@ -476,13 +476,18 @@ def test_a_checkpoint_resumed_from_is_no_output(folder, capsys):
 
 def test_two_outputs_on_one_file_or_one_inside_the_dump_are_refused(folder, capsys):
     run = ["run", str(folder / "t" / "train.cg"), "--backend", "numpy", "--steps", "1"]
-    assert main([*run, "--log", "x", "--plot", "x"]) == 2
-    assert "--log and --plot name the same file (x)" in capsys.readouterr().err
+    twice = str(folder / "twice")
+    assert main([*run, "--log", twice, "--plot", twice]) == 2
+    assert f"--log and --plot name the same file ({twice})" in capsys.readouterr().err
+    assert not os.path.exists(twice)
     (folder / "dump").mkdir()
     assert main([*run, "--dump", str(folder / "dump"), "--trace",
                  str(folder / "dump" / "trace.json")]) == 2
     assert "is replaced whole, and --trace" in capsys.readouterr().err
-    assert not (folder / "dump" / "trace.json").exists()
+    assert main([*run, "--dump", str(folder / "dump"), "--checkpoint-dir",
+                 str(folder / "dump" / "ck")]) == 2
+    assert "is replaced whole, and --checkpoint-dir" in capsys.readouterr().err
+    assert os.listdir(folder / "dump") == []  # nothing made in it first
     # a device takes several outputs in turn (the test's own node, where it may make one)
     if ROOT_USER:
         os.mknod(folder / "null", stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
