@@ -16,6 +16,7 @@ import traceback
 from . import __version__
 from .backends import REGISTRY
 from .core.diagnostics import CompileError, render_all
+from .outputs import Refused, WriteFailed
 from .pipeline import Frontend, analyse, backend_problems, check, evaluate, parse_override
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -26,9 +27,9 @@ _DESCRIPTION = """\
 cgc compiles schedules of GPU kernel launches (.cg files) that describe a training step
 of a GPT-style transformer. It proves every launch safe before anything runs.
 
-exit status: 0 success, 1 diagnostics (errors in a schedule, or a missing tool), 2 usage
-errors (an unknown command or option, a bad value, a FILE that cannot be read), 130 stopped
-by Ctrl-C, 143 stopped by SIGTERM."""
+exit status: 0 success, 1 diagnostics (errors in a schedule, a missing tool, an output the
+disk refused), 2 usage errors (an unknown command or option, a bad value, a FILE that cannot
+be read, an output that must not be written), 130 stopped by Ctrl-C, 143 stopped by SIGTERM."""
 
 
 class _UsageError(Exception):
@@ -67,21 +68,16 @@ def _readable(paths, folders: bool = False) -> None:
 
 
 def _writable(path: str | None) -> None:
-    """The folder an output file goes into exists (checked before any work is done)."""
+    """An output can be written (its folder exists, it is no folder, not read-only), checked
+    before any work is done (cgc/outputs.py; exit 2 where not)."""
     if path and path != "-":
-        folder = os.path.dirname(path) or "."
-        if not os.path.isdir(folder):
-            raise _PathError(f"cannot write {path}: No such file or directory")
-        if os.path.isdir(path):
-            raise _PathError(f"cannot write {path}: Is a directory")
+        from .outputs import check
+        check(path)
 
 
 def _write_text(path: str, text: str) -> None:
-    from .resources import write_atomically
-    try:
-        write_atomically(path, text)
-    except OSError as error:
-        raise _PathError(f"cannot write {path}: {error.strerror or error}") from None
+    from .outputs import write_file
+    write_file(path, text)  # cgc/outputs.py: Refused (exit 2) or WriteFailed (exit 1)
 
 
 def _add_program_options(parser: argparse.ArgumentParser, several_configs: bool) -> None:
@@ -129,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "bytes.")
     ir.add_argument("file", metavar="FILE", help="a .cg schedule file")
     _add_program_options(ir, several_configs=False)
-    ir.add_argument("-o", "--output", metavar="PATH", help="write the text here, not to stdout")
+    ir.add_argument("-o", "--output", metavar="PATH",
+                    help="write the text here, not to stdout (- for stdout)")
 
     compiler = commands.add_parser(
         "compile", help="emit one CUDA file (kernels and host program) for a schedule",
@@ -330,13 +327,22 @@ def _check(args) -> int:
     return EXIT_OK
 
 
-def _checked_program(args):
-    """FILE's entry in the chosen configuration, evaluated and checked; warnings printed."""
+def _outputs_not_inputs(frontend: Frontend, outputs: dict, read=(), replaced=None) -> None:
+    """Refused (exit 2) before any work where an output is a file the command reads (FILE,
+    what it imports, the files `read` names) or two outputs are one file (cgc/outputs.py)."""
+    from .outputs import check_command, files_under
+    check_command(outputs, [m.path for m in frontend.modules] + files_under(read), replaced)
+
+
+def _checked_program(args, output_for=None):
+    """FILE's entry in the chosen configuration, evaluated and checked; warnings printed.
+    `output_for(config)`: where the output goes (default: -o)."""
     _readable([args.file])
     _writable(args.output)
     frontend = analyse([args.file])
     overrides = _overrides(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
+    _outputs_not_inputs(frontend, {"-o": output_for(config) if output_for else args.output})
     program = evaluate(frontend, args.file, args.entry, config, overrides)
     warnings = frontend.warnings + program.warnings + check(program)
     if warnings:
@@ -348,7 +354,7 @@ def _ir(args) -> int:
     from .core.ir import format_program
     _, program = _checked_program(args)
     text = format_program(program)
-    if args.output:
+    if args.output and args.output != "-":
         _write_text(args.output, text)
     else:
         sys.stdout.write(text)
@@ -360,7 +366,8 @@ def _compile(args) -> int:
     from .backends.cuda.emit import emit_program, image_problems
     from .backends.cuda.toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
     from .checking.memory import plan_memory
-    _, program = _checked_program(args)
+    _, program = _checked_program(
+        args, lambda config: default_output(args.file, config, args.output))
     problems = image_problems(program)
     if problems:
         raise CompileError(problems)
@@ -418,7 +425,7 @@ def _cg_files(paths: list[str]) -> list[str]:
 def _fmt(args) -> int:
     from .core.diagnostics import CompileError as Broken, Diagnostic
     from .frontend.load import SourceError, read_source
-    from .tools.format import NotWritable, format_text, replace_file
+    from .tools.format import format_text, replace_file
     changed, problems = [], []
     files = _cg_files(args.files)
     for path in files:
@@ -435,11 +442,8 @@ def _fmt(args) -> int:
             continue
         if formatted != text:
             changed.append(path)
-            if not args.check:
-                try:  # a temporary file renamed onto the file: never half written
-                    replace_file(path, formatted)
-                except NotWritable as error:
-                    raise _PathError(f"cannot write {path}: {error}") from None
+            if not args.check:  # a temporary file renamed onto the file: never half written
+                replace_file(path, formatted)
     if problems:
         print(render_all(problems), file=sys.stderr)
         return EXIT_DIAGNOSTICS
@@ -599,8 +603,9 @@ def _run(args) -> int:
     _readable(args.data or (), folders=True)
     if args.resume:
         _readable([args.resume], folders=True)
-    for path in (args.trace, args.plot, args.log):
-        _writable(path)
+    from .outputs import check_command  # before the checkpoint folder is made
+    outputs = {"--log": args.log, "--plot": args.plot, "--trace": args.trace}
+    check_command(outputs, (), {"--dump": args.dump}, {"--checkpoint-dir": args.checkpoint_dir})
     if args.checkpoint_dir:  # made before any work, so that a bad one is told at once
         if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
             raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
@@ -618,6 +623,9 @@ def _run(args) -> int:
     from .backends.training import Checkpointing, LearningRate, Validation, summary, train
     from .pipeline import collective_problems, open_run
     frontend = analyse([args.file])
+    _outputs_not_inputs(frontend, outputs, [*(args.data or ()), args.resume,
+                                            _sample_schedule(None) if args.sample_every else None],
+                        {"--dump": args.dump})
     resumed = _resumed(args) if args.resume else None
     seed = args.seed if args.seed is not None else 0
     overrides = _overrides(frontend, args.set)
@@ -707,11 +715,9 @@ def _run(args) -> int:
     sampler = _sampler(args, runner, frontend) if args.sample_every else None
     timings: list | None = [] if args.trace else None
     log = None
-    if args.log:
-        try:
-            log = open(args.log, "a" if resumed else "w", encoding="utf-8")
-        except OSError as error:
-            raise _PathError(f"cannot write {args.log}: {error.strerror or error}") from None
+    if args.log:  # written as it goes, by cgc/outputs.py's rules; appended to on --resume
+        from .outputs import Stream
+        log = Stream(args.log, append=bool(resumed), what="the log")
     _STEPPING.set()
     try:
         training = train(runner, batches, args.steps, parallel.quiet_unless_lead(communicator),
@@ -723,7 +729,7 @@ def _run(args) -> int:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     except OSError as error:  # the dump's files (checkpoints and the log say their own)
-        raise _PathError(f"cannot write the dump {args.dump}: {error.strerror or error}") \
+        raise WriteFailed(f"cannot write the dump {args.dump}: {error.strerror or error}") \
             from None
     except DataError as error:
         print(f"cgc: error: the training data does not fit the model: {error}",
@@ -754,17 +760,11 @@ def _run(args) -> int:
         print(f"wrote the checkpoint {training.checkpoint}", file=sys.stderr)
     if args.trace and timings:
         from .tools.trace import write_trace
-        try:
-            write_trace(args.trace, timings, backend)
-        except OSError as error:
-            raise _PathError(f"cannot write {args.trace}: {error.strerror or error}") from None
+        write_trace(args.trace, timings, backend)  # WriteFailed: one line, exit 1
         print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
     if args.plot and training.losses:
         from .tools.plot import write_loss_plot
-        try:
-            write_loss_plot(args.plot, training.losses)
-        except OSError as error:
-            raise _PathError(f"cannot write {args.plot}: {error.strerror or error}") from None
+        write_loss_plot(args.plot, training.losses)
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
     if communicator.lead:
         print(summary(training) + ("" if communicator.size == 1
@@ -1041,6 +1041,12 @@ def _main(argv: list[str] | None) -> int:
             _subparsers(parser).choices[args.command].print_usage(sys.stderr)
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except Refused as error:  # an output cgc must not write: nothing written, one line
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except WriteFailed as error:  # an output the disk or device refused (a full disk)
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     except BrokenPipeError:
         _silence_broken_pipes()
         return EXIT_OK

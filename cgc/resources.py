@@ -53,38 +53,5 @@ def sync_to_disk(path: str) -> None:
         os.close(descriptor)
 
 
-def write_atomically(path: str, data: str | bytes) -> None:
-    """`data` (text as UTF-8) into `path` through a temporary file beside it, renamed into
-    place when whole: a full disk or a kill leaves the old file (or none), never a cut one.
-    OSError as open() gives it; the temporary file is removed."""
-    import tempfile
-    folder = os.path.dirname(os.path.abspath(path))
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
-                                             suffix=".cgc-tmp", dir=folder)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            _write_all(handle, data.encode("utf-8") if isinstance(data, str) else data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-
-
-def _write_all(handle, data: bytes) -> None:
-    """The file's bytes, in pieces of 1 MiB (a kill between two pieces leaves a partial
-    temporary file, which is what tests/test_checkpoint.py does to prove it is never read)."""
-    view = memoryview(data)
-    for start in range(0, len(view), 1 << 20):
-        handle.write(view[start:start + (1 << 20)])
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+# The one writer of user outputs is cgc/outputs.py; this is its older name.
+from .outputs import write_file as write_atomically  # noqa: E402

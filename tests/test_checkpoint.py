@@ -101,10 +101,10 @@ def test_a_checkpoint_keeps_every_bank_of_the_program_and_the_step_counter(tmp_p
 _KILLED_WRITER = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from cgc import resources
+from cgc import outputs
 from cgc.cli import main
 saves = []
-original = resources._write_all
+original = outputs._write_all
 def write(handle, data):
     saves.append(1)
     if len(saves) == 2:  # the second checkpoint: half of it, then kill -9
@@ -113,7 +113,7 @@ def write(handle, data):
         os.fsync(handle.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
     original(handle, data)
-resources._write_all = write
+outputs._write_all = write
 main({arguments!r})
 """
 

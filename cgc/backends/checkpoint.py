@@ -26,7 +26,8 @@ import ml_dtypes
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
-from ..resources import sync_to_disk, write_atomically
+from ..outputs import Refused, WriteFailed, write_file
+from ..resources import sync_to_disk
 
 FORMAT = "cgc-checkpoint-1"
 METADATA_KEY = "cgc"
@@ -119,11 +120,10 @@ def save(folder: str, step: int, values: dict[str, np.ndarray], manifest: dict) 
     manifest = {**manifest, "tensors_sha256": tensors_sha256(values)}
     data = serialize(values, metadata={METADATA_KEY: json.dumps(manifest, sort_keys=True)})
     path = os.path.join(folder, file_name(step))
-    try:
-        write_atomically(path, data)
-    except OSError as error:
-        raise CheckpointError(f"cannot write the checkpoint {path}: "
-                              f"{error.strerror or error}") from None
+    try:  # cgc/outputs.py: a link there is followed, a read-only file refused
+        write_file(path, data, "the checkpoint")
+    except (Refused, WriteFailed) as error:
+        raise CheckpointError(str(error)) from None
     sync_to_disk(folder)
     return path
 

@@ -186,9 +186,8 @@ def write_token_file(path, tokens) -> None:
     tokens = np.asarray(tokens, dtype=LLM_C_TOKEN)
     header = np.zeros(LLM_C_HEADER_INTS, dtype="<i4")
     header[:3] = (LLM_C_MAGIC, LLM_C_VERSION, tokens.size)
-    with open(path, "wb") as handle:
-        handle.write(header.tobytes())
-        handle.write(tokens.tobytes())
+    from ..outputs import write_file
+    write_file(path, header.tobytes() + tokens.tobytes())
 
 
 def load_tokens(paths: list[str] | None, vocab: int | None = None) -> Tokens:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
+from ..outputs import new_file
 from ..resources import sync_to_disk
 from .base import Run
 
@@ -358,10 +359,8 @@ def _install(staging: str, target: str) -> None:
 
 
 def _save(path: str, array: np.ndarray) -> None:
-    with open(path, "wb") as handle:
+    with new_file(path) as handle:  # in the staging folder cgc made: new, flushed
         np.save(handle, array)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradients, after,
@@ -400,11 +399,9 @@ def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradi
         for entry, array in values.items():
             _save(os.path.join(folder, name, f"{entry}.npy"), array.astype(np.float32))
         sync_to_disk(os.path.join(folder, name))
-    with open(os.path.join(folder, "run.json"), "w", encoding="utf-8") as handle:
-        json.dump(json_values(manifest), handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    with new_file(os.path.join(folder, "run.json")) as handle:
+        handle.write((json.dumps(json_values(manifest), indent=2, sort_keys=True) + "\n")
+                     .encode("utf-8"))
     sync_to_disk(folder)
 
 

@@ -14,6 +14,7 @@ loses its target. Everything else on a page is escaped where it is written.
 from __future__ import annotations
 
 import html
+import itertools
 import os
 import re
 import urllib.parse
@@ -28,7 +29,8 @@ from pygments.token import Token
 from ..frontend.api import Frontend
 from ..frontend.load import read_source
 from .highlight import CgLexer
-from ..resources import data_dir, write_atomically
+from ..outputs import check, write_file
+from ..resources import data_dir
 from ..frontend.syntax import Apply, Declaration, Lambda, Name
 
 _CLASSES = [  # the longest matching token type decides the CSS class
@@ -100,6 +102,37 @@ class Page:
     lines: list[str] = field(default_factory=list)
 
 
+INDEX = "index.html"
+
+
+def page_names(paths: list[str], common: str) -> dict[str, str]:
+    """Each source's page file name: its path under `common`, folders joined by `__`, `.cg`
+    made `.html`. Two sources never share a page, nor one the index: where names meet
+    (`a/b.cg` and `a__b.cg`, `index.cg`, names that differ only in case, which some file
+    systems take for one), the first path in sorted order keeps its name and each other
+    gets the first free `NAME-2.html`, `NAME-3.html`, ... (no source's own name)."""
+    def plain(path: str) -> str:
+        relative = os.path.relpath(os.path.abspath(path), common)
+        return relative.replace(os.sep, "__").removesuffix(".cg") + ".html"
+
+    wanted = {path: plain(path) for path in paths}
+    reserved = {name.casefold() for name in wanted.values()} | {INDEX}
+    taken, names = {INDEX}, {}
+
+    def numbered(name: str) -> str:
+        for number in itertools.count(2):
+            candidate = f"{name.removesuffix('.html')}-{number}.html"
+            if candidate.casefold() not in taken | reserved:
+                return candidate
+        raise AssertionError("unreachable")
+
+    for path in sorted(wanted):
+        name = wanted[path]
+        names[path] = name if name.casefold() not in taken else numbered(name)
+        taken.add(names[path].casefold())
+    return names
+
+
 class Documenter:
     def __init__(self, frontend: Frontend):
         self.frontend = frontend
@@ -108,13 +141,7 @@ class Documenter:
         common = os.path.commonpath([os.path.abspath(p) for p in paths]) if paths else ""
         if len(paths) == 1:
             common = os.path.dirname(os.path.abspath(paths[0]))
-        self.pages = {module.path: self._page_name(module.path, common)
-                      for module in frontend.modules}
-
-    @staticmethod
-    def _page_name(path: str, common: str) -> str:
-        relative = os.path.relpath(os.path.abspath(path), common)
-        return relative.replace(os.sep, "__").removesuffix(".cg") + ".html"
+        self.pages = page_names(paths, common)
 
     def describe(self, name: str) -> str:
         """What hovering over a name shows: its kind and type."""
@@ -202,10 +229,16 @@ def _environment() -> jinja2.Environment:
 
 
 def write_documentation(frontend: Frontend, folder: str) -> list[str]:
-    """Writes one page per loaded file and index.html; returns the files written."""
+    """Writes one page per loaded file and index.html, by cgc's one writer (cgc/outputs.py);
+    returns the files written. Every page is checked first: none is written where one is
+    refused (a read-only page, a page that is one of the sources)."""
     documenter = Documenter(frontend)
     environment = _environment()
     os.makedirs(folder, exist_ok=True)
+    sources = [module.path for module in frontend.modules]
+    index = os.path.join(folder, INDEX)
+    for name in [*documenter.pages.values(), INDEX]:
+        check(os.path.join(folder, name), sources)
     written, entries = [], []
     for module in frontend.modules:
         page = documenter.page(module)
@@ -213,12 +246,11 @@ def write_documentation(frontend: Frontend, folder: str) -> list[str]:
         text = environment.get_template("doc/page.html.j2").render(
             title=title, page=page, pages=sorted(documenter.pages.values()))
         target = os.path.join(folder, page.name)
-        write_atomically(target, text)
+        write_file(target, text)
         written.append(target)
         entries += [{**d, "page": page.name, "file": title} for d in page.declarations]
     entries.sort(key=lambda d: (d["kind"], d["name"].lower()))
-    index = os.path.join(folder, "index.html")
-    write_atomically(index, environment.get_template("doc/index.html.j2").render(
+    write_file(index, environment.get_template("doc/index.html.j2").render(
         entries=entries, pages=sorted(documenter.pages.items(), key=lambda p: p[1]),
         basename=os.path.basename))
     written.append(index)

@@ -9,12 +9,8 @@ written. Only layout changes: the tokens, and so the program, stay the same.
 
 from __future__ import annotations
 
-import os
-import stat
-import tempfile
-
 from ..frontend.parse import comment_ranges, parse_text
-from ..resources import sync_to_disk
+from ..outputs import write_file
 from ..frontend.syntax import (
     Apply, Arrow, Clause, Floating, Import, Integer, Lambda, Name, Natural,
 )
@@ -176,51 +172,9 @@ def format_text(text: str, path: str = "<input>") -> str:
     return "\n".join(out) + "\n"
 
 
-class NotWritable(Exception):
-    """Why a file cannot be rewritten in place (it is left as it was)."""
-
-
 def replace_file(path: str, text: str) -> None:
-    """Replaces a file's content with `text` so that nothing is lost: the new bytes go to a
-    temporary file in the same folder, flushed to the disk, given the file's mode (and
-    owner, where allowed), and renamed onto the file in one step. The file is always either
-    the old bytes or the new, whole, even if cgc is killed; on an error the temporary file
-    is removed and the file is untouched. A symbolic link is followed: its target is
-    rewritten. A read-only file is refused (NotWritable), as are files not regular."""
-    target = os.path.realpath(path)
-    try:
-        status = os.stat(target)
-    except OSError as error:
-        raise NotWritable(error.strerror or str(error)) from None
-    if not stat.S_ISREG(status.st_mode):
-        raise NotWritable("not a regular file")
-    if not status.st_mode & 0o222 or not os.access(target, os.W_OK):
-        raise NotWritable("the file is read-only")
-    folder, name = os.path.split(target)
-    try:
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".cgc-tmp",
-                                                 dir=folder)
-    except OSError as error:
-        raise NotWritable(error.strerror or str(error)) from None
-    try:
-        with open(descriptor, "wb", closefd=True) as handle:
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, stat.S_IMODE(status.st_mode))
-        if hasattr(os, "chown") and (status.st_uid, status.st_gid) != \
-                (os.stat(temporary).st_uid, os.stat(temporary).st_gid):
-            try:
-                os.chown(temporary, status.st_uid, status.st_gid)
-            except OSError:
-                pass  # only the owner's group, or root, may give it away: it stays ours
-        os.replace(temporary, target)
-    except BaseException as error:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        if isinstance(error, OSError):
-            raise NotWritable(error.strerror or str(error)) from None
-        raise
-    sync_to_disk(folder)  # the rename itself
+    """Replaces a file's content with `text` by cgc's one writer (cgc/outputs.py): a
+    temporary file beside it, flushed, given the file's mode and owner, renamed onto it; the
+    file is always the old bytes or the new, whole, even if cgc is killed. A symbolic link
+    is followed (its target rewritten, the link kept); a read-only file is refused."""
+    write_file(path, text)

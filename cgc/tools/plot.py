@@ -10,6 +10,8 @@ import zlib
 
 import numpy as np
 
+from ..outputs import write_file
+
 WIDTH, HEIGHT = 720, 420
 LEFT, RIGHT, TOP, BOTTOM = 96, 36, 48, 64  # margins: tick labels left and below, title above
 SCALE = 2  # every font pixel is SCALE x SCALE image pixels
@@ -178,11 +180,11 @@ def write_png(path: str, image: np.ndarray) -> None:
         return struct.pack(">I", len(body)) + kind + body + \
             struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
-    with open(path, "wb") as handle:
-        handle.write(b"\x89PNG\r\n\x1a\n")
-        handle.write(chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)))
-        handle.write(chunk(b"IDAT", zlib.compress(raw, 9)))
-        handle.write(chunk(b"IEND", b""))
+    write_file(path, b"".join((
+        b"\x89PNG\r\n\x1a\n",
+        chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)),
+        chunk(b"IDAT", zlib.compress(raw, 9)),
+        chunk(b"IEND", b""))), "the plot")
 
 
 def write_loss_plot(path: str, losses: list[float]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ..outputs import write_file
+
 PHASES_THREAD, LAUNCHES_THREAD = 0, 1
 
 
@@ -32,6 +34,5 @@ def chrome_trace(timings: list, backend: str = "") -> list[dict]:
 
 
 def write_trace(path: str, timings: list, backend: str = "") -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"traceEvents": chrome_trace(timings, backend), "displayTimeUnit": "ms"},
-                  handle)
+    write_file(path, json.dumps({"traceEvents": chrome_trace(timings, backend),
+                                 "displayTimeUnit": "ms"}), "the trace")

@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -88,27 +89,77 @@ def content_key(*parts: str | bytes) -> str:
 def build(source: str, output_name: str, flags=FLAGS, extra: tuple = ()) -> Path:
     """Compiles `source` (C++ that includes the emitted file) for the host, once per content:
     the result is cached under the cache folder by a hash of the source, the headers, the
-    flags and the compiler's version."""
+    flags and the compiler's version, with its size and SHA-256 recorded beside it. A cached
+    file that does not match its record (cut short, overwritten, the record lost) is built
+    again, never loaded: a truncated library would fail dlopen or end in SIGBUS."""
     headers = b"".join(p.read_bytes() for p in header_files())
     key = content_key(source, headers, " ".join((*flags, *extra)), _compiler_version())
     base = cache_dir()
     folder = (base / "emulated") if base is not None else Path(tempfile.gettempdir()) / "cgc-emulated"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{output_name}-{key}{'.so' if '-shared' in flags else ''}"
-    if target.exists():
+    if _intact(target):
         return target
-    with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
-        path = Path(scratch) / f"{output_name}.cpp"
-        path.write_text(source, encoding="utf-8")
-        built = Path(scratch) / target.name
-        command = [COMPILER, *flags, *extra, f"-I{HEADERS}", "-x", "c++", str(path),
-                   "-o", str(built)]
-        result = subprocess.run(command, capture_output=True, text=True)
+    # Built under a temporary name in the cache folder itself, so that the rename that
+    # installs it never crosses file systems (TMPDIR on another one: EXDEV).
+    # (A name only: the linker makes the file, with an executable's mode.)
+    built = str(folder / f".{target.name}.{os.getpid()}-{secrets.token_hex(6)}.cgc-tmp")
+    try:
+        with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
+            path = Path(scratch) / f"{output_name}.cpp"
+            path.write_text(source, encoding="utf-8")
+            command = [COMPILER, *flags, *extra, f"-I{HEADERS}", "-x", "c++", str(path),
+                       "-o", built]
+            result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
                               + result.stderr[-20000:])
+        record = _record(built)
         os.replace(built, target)  # atomic: a half-written library is never found
+    finally:
+        if os.path.exists(built):
+            os.unlink(built)
+    # The record second: a reader that finds the file without it (or with another build's)
+    # builds again rather than trust it.
+    from ...outputs import write_file
+    write_file(_record_path(target), record)
     return target
+
+
+_RECORD_BYTES = 128  # "SIZE SHA256\n": a record longer than this is not one
+
+
+def _record_path(target: Path) -> str:
+    return f"{target}.sha256"
+
+
+def _record(path: str | Path) -> str:
+    """The size and SHA-256 of a built file, as its record holds them."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return f"{size} {digest.hexdigest()}\n"
+
+
+def _intact(target: Path) -> bool:
+    """Whether the cache holds `target` whole: a regular file of the size and SHA-256 its
+    record says (the record read only if it is a small regular file)."""
+    import stat
+    try:
+        found = os.lstat(target)
+        recorded = os.lstat(_record_path(target))
+        if not (stat.S_ISREG(found.st_mode) and stat.S_ISREG(recorded.st_mode)) or \
+                recorded.st_size > _RECORD_BYTES:
+            return False
+        with open(_record_path(target), encoding="ascii", errors="replace") as handle:
+            record = handle.read(_RECORD_BYTES)
+        size = int(record.split()[0]) if record.split() else -1
+        return size == found.st_size and _record(target) == record
+    except (OSError, ValueError):
+        return False
 
 
 def entry_points(program, prefix: str, grid_for_libraries: bool) -> list[str]:
