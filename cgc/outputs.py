@@ -286,6 +286,8 @@ def write_file(path: str, data: str | bytes, what: str | None = None) -> None:
                 pass
             raise
         sync_to_disk(os.path.dirname(target))  # the rename itself
+    except BrokenPipeError:  # a pipe's reader left (`-o /dev/stdout | head`): as for print
+        raise
     except OSError as error:
         raise WriteFailed(f"cannot write {_where(path, what)}: {_reason(error)}") from None
 

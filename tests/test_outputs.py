@@ -547,3 +547,14 @@ def test_doc_gives_every_source_its_own_page_and_leaves_the_index_alone(folder, 
         assert len(holders) == 1, (name, holders)
         assert f'href="{holders[0]}#{name}"' in index
     assert {"a__b.html", "a__b-2.html", "index-2.html"} <= set(pages)
+
+
+def test_an_output_to_a_pipe_whose_reader_left_is_silent_like_print():
+    """`cgc compile -o /dev/stdout | head -1`: the reader leaves after one line; cgc says
+    nothing and exits 0, as its printed output does (no 'cannot write /dev/stdout')."""
+    done = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -m cgc compile {SCHEDULES / 'train.cg'} -o /dev/stdout"
+                     " | head -c 10 >/dev/null; exit 0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stderr == ""
