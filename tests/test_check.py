@@ -271,8 +271,9 @@ def without_covers(path, image):
 
 
 SHORT = [  # (file edited, its text, the edit, the file checked, image, covered view, before)
-    # AdamW one block short: the final layer norm's parameters and moments never updated;
-    # the copies (the first elements) are whole, so nothing at all was said
+    # AdamW one block short: the layer norms' gains and biases (the banks' last 640 elements)
+    # and their moments never updated; the copies (the first elements) are whole, so
+    # nothing at all was said
     ("optimizer.cg", "(naturalDivideCeiling (cgCount (cgBankAll cgBankP)) 1024)",
      "(naturalSubtract (naturalDivideCeiling (cgCount (cgBankAll cgBankP)) 1024) 1)",
      "train.cg", "cgImageAdamW", "'cgBankP' through pointer 0 'parameter'", "accepted"),
@@ -285,7 +286,8 @@ SHORT = [  # (file edited, its text, the edit, the file checked, image, covered 
      "train.cg", "cgImageGradientNorm", "'cgGradientNormPartials' through pointer 1", "accepted"),
     # the last row's logits left as logits, which the products then read as their gradient
     # (the loss role catches the loss, but nothing named the gradient)
-    ("library.cg", "(cgLaunch cgImageClassifier cgSeq", "(cgLaunch cgImageClassifier (naturalSubtract cgSeq 1)",
+    ("library.cg", "(cgLaunch cgImageClassifier cgSeq",
+     "(cgLaunch cgImageClassifier (naturalSubtract cgSeq 1)",
      "train.cg", "cgImageClassifier", "'cgLogits' through pointer 0 'logits'", "accepted"),
     # the embedding gradient's last row keeps the previous step's: a warning only
     ("library.cg", "(cgProductWeightSet cgVocab cgWidth cgSeq",
@@ -298,7 +300,8 @@ SHORT = [  # (file edited, its text, the edit, the file checked, image, covered 
     ("library.cg", "(cgSlot (cgScalar 0) (cgCount dst) cgNoSlots)",
      "(cgSlot (cgScalar 0) (naturalSubtract (cgCount dst) 4) cgNoSlots)",
      "library.cg", "cgImageZero", "'cgBankG' through pointer 0 'output'", "warned"),
-    ("library.cg", "(cgLaunch cgImageLayerNorm cgSeq", "(cgLaunch cgImageLayerNorm (naturalSubtract cgSeq 1)",
+    ("library.cg", "(cgLaunch cgImageLayerNorm cgSeq",
+     "(cgLaunch cgImageLayerNorm (naturalSubtract cgSeq 1)",
      "sample.cg", "cgImageLayerNorm", "'cgFinalStatistics' through pointer 1 'statistics'",
      "warned"),
 ]
