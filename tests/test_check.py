@@ -89,13 +89,13 @@ def test_a_vocabulary_the_block_does_not_divide_leaves_a_tail_uncovered(schedule
     # The model's requirement refuses it outright ...
     assert any("the model requires cgVocab (256) to be a multiple of cgThreads (96)" in m
                for m in errors_of(schedules / "backward.cg"))
-    # ... and without the requirement, the checker still sees the uncovered tail.
+    # ... and without the requirement, the checker still sees the uncovered tail: the
+    # cross-entropy backward must write all of the logits' gradient ((covers 0)).
     edit(schedules / "model.cg", "(multiple cgVocab cgThreads)", "")
-    _, _, warnings = checked(schedules / "backward.cg", "tiny")
-    (warning,) = [w for w in warnings if "cgLogitsGradient" in w.message]
-    assert "writes only up to element 65472 of the 65536 of 'cgLogitsGradientSlot'" in \
-        warning.message
-    assert "at least 64 are left untouched" in warning.message
+    (message,) = [m for m in errors_of(schedules / "backward.cg") if "cgLogitsGradient" in m]
+    assert "'cgImageCrossEntropyBackward' must cover all of 'cgLogitsGradientSlot' through " \
+           "pointer 0 'logitsGradient', but this grid reaches only 65472 of its 65536 " \
+           "elements" in message
 
 
 def test_extents_are_checked_at_both_ends_of_a_repeat(schedules):
@@ -248,3 +248,104 @@ def test_a_constant_of_zero_reports_each_declaration_it_breaks_once():
         checked(SCHEDULES / "train.cg", "tiny", cgWidth=0)
     keys = [(d.message, d.span.start if d.span else None) for d in error.value.diagnostics]
     assert len(keys) == len(set(keys)) and len(keys) < 40
+
+
+# ---- what must be written whole (item 8 of issue 21; docs/checker.md, "What covers what") --
+
+def diagnostics_of(path, config="tiny"):
+    """(errors, warnings) the checker gives for `path`, as messages."""
+    try:
+        _, _, warnings = checked(path, config)
+    except CompileError as error:
+        return ([d.message for d in error.diagnostics if d.severity == "error"],
+                [d.message for d in error.diagnostics if d.severity == "warning"])
+    return [], [w.message for w in warnings]
+
+
+def without_covers(path, image):
+    """images.cg with `image`'s (covers ...) clause taken out."""
+    text, count = re.subn(rf"(\nimage {image} .*?)\n  \(covers [0-9 ]+\)", r"\1", path.read_text(),
+                          count=1, flags=re.S)
+    assert count == 1, image
+    path.write_text(text)
+
+
+SHORT = [  # (file edited, its text, the edit, the file checked, image, covered view, before)
+    # AdamW one block short: the layer norms' gains and biases (the banks' last 640 elements)
+    # and their moments never updated; the copies (the first elements) are whole, so
+    # nothing at all was said
+    ("optimizer.cg", "(naturalDivideCeiling (cgCount (cgBankAll cgBankP)) 1024)",
+     "(naturalSubtract (naturalDivideCeiling (cgCount (cgBankAll cgBankP)) 1024) 1)",
+     "train.cg", "cgImageAdamW", "'cgBankP' through pointer 0 'parameter'", "accepted"),
+    # half of the gradient in the norm: the clip factor is wrong, silently
+    ("optimizer.cg", "(cgSlot (cgScalar 0) (cgCount (cgBankAll cgBankG)) cgNoSlots)",
+     "(cgSlot (cgScalar 0) (naturalDivideUnchecked (cgCount (cgBankAll cgBankG)) 2) cgNoSlots)",
+     "train.cg", "cgImageSquareSum", "'cgBankG' through pointer 1 'input'", "accepted"),
+    ("optimizer.cg", "(cgSlot (cgScalar 0) cgNormBlocks cgNoSlots)",
+     "(cgSlot (cgScalar 0) (naturalSubtract cgNormBlocks 1) cgNoSlots)",
+     "train.cg", "cgImageGradientNorm", "'cgGradientNormPartials' through pointer 1", "accepted"),
+    # the last row's logits left as logits, which the products then read as their gradient
+    # (the loss role catches the loss, but nothing named the gradient)
+    ("library.cg", "(cgLaunch cgImageClassifier cgSeq",
+     "(cgLaunch cgImageClassifier (naturalSubtract cgSeq 1)",
+     "train.cg", "cgImageClassifier", "'cgLogits' through pointer 0 'logits'", "accepted"),
+    # the embedding gradient's last row keeps the previous step's: a warning only
+    ("library.cg", "(cgProductWeightSet cgVocab cgWidth cgSeq",
+     "(cgProductWeightSet (naturalSubtract cgVocab 1) cgWidth cgSeq",
+     "train.cg", "cgImageProductWeightSet", "'cgBankG.cgEmbeddingEntry' through pointer 0",
+     "warned"),
+    ("library.cg", "(cgProductDataLow cgSeq cgWidth3 cgWidth qkv",
+     "(cgProductDataLow (naturalSubtract cgSeq 1) cgWidth3 cgWidth qkv",
+     "train.cg", "cgImageProductDataLow", "'cgSavedQkv[layer]' through pointer 0", "warned"),
+    ("library.cg", "(cgSlot (cgScalar 0) (cgCount dst) cgNoSlots)",
+     "(cgSlot (cgScalar 0) (naturalSubtract (cgCount dst) 4) cgNoSlots)",
+     "library.cg", "cgImageZero", "'cgBankG' through pointer 0 'output'", "warned"),
+    ("library.cg", "(cgLaunch cgImageLayerNorm cgSeq",
+     "(cgLaunch cgImageLayerNorm (naturalSubtract cgSeq 1)",
+     "sample.cg", "cgImageLayerNorm", "'cgFinalStatistics' through pointer 1 'statistics'",
+     "warned"),
+]
+
+
+@pytest.mark.parametrize("edited,old,new,file,image,view,before", SHORT,
+                         ids=[f"{c[4]}-{c[3]}" for c in SHORT])
+def test_a_launch_short_of_a_covered_view_is_refused_at_the_launch(
+        schedules, edited, old, new, file, image, view, before):
+    """A grid (or count) short of a view the step needs whole is an error naming that view at
+    the launch; without the image's (covers ...) the same schedule was accepted, or warned
+    about, and nothing refused it for that view."""
+    edit(schedules / edited, old, new)
+    errors, _ = diagnostics_of(schedules / file)
+    assert any(m.startswith(f"'{image}' must cover all of {view}") for m in errors), errors
+    without_covers(schedules / "images.cg", image)
+    errors, warnings = diagnostics_of(schedules / file)
+    label = view.split("'")[1]
+    assert not any(label in m and image in m for m in errors), errors
+    if before == "accepted":
+        assert not any(label in m and image in m for m in warnings), warnings
+    else:
+        assert any(label in m and "writes only up to element" in m for m in warnings), warnings
+
+
+def test_the_checker_reference_lists_what_every_image_covers():
+    """docs/checker.md, "What covers what": a row for every image of schedules/images.cg,
+    its "covers" column exactly the image's (covers ...) pointers, by index and name, and
+    every pointer it says is left uncovered really is."""
+    from conftest import ROOT
+    text = (ROOT / "docs" / "checker.md").read_text(encoding="utf-8")
+    section = text.split("## What covers what", 1)[1].split("\n## ", 1)[0]
+    images = analyse([str(SCHEDULES / "images.cg")]).declarations.images
+    listed = {}
+    for row in (r for r in section.splitlines() if r.startswith("| `cgImage")):
+        names, covers, _, uncovered = [c.strip() for c in row.strip().strip("|").split("|")]
+        for name in re.findall(r"`(cgImage\w+)`", names):
+            assert name not in listed, f"{name} has two rows"
+            listed[name] = (re.findall(r"`(\d+) (\w+)`", covers),
+                            re.findall(r"`(\d+) (\w+)`", uncovered))
+    assert sorted(listed) == sorted(images), "every image has a row, and only images do"
+    for name, (covered, uncovered) in listed.items():
+        image = images[name]
+        assert sorted(int(i) for i, _ in covered) == sorted(image.covers), name
+        for index, pointer in covered + uncovered:
+            assert image.pointers[int(index)].name == pointer, (name, index, pointer)
+        assert not {int(i) for i, _ in uncovered} & set(image.covers), name

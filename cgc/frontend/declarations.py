@@ -366,9 +366,9 @@ class _Elaborator:
             if pointer is None:
                 self.report.error(f"(covers ...) names pointer {index}, which image '{name}' "
                                   "does not declare", span)
-            elif pointer.access == "read" or pointer.extent is None:
+            elif pointer.extent is None:  # (a read may be covered too: a sum over all of it)
                 self.report.error(f"(covers ...) names pointer {index} '{pointer.name}', which "
-                                  "the image does not write with a declared extent", span)
+                                  "has no declared extent", span)
         self.result.images[name] = record
 
     def collective_signature(self, record: ImageDeclaration, declaration: Declaration) -> None:
