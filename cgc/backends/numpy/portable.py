@@ -10,8 +10,10 @@ Two things NumPy leaves to the machine would otherwise change the reference's bi
   AVX-512) are NumPy's own SIMD code, one per instruction set, with different roundings:
   measured, the AVX2 path and the baseline one (NPY_DISABLE_CPU_FEATURES=X86_V3) differ.
 
-So `matmul` (below) makes every sum BLAS computes exact, whatever its order, and the
-functions are evaluated here with only +, -, *, /, rint, trunc, frexp and ldexp on float64,
+So `matmul` (below) gives each element the float32 nearest the exact sum of its products,
+a value no order of addition changes (BLAS's float64 sum, checked against its error bound,
+settles nearly every element; the rest are summed exactly), and the functions are evaluated
+here with only +, -, *, /, rint, trunc, frexp and ldexp on float64,
 operations IEEE 754 defines to the bit (correctly rounded or exact) on every CPU, then rounded
 once to float32. What stays NumPy's: elementwise arithmetic, sqrt, and reductions (`sum`,
 `mean`, `max`), whose order is NumPy's own C (pairwise summation, no multiply to contract),
@@ -33,43 +35,73 @@ INV_LN2 = 1.4426950408889634
 PI = 3.141592653589793
 LN_10000 = 9.210340371976184
 # Taylor coefficients 1/k!: Python's float division is IEEE's, the same everywhere.
-_EXP = tuple(1.0 / math.factorial(k) for k in range(15))
+_EXP = tuple(1.0 / math.factorial(k) for k in range(14))
 
 
 # ---- products ----------------------------------------------------------------------------
 
-def _slices(x: np.ndarray, top: np.ndarray, bits: int):
-    """x (float64, finite) as 2^e (hi + lo 2^-bits) 2^-bits, e per line (`top`: its largest
-    magnitude, below 2^e), hi and lo integers below 2^bits in magnitude, and 2^(e - bits).
-    Exact for every element within 2^-(2 bits - 24) of its line's largest; smaller ones lose
-    their lowest bits (an error below 2^-2bits of the line's largest element)."""
-    _, exponent = np.frexp(top)  # top < 2^exponent; an all-zero line: 0
-    scaled = x * np.ldexp(F64(1), bits - exponent)  # times a power of two: exact
-    hi = np.trunc(scaled)
-    lo = np.trunc((scaled - hi) * F64(2.0 ** bits))  # scaled - hi: the fraction, exact
-    return hi, lo, np.ldexp(F64(1), exponent - bits)
+def _round_exact(products: np.ndarray) -> F32:
+    """The float32 nearest the exact sum of float64 values (ties to even): math.fsum is
+    the float64 nearest it; its residual's sign settles a float64 sum that is itself a
+    float32 midpoint (where rounding twice would go wrong)."""
+    terms = products.tolist()
+    total = math.fsum(terms)
+    nearest = F32(total)
+    if float(nearest) == total or not math.isfinite(total):
+        return nearest
+    other = np.nextafter(nearest, F32(np.inf) if total > float(nearest) else F32(-np.inf))
+    if total - float(nearest) != float(other) - total:  # not a midpoint: nearest is right
+        return nearest
+    residual = math.fsum(terms + [-total])
+    if residual == 0:
+        return nearest
+    return other if (residual > 0) == (float(other) > float(nearest)) else nearest
 
 
-def _finite_product(a: np.ndarray, b: np.ndarray, a_top: np.ndarray,
-                    b_top: np.ndarray) -> np.ndarray:
-    """a @ b of finite float64 operands holding float32 values, in float64, the same bits
-    whatever BLAS does: each operand is cut into two slices of integers below 2^bits (a's per
-    row, b's per column; `a_top`, `b_top`: their largest magnitudes), with
-    2 bits + log2 K <= 53. Every term of a slice product is then an integer, and every partial
-    sum of K of them an integer below 2^53: exactly representable, so each addition BLAS
-    makes, FMA or not, in any order and any split between threads, is exact, and its result
-    the exact sum. The four exact products are combined here, in a fixed order."""
-    depth = a.shape[-1]
-    bits = (53 - max(depth - 1, 1).bit_length()) // 2
-    a_hi, a_lo, a_scale = _slices(a, a_top, bits)  # a_scale: [..., M, 1]
-    b_hi, b_lo, b_scale = _slices(b, b_top, bits)  # b_scale: [..., 1, N]
-    high, low = np.matmul(a_hi, b_hi), np.matmul(a_lo, b_lo)
-    middle = np.matmul(a_hi, b_lo) + np.matmul(a_lo, b_hi)  # each exact: one rounding here
-    units = (middle + low * F64(2.0 ** -bits)) * F64(2.0 ** -bits) + high
-    # times 2^(ea - bits) 2^(eb - bits): powers of two, exact (float32 operands keep every
-    # value above float64's underflow); + 0.0 makes every zero +0, whatever sign of zero a
-    # BLAS kernel's first addition leaves
-    return units * a_scale * b_scale + F64(0)
+def _bit_span(x32: np.ndarray, axis: int) -> np.ndarray:
+    """Per line of float32 values along `axis`: how many bits lie between the lowest set bit
+    of any of them and the highest (every value an integer multiple of 2^low, below
+    2^high). Integer operations on the bit patterns: exact."""
+    bits = x32.view(np.int32) & 0x7FFFFFFF
+    # |x| = whole 2^(max(field, 1) - 150), whole = the fraction and, for a normal x, the
+    # implicit bit 2^23; setting that bit for a subnormal too leaves the lowest set bit as
+    # it is. Its lowest set bit, as a float32 power of two: its exponent field.
+    whole = bits | 0x800000
+    zeros = ((whole & -whole).astype(F32).view(np.int32) >> 23) - 127
+    lowest = np.where(bits != 0, np.maximum(bits >> 23, 1) + zeros, 1 << 20) - 150
+    _, highest = np.frexp(np.abs(x32).max(axis=axis, keepdims=True))
+    low = lowest.min(axis=axis, keepdims=True)
+    return np.maximum(highest - low, 0)
+
+
+def _finite_product(a32: np.ndarray, b32: np.ndarray) -> np.ndarray:
+    """a @ b of finite float32 operands: the float32 nearest each exact sum of products,
+    whatever order BLAS adds them in. Products of float32 values are exact in float64, so
+    BLAS's float64 sum C of K of them, in any order and any split between threads, FMA or
+    not, is within gamma_(K-1) T of the exact sum x (T = sum |a||b|, gamma_n = n u / (1 - n u),
+    u = 2^-53: Higham, Accuracy and Stability, 3.1). T comes from a float32 product of |a|
+    and |b| (its own error, gamma32_K T plus K 2^-150 for underflow, in any order), and
+    E = (T32 + K 2^-149) (K + 2) 2^-52 bounds |C - x| with room for the roundings of
+    C - E and C + E. Where both round to the same float32, so does x, between them (rounding
+    is monotonic). Where they differ, x is near a float32 rounding boundary: often exactly on
+    one (operands of few bits: bfloat16 values), and then C is x itself when the row's and
+    the column's bits, with K's, fit in 53 (every partial sum an exact integer of units);
+    the rest are summed exactly (_round_exact)."""
+    depth = a32.shape[-1]
+    total = np.matmul(a32.astype(F64), b32.astype(F64))
+    exact = _bit_span(a32, -1) + _bit_span(b32, -2) + (depth - 1).bit_length() <= 53
+    result = total.astype(F32)
+    if exact.all():
+        return result + F32(0)
+    bound = np.matmul(np.abs(a32), np.abs(b32), dtype=F32).astype(F64)
+    bound = (bound + depth * 2.0 ** -149) * ((depth + 2) * 2.0 ** -52)
+    uncertain = ((total - bound).astype(F32) != (total + bound).astype(F32)) & ~exact
+    if uncertain.any():
+        a64, b64 = np.broadcast_arrays(a32[..., :, None, :].astype(F64),
+                                       np.swapaxes(b32, -1, -2)[..., None, :, :].astype(F64))
+        for where in zip(*np.nonzero(uncertain)):
+            result[where] = _round_exact(a64[where] * b64[where])
+    return result + F32(0)  # + 0: every zero +0, whatever sign of zero BLAS's sum leaves
 
 
 def _nonfinite(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> np.ndarray:
@@ -97,21 +129,17 @@ def _nonfinite(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> np.ndarray:
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul(a, b) of float32 operands (batched on leading axes, as np.matmul), rounded
-    once to float32 from float64: the same bits with any BLAS, kernel or thread count."""
-    a, b = np.asarray(a, dtype=F64), np.asarray(b, dtype=F64)
+    """np.matmul(a, b) of float32 operands (batched on leading axes, as np.matmul): each
+    element the float32 nearest the exact sum of its products, so the same bits with any
+    BLAS, kernel or thread count (IEEE's Inf and NaN where a term is not finite)."""
+    a, b = np.asarray(a, dtype=F32), np.asarray(b, dtype=F32)
     if a.shape[-1] == 0:
-        return np.matmul(a, b).astype(F32)
-    a_top = np.abs(a).max(axis=-1, keepdims=True)  # NaN where a line holds a NaN
-    b_top = np.abs(b).max(axis=-2, keepdims=True)
-    if np.isfinite(a_top).all() and np.isfinite(b_top).all():
-        return _finite_product(a, b, a_top, b_top).astype(F32)
-    finite_a, finite_b = np.where(np.isfinite(a), a, 0), np.where(np.isfinite(b), b, 0)
-    product = _finite_product(finite_a, finite_b,
-                              np.abs(finite_a).max(axis=-1, keepdims=True),
-                              np.abs(finite_b).max(axis=-2, keepdims=True))
+        return np.matmul(a, b) + F32(0)
+    if np.isfinite(a).all() and np.isfinite(b).all():
+        return _finite_product(a, b)
     with np.errstate(invalid="ignore"):
-        return _nonfinite(a, b, product).astype(F32)
+        finite = _finite_product(np.where(np.isfinite(a), a, 0), np.where(np.isfinite(b), b, 0))
+        return _nonfinite(a, b, finite.astype(F64)).astype(F32)
 
 
 # ---- functions ---------------------------------------------------------------------------
@@ -119,16 +147,22 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _horner(x: np.ndarray, coefficients) -> np.ndarray:
     result = np.full_like(x, coefficients[-1])
     for c in reversed(coefficients[:-1]):
-        result = result * x + F64(c)
+        result *= x
+        result += c
     return result
 
 
+def _power_of_two(n: np.ndarray) -> np.ndarray:
+    """2.0^n of integer-valued float64 n, -1022 <= n <= 1023, from its bit pattern."""
+    return ((n.astype(np.int64) + 1023) << 52).view(F64)
+
+
 def _exp64(x: np.ndarray) -> np.ndarray:
-    """e^x for finite float64 |x| <= 800: x = n ln 2 + r, |r| <= ln2 / 2, e^r by its Taylor
-    series to r^14 (relative error below 2^-60), times 2^n exactly."""
+    """e^x for finite float64 |x| <= 700: x = n ln 2 + r, |r| <= ln2 / 2, e^r by its Taylor
+    series to r^13 (relative error below 2^-55), times 2^n exactly."""
     n = np.rint(x * INV_LN2)
     r = (x - n * LN2_HI) - n * LN2_LO
-    return np.ldexp(_horner(r, _EXP), n.astype(np.int64))
+    return _horner(r, _EXP) * _power_of_two(n)
 
 
 def _expm1_64(y: np.ndarray) -> np.ndarray:
@@ -158,7 +192,7 @@ def exp2(x) -> np.ndarray:
     x = np.clip(x, -200, 200)
     n = np.rint(x)
     with np.errstate(over="ignore"):
-        result = np.ldexp(_horner((x - n) * LN2, _EXP), n.astype(np.int64)).astype(F32)
+        result = (_horner((x - n) * LN2, _EXP) * _power_of_two(n)).astype(F32)
     return np.where(nan, F32(np.nan), result)
 
 
