@@ -108,8 +108,8 @@ def _assert_same_training(ranks: dict, whole: dict) -> None:
         # ... and none further than 2e-5 (a 450th of the move): where a gradient's terms
         # nearly cancel, g is of the order of its rounding dg, and Adam's step on it, whose
         # slope in g is lr eps / (|g| + eps)^2 <= lr / eps, moves by up to lr dg / eps per
-        # step (at most 2 lr, a sign flip): with dg = 3u T, 2e-5 holds sums of terms up to
-        # T = 4e-4 in magnitude, a gradient element's terms here being 1/128th of a row's.
+        # step (at most 2 lr, a sign flip): with dg = 3u T, 0.054 T a step, so 2e-5 holds, over
+        # the three steps, sums of terms up to T = 1.2e-4 (each term 1/128th of a row's).
         # Measured: at most 2.9e-7 (cgProjWeight, numpy backend; 6.3e-6 before its products
         # were exactly rounded), 1.8e-6 (emulated).
         difference = float(np.abs(ours - values).max())
