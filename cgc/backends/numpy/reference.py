@@ -1,8 +1,9 @@
 """Reference semantics of every kernel image, in NumPy: the living definition of what each
 image computes. Arithmetic is float32; values stored in the low type are rounded to it as
 they are written (cgc/numerics.py). Products and exp, log, tanh, powers, cos and sin go
-through portable.py: each the float32 nearest its exact value, the same bits on every
-machine (NumPy's own would follow the BLAS threads and the CPU's SIMD path). Each function receives a Kernel (cgc/machine.py) and
+through portable.py (a product: the float32 nearest its exact sum; a function: float64
+from IEEE's basic operations, rounded once), the same bits on every machine (NumPy's own
+follow the BLAS threads and the CPU's SIMD path). Each function receives a Kernel (cgc/machine.py) and
 touches memory only through its pointers, as the CUDA kernel would: rows from the grid,
 the model's own dimensions guarded.
 """
