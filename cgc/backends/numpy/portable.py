@@ -13,11 +13,12 @@ Two things NumPy leaves to the machine would otherwise change the reference's bi
 So `matmul` (below) gives each element the float32 nearest the exact sum of its products,
 a value no order of addition changes (BLAS's float64 sum, checked against its error bound,
 settles nearly every element; the rest are summed exactly), and the functions are evaluated
-here with only +, -, *, /, rint, trunc, frexp and ldexp on float64,
-operations IEEE 754 defines to the bit (correctly rounded or exact) on every CPU, then rounded
+here with only +, -, *, /, rint and frexp on float64 and integer operations on bit patterns,
+which IEEE 754 defines to the bit (correctly rounded or exact) on every CPU, then rounded
 once to float32. What stays NumPy's: elementwise arithmetic, sqrt, and reductions (`sum`,
 `mean`, `max`), whose order is NumPy's own C (pairwise summation, no multiply to contract),
-the same on every SIMD path (tests/test_reference.py runs them with the SIMD paths disabled).
+the same on every SIMD path (tests/test_portable.py runs a step with NumPy's SIMD paths
+disabled, and with other BLAS kernels and thread counts: the same dump bytes).
 """
 
 from __future__ import annotations
