@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import cgc  # noqa: F401  first: sets NumPy's BLAS threads before any test loads NumPy
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ROOT / "schedules"
 SEED_DIR = ROOT / "tests" / "seed"  # the seed excerpt, kept in the repository (tests/seed/README.md)

@@ -325,13 +325,20 @@ def test_no_count_in_cli_output_has_a_fixed_plural():
 # ---- Ctrl-C during `cgc run` ---------------------------------------------------------------
 
 
+def _sigint_as_a_terminal_gives_it():
+    """A suite started in the background (`&`, nohup) inherits SIGINT ignored, and a process
+    started so keeps ignoring it (POSIX; Python installs its Ctrl-C handler only where SIGINT
+    is not ignored): the run this test interrupts gets SIGINT's default, as from a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_a_run_after_the_step_under_way(tmp_path):
     plot_path, trace = tmp_path / "loss.png", tmp_path / "trace.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "cgc", "run", "schedules/train.cg", "--backend", "numpy",
          "--steps", "500", "--plot", str(plot_path), "--trace", str(trace)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_sigint_as_a_terminal_gives_it)
     lines, deadline = [], time.monotonic() + 60
     try:
         while sum(line.startswith("step ") for line in lines) < 2:

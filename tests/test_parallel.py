@@ -78,22 +78,40 @@ def _assert_same_training(ranks: dict, whole: dict) -> None:
             # a bool, not the bytes: pytest would diff two long byte strings (for minutes)
             same = values.tobytes() == first[name].tobytes()
             assert same, f"rank {rank} parts on {name}"
-    # The mean loss of each step: the rows' losses differ by rounding alone (the parameters
-    # they are computed from drift by rounding from step 2 on), 1e-6 relative.
+    # What differs between the two trainings: only sums over rows. Each row's own arithmetic
+    # is the same bits whatever the batch (on the numpy backend every product is the float32
+    # nearest its exact sum: portable.matmul), and the scales 1/128, 1/64 and 1/2 are exact.
+    # A weight gradient is one float32 sum of 128 row terms on one rank against two of 64,
+    # added and halved: each sum within u T of its exact value (u = 2^-24, T the terms'
+    # magnitudes; Higham 3.1), so |dg| <= 3u T. The clip factor comes from the norm's float64
+    # sum of squares rounded to float32: relative u. The mean loss of step 1 is then the
+    # same rows' losses averaged two ways (relative u); from step 2 on, the parameters below
+    # differ by an ulp or two, and so the losses by a few u: 1e-6 (17 u), with room for the
+    # emulated backend's float32 products (measured on the numpy backend: 3e-9).
     np.testing.assert_allclose(first["losses"], whole["losses"], rtol=1e-6)
     move = LEARNING_RATE * STEPS  # the most AdamW moves a parameter in STEPS steps, about
     for name, values in whole.items():
         if not name.startswith("parameters/"):
             continue
         ours = first[name]
-        # Nearly every parameter within 2 float32 ulps or a 1e-5th of that move (measured:
-        # at least 99.5% of every entry, on both backends) ...
+        # AdamW's step is lr m^/(sqrt(v^) + eps), m and v the gradient's running mean and
+        # mean square: a relative change of the gradient (the clip's u) scales m^ and
+        # sqrt(v^) alike and leaves the step to its own rounding, a few u lr. So where a
+        # gradient is far above eps = 1e-8 and above its own rounding 3u T, the parameters
+        # part by their own rounding after each step (1 ulp a step, that mostly rounds the
+        # same way: 2 ulps, rtol 2^-22) or a few u lr STEPS (5e-10, inside atol = 1e-5 move).
+        # Nearly every element is such (measured: 99.996% of each entry on the numpy
+        # backend, at least 99.5% on the emulated one, whose products differ by a few ulp
+        # with the batch) ...
         close = np.isclose(ours, values, rtol=2.4e-7, atol=1e-5 * move)
         assert np.mean(close) >= 0.99, (name, float(np.mean(close)))
-        # ... and none further than 2e-5 (a 450th of the move): AdamW divides each gradient
-        # by its own running magnitude, so where a gradient's terms nearly cancel, rounding
-        # in its sum moves the update by a visible fraction of a step. Measured: at most
-        # 6.3e-6 (cgProjWeight, numpy backend), 1.8e-6 (emulated).
+        # ... and none further than 2e-5 (a 450th of the move): where a gradient's terms
+        # nearly cancel, g is of the order of its rounding dg, and Adam's step on it, whose
+        # slope in g is lr eps / (|g| + eps)^2 <= lr / eps, moves by up to lr dg / eps per
+        # step (at most 2 lr, a sign flip): with dg = 3u T, 0.054 T a step, so 2e-5 holds, over
+        # the three steps, sums of terms up to T = 1.2e-4 (each term 1/128th of a row's).
+        # Measured: at most 2.9e-7 (cgProjWeight, numpy backend; 6.3e-6 before its products
+        # were exactly rounded), 1.8e-6 (emulated).
         difference = float(np.abs(ours - values).max())
         assert difference <= 2e-5, (name, difference)
 

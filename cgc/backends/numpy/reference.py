@@ -1,6 +1,9 @@
 """Reference semantics of every kernel image, in NumPy: the living definition of what each
 image computes. Arithmetic is float32; values stored in the low type are rounded to it as
-they are written (cgc/numerics.py). Each function receives a Kernel (cgc/machine.py) and
+they are written (cgc/numerics.py). Products and exp, log, tanh, powers, cos and sin go
+through portable.py (a product: the float32 nearest its exact sum; a function: float64
+from IEEE's basic operations, rounded once), the same bits on every machine (NumPy's own
+follow the BLAS threads and the CPU's SIMD path). Each function receives a Kernel (cgc/machine.py) and
 touches memory only through its pointers, as the CUDA kernel would: rows from the grid,
 the model's own dimensions guarded.
 """
@@ -11,6 +14,7 @@ import math
 
 import numpy as np
 
+from . import portable
 from .machine import Fault, Kernel
 
 F32 = np.float32
@@ -86,7 +90,7 @@ def _operands(k: Kernel, transposed: bool, weight: bool):
     a = a.reshape(depth, m).T if weight else a.reshape(m, depth)
     b = k.pointers["b"].read(0, depth * n)
     b = b.reshape(n, depth).T if transposed else b.reshape(depth, n)
-    return np.matmul(a, b, dtype=F32)
+    return portable.matmul(a, b)
 
 
 def product_data(k: Kernel) -> None:
@@ -130,11 +134,11 @@ def _rotary_tables(positions: int, head_width: int):
     """cos and sin of each position's angle for pair i, position * 10000^(-2i/D), as the
     kernels' rotary_angle computes them: the angle in half-turns (over pi), in float32."""
     half = head_width // 2
-    frequencies = np.power(F32(10000), -np.arange(half, dtype=F32) * F32(2) / F32(head_width))
+    frequencies = portable.power_of_10000(-np.arange(half, dtype=F32) * F32(2)
+                                          / F32(head_width))
     per_position = (frequencies * F32(1 / math.pi)).astype(F32)
     turns = (np.arange(positions, dtype=F32)[:, None] * per_position[None, :]).astype(F32)
-    angles = np.pi * turns.astype(np.float64)
-    return np.cos(angles).astype(F32), np.sin(angles).astype(F32)
+    return portable.cos_sin_pi(turns)
 
 
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool = False):
@@ -210,12 +214,13 @@ class _Heads:
         return x.transpose(0, 2, 1, 3).reshape(self.rows, self.width)
 
     def probabilities(self, q, key, lse=None):
-        scores = np.matmul(q, key.transpose(0, 1, 3, 2), dtype=F32) * self.scale
+        scores = portable.matmul(q, key.transpose(0, 1, 3, 2)) * self.scale
         scores = np.where(self.mask, F32(-np.inf), scores)
         if lse is None:
             top = scores.max(axis=-1, keepdims=True)
-            lse = top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True, dtype=F32))
-        return np.exp(scores - lse).astype(F32), lse
+            lse = top + portable.log(portable.exp(scores - top).sum(axis=-1, keepdims=True,
+                                                                 dtype=F32))
+        return portable.exp(scores - lse).astype(F32), lse
 
 
 
@@ -226,7 +231,7 @@ def attention(k: Kernel) -> None:
     q, key, v = heads.split(qkv.reshape(heads.rows, 3 * heads.width))
     probabilities, lse = heads.probabilities(q, key)
     width = heads.head_width
-    heads.write_owned(k, "output", heads.merge(np.matmul(probabilities, v, dtype=F32)),
+    heads.write_owned(k, "output", heads.merge(portable.matmul(probabilities, v)),
                       lambda h: slice(h * width, (h + 1) * width))
     # lse[row, head], rows in order
     heads.write_owned(k, "lse", lse[..., 0].transpose(0, 2, 1).reshape(heads.rows, -1),
@@ -252,13 +257,13 @@ def attention_backward(k: Kernel) -> None:
     delta = k.pointers["delta"].read(0, rows * count).reshape(
         heads.sequences, heads.context, count).transpose(0, 2, 1)[..., None]
     probabilities, _ = heads.probabilities(q, key, lse)
-    dv = np.matmul(probabilities.transpose(0, 1, 3, 2), d_out, dtype=F32)
-    dprobabilities = np.matmul(d_out, v.transpose(0, 1, 3, 2), dtype=F32)
+    dv = portable.matmul(probabilities.transpose(0, 1, 3, 2), d_out)
+    dprobabilities = portable.matmul(d_out, v.transpose(0, 1, 3, 2))
     dscores = probabilities * (dprobabilities - delta) * heads.scale
     # the gradients at the turned q and k, turned back: at the unturned ones
     cos, sin = _rotary_tables(heads.context, heads.head_width)
-    dq = _rotate(np.matmul(dscores, key, dtype=F32), cos, sin, inverse=True)
-    dkey = _rotate(np.matmul(dscores.transpose(0, 1, 3, 2), q, dtype=F32), cos, sin,
+    dq = _rotate(portable.matmul(dscores, key), cos, sin, inverse=True)
+    dkey = _rotate(portable.matmul(dscores.transpose(0, 1, 3, 2), q), cos, sin,
                    inverse=True)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
     d = heads.head_width
@@ -275,12 +280,12 @@ def _elementwise_count(k: Kernel, per_block: int) -> int:
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh form, in float32: the kernels' gelu_forward and cuBLASLt's GELU epilogue."""
-    return F32(0.5) * x * (F32(1) + np.tanh(_GELU * (x + F32(0.044715) * x * x * x)))
+    return F32(0.5) * x * (F32(1) + portable.tanh(_GELU * (x + F32(0.044715) * x * x * x)))
 
 
 def _gelu_slope(x: np.ndarray) -> np.ndarray:
     """GELU'(x), tanh form, in float32: the kernels' gelu_slope and cuBLASLt's DGELU."""
-    t = np.tanh(_GELU * (x + F32(0.044715) * x * x * x))
+    t = portable.tanh(_GELU * (x + F32(0.044715) * x * x * x))
     return F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * _GELU * \
         (F32(1) + F32(3 * 0.044715) * x * x)
 
@@ -310,7 +315,7 @@ def loss(k: Kernel) -> None:
         raise Fault("data", f"a target is past the vocabulary ({vocab})")
     counted = (targets >= 0) & (targets != k.scalars["ignoreIndex"])
     top = logits.max(axis=1)
-    lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
+    lse = top + portable.log(portable.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
     safe = np.where(counted, targets, 0)
     target_logit = logits[np.arange(rows), safe]
     k.pointers["loss"].write(0, np.where(counted, lse - target_logit, F32(0)))
@@ -331,7 +336,7 @@ def cross_entropy_backward(k: Kernel) -> None:
     safe = np.where(counted, targets, 0)
     lse = row_loss + logits[np.arange(rows), safe]
     exponent = (logits - lse[:, None]) * F32(k.scalars["log2e"])
-    gradient = np.exp2(exponent).astype(F32)
+    gradient = portable.exp2(exponent).astype(F32)
     gradient[np.arange(rows), safe] -= F32(1)
     gradient = np.where(counted[:, None], gradient * F32(k.scalars["scale"]), F32(0))
     out = k.pointers["logitsGradient"]
@@ -351,12 +356,12 @@ def classifier(k: Kernel) -> None:
     targets = k.pointers["targets"].read(0, rows).astype(np.int64)
     counted = (targets >= 0) & (targets != k.scalars["ignoreIndex"]) & (targets < vocab)
     top = logits.max(axis=1)
-    lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
+    lse = top + portable.log(portable.exp(logits - top[:, None]).sum(axis=1, dtype=F32))
     safe = np.where(counted, targets, 0)
     everywhere = np.arange(rows)
     k.pointers["loss"].write(0, np.where(counted, lse - logits[everywhere, safe], F32(0)))
     k.pointers["correct"].write(0, (counted & (logits.argmax(axis=1) == safe)).astype(np.int32))
-    gradient = np.exp(logits - lse[:, None]).astype(F32)
+    gradient = portable.exp(logits - lse[:, None]).astype(F32)
     gradient[everywhere, safe] -= F32(1)
     gradient = np.where(counted[:, None], gradient * F32(k.scalars["scale"]), F32(0))
     k.pointers["logits"].write(0, gradient)
@@ -436,8 +441,8 @@ def adamw(k: Kernel) -> None:
     m = beta1 * k.pointers["moment1"].read(0, n) + (F32(1) - beta1) * gradient
     v = beta2 * k.pointers["moment2"].read(0, n) + (F32(1) - beta2) * gradient * gradient
     rate = F32(k.pointers["learningRate"].read(0, 1)[0])
-    correction1 = F32(1) - beta1 ** step
-    correction2 = F32(1) - beta2 ** step
+    correction1 = F32(1) - portable.power(beta1, step)
+    correction2 = F32(1) - portable.power(beta2, step)
     decay = np.where(np.arange(n) < matrices, F32(1) - rate * F32(s["weightDecay"]), F32(1))
     parameter = k.pointers["parameter"].read(0, n) * decay.astype(F32)
     denominator = np.sqrt(v) / np.sqrt(correction2) + F32(s["epsilon"])
