@@ -18,17 +18,24 @@ Two campaigns share the mutations and the judging:
   index moved, a scalar's value changed, a launch put in another phase or in none), removed
   launches (a launch, or one side of a `cgThen`, replaced by `cgNothing`), reordered launches
   (the two sides of a `cgThen` swapped, or two neighbours), storage sizes (-1, /2, a stack
-  one item short), pairs of those, and constants (random small values of the model's shape,
-  as `--set` does); and random well-typed schedules (scripts/random_schedules.py). Each is
-  judged by the checker, by ground truth 1, and by ground truth 2: the emitted kernels run
-  on the CPU under AddressSanitizer and UndefinedBehaviorSanitizer, each launch fenced to
-  the views it binds, its outputs poisoned (scripts/ground_truth_emulated.py). The run's
+  one item short), write extents shortened (a grid dimension or scalar that a write-only
+  pointer's extent depends on taken to three quarters, a count to 16), slot lifetimes moved
+  (an arena slot renamed to another, or two exchanged, throughout one definition), pairs of
+  those, and constants (random small values of the model's shape, as `--set` does); and
+  random well-typed schedules (scripts/random_schedules.py). Each is judged by the checker,
+  by ground truth 1, by the values ground truth (ground truth 1 on the memory plan's shared
+  arena against ground truth 1 with a slot each: the reference is deterministic, so where
+  nothing read is another slot's leftover the two end with the same bits), and by ground
+  truth 2: the emitted kernels run on the CPU under AddressSanitizer and
+  UndefinedBehaviorSanitizer, each launch fenced to the views it binds, its outputs
+  poisoned (scripts/ground_truth_emulated.py). The run's
   tables are in docs/checker.md, its figures in docs/benchmarks.md. `--report RECORDS`
   prints the tables again from a run's `--records`.
 
 A FALSE ACCEPT is a variant the checker accepts and a ground truth faults on (a memory
-fault of the NumPy machine: bounds, extent, slot, alias or permission; or a sanitizer
-report, a kernel fault or a failed launch of the emitted code). What the machines see
+fault of the NumPy machine: bounds, extent, slot, alias or permission; results of the
+shared arena that differ from those of a slot each; or a sanitizer report, a kernel fault
+or a failed launch of the emitted code). What the machines see
 besides is reported apart: a value no launch wrote reaching the results (the poison), data
 the reference refuses, constants the kernels do not compile for. Rejects are classified by
 the checker's rule and by what confirms them; the machines do not see everything the
@@ -876,8 +883,9 @@ class Lane:
     and its own ground-truth-2 workers."""
 
     def __init__(self, seed: int, pairs: int, libraries: dict, emulated: bool, budget: float,
-                 threads: int, scratch: str | None = None):
+                 threads: int, scratch: str | None = None, values: str = "all"):
         self.seed = seed
+        self.values = values  # the values ground truth on "all" safe variants, or "accepted"
         self.modules, self.mutants = {}, {}
         for schedule, entry in SCHEDULES:
             path = os.path.join(ROOT, "schedules", schedule)
@@ -939,7 +947,7 @@ class Lane:
         record["gt1"], record["gt1_why"] = ground_truth_1(program, parameters,
                                                           machines=machines)
         record["gt1_seconds"] = time.perf_counter() - started
-        if record["gt1"] == "safe":
+        if record["gt1"] == "safe" and (self.values == "all" or verdict == "accepted"):
             record["values"], record["values_why"] = ground_truth_values(
                 program, parameters, machines[0])
         else:
@@ -967,10 +975,10 @@ class Lane:
 _LANE: Lane | None = None
 
 
-def _lane_start(seed, pairs, libraries, emulated, budget, threads, scratch):
+def _lane_start(seed, pairs, libraries, emulated, budget, threads, scratch, values):
     global _LANE
     from multiprocessing.util import Finalize
-    _LANE = Lane(seed, pairs, libraries, emulated, budget, threads, scratch)
+    _LANE = Lane(seed, pairs, libraries, emulated, budget, threads, scratch, values)
     Finalize(_LANE, _LANE.close, exitpriority=10)  # its workers stopped as the pool closes
 
 
@@ -985,17 +993,19 @@ def _lane_judge(case: Case) -> dict:
                 "trace": traceback.format_exc()[-2000:], "gt1": "not run", "gt2": "not run"}
 
 
-def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int) -> list[Case]:
+def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int,
+          kinds: tuple | None = None) -> list[Case]:
     """Every case of the campaign: the mutants of each schedule (a sample of `limit` of them
-    in all, spread over the schedules in proportion), constant mutants of each schedule, and
-    random schedules."""
+    in all, spread over the schedules in proportion; only those of `kinds` where given),
+    constant mutants of each schedule, and random schedules."""
     found: list[Case] = []
     syntax = []
     for schedule, entry in SCHEDULES:
         path = os.path.join(ROOT, "schedules", schedule)
         modules = load([path], Reporter())
         for index, variant in enumerate(schedule_mutants(schedule, entry, modules, seed, pairs)):
-            syntax.append((schedule, entry, variant.kind, variant.description, index))
+            if kinds is None or variant.kind in kinds:
+                syntax.append((schedule, entry, variant.kind, variant.description, index))
     if limit is not None and len(syntax) > limit:
         syntax = sorted(random.Random(seed).sample(syntax, limit), key=lambda s: s[4])
     for schedule, entry, kind, description, index in syntax:
@@ -1074,12 +1084,15 @@ def build_libraries(override_sets: list[dict], jobs: int, out) -> dict:
 def campaign(seed: int = 0, limit: int | None = None, randoms: int = 500, constants: int = 40,
              pairs: int = 1200, jobs: int = 2, emulated: bool = True, budget: float = 60.0,
              out=sys.stdout, records_path: str | None = None, progress: bool = False,
-             emulated_limit: int | None = None) -> dict:
+             emulated_limit: int | None = None, values: str = "all",
+             kinds: tuple | None = None) -> dict:
     """The whole campaign; returns the summary (and prints the tables). `emulated_limit`:
-    ground truth 2 judges only a random sample of that many variants (all: None)."""
+    ground truth 2 judges only a random sample of that many variants (all: None).
+    `values`: the values ground truth on every variant GT1 runs safely ("all"), or on the
+    accepted ones only ("accepted": all that false accepts need)."""
     import multiprocessing
     started = time.perf_counter()
-    found = cases(seed, limit, randoms, constants, pairs)
+    found = cases(seed, limit, randoms, constants, pairs, kinds)
     if emulated_limit is not None and emulated_limit < len(found):
         chosen = set(random.Random(seed + 1).sample(range(len(found)), emulated_limit))
         for case in found:
@@ -1095,7 +1108,7 @@ def campaign(seed: int = 0, limit: int | None = None, randoms: int = 500, consta
     scratch = tempfile.TemporaryDirectory(prefix="cgc-random-")
     try:
         with context.Pool(jobs, _lane_start, (seed, pairs, libraries, emulated, budget,
-                                              threads, scratch.name)) as pool:
+                                              threads, scratch.name, values)) as pool:
             for count, record in enumerate(pool.imap_unordered(_lane_judge, order, chunksize=4),
                                            1):
                 records.append(record)
@@ -1337,6 +1350,11 @@ def main() -> int:
     parser.add_argument("--no-emulated", action="store_true", help="ground truth 1 only")
     parser.add_argument("--emulated-limit", type=int,
                         help="ground truth 2 on a random sample of this many variants only")
+    parser.add_argument("--values", choices=("all", "accepted"), default="all",
+                        help="the values ground truth (shared arena against a slot each) on "
+                             "every variant GT1 runs safely, or on the accepted ones only")
+    parser.add_argument("--kinds", help="only the mutants of these kinds, by commas (extent,"
+                                        "lifetime): a slice that exercises them")
     parser.add_argument("--records", help="write every variant's verdicts here (JSON lines)")
     parser.add_argument("--report", metavar="RECORDS",
                         help="print the tables of a campaign's records again, and exit")
@@ -1355,7 +1373,8 @@ def main() -> int:
         return 1 if table["accepted but faulted (FALSE ACCEPT)"] else 0
     summary = campaign(args.seed, args.limit, args.random, args.constants, args.pairs, args.jobs,
                        not args.no_emulated, args.budget, records_path=args.records,
-                       progress=True, emulated_limit=args.emulated_limit)
+                       progress=True, emulated_limit=args.emulated_limit, values=args.values,
+                       kinds=tuple(args.kinds.split(",")) if args.kinds else None)
     return 1 if summary["false accepts"] or summary["errors"] else 0
 
 
