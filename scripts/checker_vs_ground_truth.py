@@ -18,17 +18,24 @@ Two campaigns share the mutations and the judging:
   index moved, a scalar's value changed, a launch put in another phase or in none), removed
   launches (a launch, or one side of a `cgThen`, replaced by `cgNothing`), reordered launches
   (the two sides of a `cgThen` swapped, or two neighbours), storage sizes (-1, /2, a stack
-  one item short), pairs of those, and constants (random small values of the model's shape,
-  as `--set` does); and random well-typed schedules (scripts/random_schedules.py). Each is
-  judged by the checker, by ground truth 1, and by ground truth 2: the emitted kernels run
-  on the CPU under AddressSanitizer and UndefinedBehaviorSanitizer, each launch fenced to
-  the views it binds, its outputs poisoned (scripts/ground_truth_emulated.py). The run's
+  one item short), write extents shortened (a grid dimension or scalar that a write-only
+  pointer's extent depends on taken to three quarters, a count to 16), slot lifetimes moved
+  (an arena slot renamed to another, or two exchanged, throughout one definition), pairs of
+  those, and constants (random small values of the model's shape, as `--set` does); and
+  random well-typed schedules (scripts/random_schedules.py). Each is judged by the checker,
+  by ground truth 1, by the values ground truth (ground truth 1 on the memory plan's shared
+  arena against ground truth 1 with a slot each: the reference is deterministic, so where
+  nothing read is another slot's leftover the two end with the same bits), and by ground
+  truth 2: the emitted kernels run on the CPU under AddressSanitizer and
+  UndefinedBehaviorSanitizer, each launch fenced to the views it binds, its outputs
+  poisoned (scripts/ground_truth_emulated.py). The run's
   tables are in docs/checker.md, its figures in docs/benchmarks.md. `--report RECORDS`
   prints the tables again from a run's `--records`.
 
 A FALSE ACCEPT is a variant the checker accepts and a ground truth faults on (a memory
-fault of the NumPy machine: bounds, extent, slot, alias or permission; or a sanitizer
-report, a kernel fault or a failed launch of the emitted code). What the machines see
+fault of the NumPy machine: bounds, extent, slot, alias or permission; results of the
+shared arena that differ from those of a slot each; or a sanitizer report, a kernel fault
+or a failed launch of the emitted code). What the machines see
 besides is reported apart: a value no launch wrote reaching the results (the poison), data
 the reference refuses, constants the kernels do not compile for. Rejects are classified by
 the checker's rule and by what confirms them; the machines do not see everything the
@@ -191,8 +198,8 @@ SCHEDULES = (("train.cg", "cgTrainStep"), ("backward.cg", "cgBackward"),
              ("train_recompute.cg", "cgRecomputeTrainStep"),
              ("train_parallel.cg", "cgTrainParallelStep"), ("sample.cg", "cgSampleStep"))
 MUTATED_FILES = tuple(schedule for schedule, _ in SCHEDULES) + ("library.cg",)
-KINDS = ("grid", "repeat", "binding", "removed", "reordered", "storage", "combined", "constants",
-         "random")
+KINDS = ("grid", "repeat", "binding", "removed", "reordered", "storage", "extent", "lifetime",
+         "combined", "constants", "random")
 # How the second-order mutants are shared among the schedules.
 COMBINED_SHARE = {"train.cg": 0.45, "train_recompute.cg": 0.15, "train_parallel.cg": 0.05,
                   "backward.cg": 0.15, "forward.cg": 0.1, "optimizer.cg": 0.05,
@@ -402,6 +409,8 @@ def mutants(modules: list[Module], entry: str, seed: int, swaps: int = 5) -> lis
                 for other in chooser.sample(others, min(swaps, len(others))):
                     add("binding", f"entry {text} -> {other} in {where}", node,
                         Name(other, node.span))
+    found.extend(_extent_mutants(declarations, reach, kinds))
+    found.extend(_lifetime_mutants(declarations, reach, kinds, chooser))
     used = {node.text for n in reach if kinds.get(n) == "def"
             for node in _walk(declarations[n].terms[1]) if isinstance(node, Name)}
     for name, declaration in declarations.items():
@@ -424,6 +433,122 @@ def mutants(modules: list[Module], entry: str, seed: int, swaps: int = 5) -> lis
                     shorter if c is clause else c for c in declaration.clauses))
                 found.append(Mutant("storage", f"stack of {name} -1",
                                     ((name, None, None, changed),)))
+    return found
+
+
+def _mutated_defs(declarations, reach, kinds):
+    return sorted((declarations[n] for n in reach if kinds.get(n) == "def"
+                   and os.path.basename(declarations[n].span.path) in MUTATED_FILES),
+                  key=lambda d: (d.span.path, d.span.sort_key()))
+
+
+def _write_shapes(image: Declaration) -> tuple[set[int], set[int]]:
+    """(grid axes, scalar indices) that the extent of one of an image's write-only pointers
+    depends on: shrinking one shortens what the launch writes."""
+    scalars = {c.arguments[1].text: c.arguments[0].value for c in image.clauses
+               if c.keyword.text == "scalar" and len(c.arguments) >= 2}
+    axes, indices = set(), set()
+    for clause in image.clauses:
+        if clause.keyword.text != "pointer" or len(clause.arguments) < 5 or \
+                _text(clause.arguments[3]) != "write":
+            continue
+        for node in _walk(clause.arguments[4]):
+            if isinstance(node, Name):
+                if node.text in ("gridX", "gridY", "gridZ"):
+                    axes.add("XYZ".index(node.text[-1]))
+                elif node.text in scalars:
+                    indices.add(scalars[node.text])
+    return axes, indices
+
+
+def _extent_mutants(declarations, reach, kinds) -> list[Mutant]:
+    """A write's extent shortened, the rest of the launch as it was: a grid dimension or a
+    scalar the extent of a write-only pointer depends on taken to three quarters, or a
+    scalar count to 16 (the rest of the output keeps what it held before: the memory plan
+    must keep that alive wherever it is read again)."""
+    found = []
+    libraries = [d for d in declarations.values() if d.kind == "image"
+                 and any(c.keyword.text == "library" for c in d.clauses)]
+    for declaration in _mutated_defs(declarations, reach, kinds):
+        name = declaration.name.text
+        for node in _walk(declaration.terms[1]):
+            if not (isinstance(node, Apply) and isinstance(node.function, Name)
+                    and node.function.text == "cgLaunch" and node.arguments
+                    and isinstance(node.arguments[0], Name)):
+                continue
+            image = declarations.get(node.arguments[0].text)
+            if image is not None and image.kind == "image":
+                axes, indices = _write_shapes(image)
+            else:  # the image is a parameter (the products' one launch): any library image
+                axes, indices = set(), set()
+                for other in libraries:
+                    indices |= _write_shapes(other)[1]
+            span, where = node.span, f"{name} at {node.span}"
+            for axis in sorted(axes):
+                grid = node.arguments[1 + axis]
+                new = _call(span, "naturalDivideUnchecked",
+                            _call(span, "naturalMultiply", grid, Natural(3, span)),
+                            Natural(4, span))
+                found.append(Mutant("extent", f"write shortened: grid {'xyz'[axis]} x3/4 in "
+                                              f"{where}", ((name, 1, grid, new),)))
+            for slot in _walk(node):
+                if not (isinstance(slot, Apply) and isinstance(slot.function, Name)
+                        and slot.function.text == "cgSlot"):
+                    continue
+                index = slot.arguments[0]
+                if not (isinstance(index, Apply) and index.arguments
+                        and isinstance(index.arguments[0], Natural)
+                        and index.arguments[0].value in indices):
+                    continue
+                value, at = slot.arguments[1], slot.span
+                for change, new in (("x3/4", _call(at, "naturalDivideUnchecked", _call(
+                                        at, "naturalMultiply", value, Natural(3, at)),
+                                        Natural(4, at))),
+                                    ("=16", Natural(16, at))):
+                    found.append(Mutant("extent", f"write shortened: scalar "
+                                                  f"{index.arguments[0].value} {change} in "
+                                                  f"{where}", ((name, 1, value, new),)))
+    return found
+
+
+def _renamed(term, mapping: dict):
+    """The term with every name in `mapping` renamed; untouched subterms kept (by identity),
+    so that a second mutation's target can still be found in it."""
+    if isinstance(term, Name):
+        return Name(mapping[term.text], term.span) if term.text in mapping else term
+    if isinstance(term, Apply):
+        function = _renamed(term.function, mapping)
+        arguments = tuple(_renamed(a, mapping) for a in term.arguments)
+        if function is term.function and all(a is b for a, b in zip(arguments, term.arguments)):
+            return term
+        return Apply(function, arguments, term.span)
+    if isinstance(term, Lambda):
+        body = _renamed(term.body, mapping)
+        return term if body is term.body else term._replace(body=body)
+    return term
+
+
+def _lifetime_mutants(declarations, reach, kinds, chooser) -> list[Mutant]:
+    """Slot lifetimes moved: within one definition, every use of an arena slot renamed to
+    another slot of its element type, or two slots' uses exchanged. The definition computes
+    what it did, in other bytes; what it leaves in the slots, and when, changes, and so do
+    the live ranges the memory plan shares the arena by."""
+    found = []
+    arena = {n: d.terms[0].text for n, d in declarations.items() if d.kind == "arena"}
+    for declaration in _mutated_defs(declarations, reach, kinds):
+        name, body = declaration.name.text, declaration.terms[1]
+        used = sorted({node.text for node in _walk(body)
+                       if isinstance(node, Name) and node.text in arena})
+        for slot in used:
+            same = sorted(n for n in arena if arena[n] == arena[slot] and n != slot)
+            for other in chooser.sample(same, min(2, len(same))):
+                mapping = {slot: other, other: slot} if other in used else {slot: other}
+                verb = "exchanged with" if other in used else "renamed"
+                changed = declaration._replace(terms=(declaration.terms[0],
+                                                      _renamed(body, mapping))
+                                               + declaration.terms[2:])
+                found.append(Mutant("lifetime", f"slot {slot} {verb} {other} throughout "
+                                                f"{name}", ((name, None, None, changed),)))
     return found
 
 
@@ -601,10 +726,15 @@ def tokens_for(program, seed: int = 1):
 MEMORY_FAULTS = ("bounds", "extent", "slot", "alias", "permission")
 
 
-def ground_truth_1(program, parameters=None) -> tuple[str, str]:
-    """The NumPy machine: ("safe", "") or ("faulted", "KIND: message")."""
-    plan = plan_memory(program)
+def ground_truth_1(program, parameters=None, share: bool = True, machines=None
+                   ) -> tuple[str, str]:
+    """The NumPy machine: ("safe", "") or ("faulted", "KIND: message"); the machine is
+    appended to `machines`, for its memory to be compared. `share`: the memory plan's
+    shared arena, or a slot each."""
+    plan = plan_memory(program, share=share)
     machine = Machine(program, plan, KERNELS)
+    if machines is not None:
+        machines.append(machine)
     for role, values in zip(("ids", "targets"), tokens_for(program)):
         label = program.roles.get(role)
         if label in program.storages:
@@ -630,6 +760,31 @@ def ground_truth_1(program, parameters=None) -> tuple[str, str]:
         # A reference function whose arithmetic fails on the values (not a checked access).
         return "faulted", f"crash: {type(error).__name__}: {error}"
     return "safe", ""
+
+
+def ground_truth_values(program, parameters, shared: Machine) -> tuple[str, str]:
+    """The values ground truth: the run on the memory plan's shared arena against a run in
+    which every arena slot has bytes of its own. The reference is deterministic, so a
+    program whose meaning fixes its results (nothing it reads is another slot's leftover)
+    ends with the same bits in every bank and step buffer: ("same", ""), or ("differ",
+    what first differs)."""
+    machines = []
+    verdict, why = ground_truth_1(program, parameters, share=False, machines=machines)
+    if verdict != "safe":
+        return "differ", f"the run with a slot each faults where the shared one does not: {why}"
+    private = machines[0]
+    for home in sorted(h for h in shared.memory if h != "arena"):
+        if np.array_equal(shared.memory[home], private.memory[home]):
+            continue
+        for label, storage in program.storages.items():  # which storage, for the message
+            if storage.kind == "arena" or (storage.kind == "bank") != (home != "buffers"):
+                continue
+            a, b = shared.array(label), private.array(label)
+            if a.tobytes() != b.tobytes():
+                count = int(np.sum(a.view(np.uint8) != b.view(np.uint8)))
+                return "differ", f"{label} ({count} bytes differ)"
+        return "differ", home
+    return "same", ""
 
 
 def judge(modules: list[Module]) -> tuple[str, str]:
@@ -728,8 +883,9 @@ class Lane:
     and its own ground-truth-2 workers."""
 
     def __init__(self, seed: int, pairs: int, libraries: dict, emulated: bool, budget: float,
-                 threads: int, scratch: str | None = None):
+                 threads: int, scratch: str | None = None, values: str = "all"):
         self.seed = seed
+        self.values = values  # the values ground truth on "all" safe variants, or "accepted"
         self.modules, self.mutants = {}, {}
         for schedule, entry in SCHEDULES:
             path = os.path.join(ROOT, "schedules", schedule)
@@ -787,8 +943,15 @@ class Lane:
             return record
         record["whole_step"] = program.roles.get("step") == program.entry
         parameters = self._parameters(program)
-        record["gt1"], record["gt1_why"] = ground_truth_1(program, parameters)
+        machines = []
+        record["gt1"], record["gt1_why"] = ground_truth_1(program, parameters,
+                                                          machines=machines)
         record["gt1_seconds"] = time.perf_counter() - started
+        if record["gt1"] == "safe" and (self.values == "all" or verdict == "accepted"):
+            record["values"], record["values_why"] = ground_truth_values(
+                program, parameters, machines[0])
+        else:
+            record["values"] = "not run"
         if self.emulated and case.emulate:
             import ground_truth_emulated as gt2
             key = repr(gt2.library_key(program))
@@ -812,10 +975,10 @@ class Lane:
 _LANE: Lane | None = None
 
 
-def _lane_start(seed, pairs, libraries, emulated, budget, threads, scratch):
+def _lane_start(seed, pairs, libraries, emulated, budget, threads, scratch, values):
     global _LANE
     from multiprocessing.util import Finalize
-    _LANE = Lane(seed, pairs, libraries, emulated, budget, threads, scratch)
+    _LANE = Lane(seed, pairs, libraries, emulated, budget, threads, scratch, values)
     Finalize(_LANE, _LANE.close, exitpriority=10)  # its workers stopped as the pool closes
 
 
@@ -830,17 +993,19 @@ def _lane_judge(case: Case) -> dict:
                 "trace": traceback.format_exc()[-2000:], "gt1": "not run", "gt2": "not run"}
 
 
-def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int) -> list[Case]:
+def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int,
+          kinds: tuple | None = None) -> list[Case]:
     """Every case of the campaign: the mutants of each schedule (a sample of `limit` of them
-    in all, spread over the schedules in proportion), constant mutants of each schedule, and
-    random schedules."""
+    in all, spread over the schedules in proportion; only those of `kinds` where given),
+    constant mutants of each schedule, and random schedules."""
     found: list[Case] = []
     syntax = []
     for schedule, entry in SCHEDULES:
         path = os.path.join(ROOT, "schedules", schedule)
         modules = load([path], Reporter())
         for index, variant in enumerate(schedule_mutants(schedule, entry, modules, seed, pairs)):
-            syntax.append((schedule, entry, variant.kind, variant.description, index))
+            if kinds is None or variant.kind in kinds:
+                syntax.append((schedule, entry, variant.kind, variant.description, index))
     if limit is not None and len(syntax) > limit:
         syntax = sorted(random.Random(seed).sample(syntax, limit), key=lambda s: s[4])
     for schedule, entry, kind, description, index in syntax:
@@ -919,12 +1084,15 @@ def build_libraries(override_sets: list[dict], jobs: int, out) -> dict:
 def campaign(seed: int = 0, limit: int | None = None, randoms: int = 500, constants: int = 40,
              pairs: int = 1200, jobs: int = 2, emulated: bool = True, budget: float = 60.0,
              out=sys.stdout, records_path: str | None = None, progress: bool = False,
-             emulated_limit: int | None = None) -> dict:
+             emulated_limit: int | None = None, values: str = "all",
+             kinds: tuple | None = None) -> dict:
     """The whole campaign; returns the summary (and prints the tables). `emulated_limit`:
-    ground truth 2 judges only a random sample of that many variants (all: None)."""
+    ground truth 2 judges only a random sample of that many variants (all: None).
+    `values`: the values ground truth on every variant GT1 runs safely ("all"), or on the
+    accepted ones only ("accepted": all that false accepts need)."""
     import multiprocessing
     started = time.perf_counter()
-    found = cases(seed, limit, randoms, constants, pairs)
+    found = cases(seed, limit, randoms, constants, pairs, kinds)
     if emulated_limit is not None and emulated_limit < len(found):
         chosen = set(random.Random(seed + 1).sample(range(len(found)), emulated_limit))
         for case in found:
@@ -940,7 +1108,7 @@ def campaign(seed: int = 0, limit: int | None = None, randoms: int = 500, consta
     scratch = tempfile.TemporaryDirectory(prefix="cgc-random-")
     try:
         with context.Pool(jobs, _lane_start, (seed, pairs, libraries, emulated, budget,
-                                              threads, scratch.name)) as pool:
+                                              threads, scratch.name, values)) as pool:
             for count, record in enumerate(pool.imap_unordered(_lane_judge, order, chunksize=4),
                                            1):
                 records.append(record)
@@ -970,10 +1138,14 @@ def campaign(seed: int = 0, limit: int | None = None, randoms: int = 500, consta
 
 
 def false_accept(record: dict) -> bool:
-    """The checker accepted it, and a ground truth saw a memory fault."""
+    """The checker accepted it (with or without a warning), and a ground truth saw a memory
+    fault, or the shared arena's results differ from those of a slot each (what a read saw
+    depended on which slot had the bytes before: the memory plan broke a value the checker
+    proved written)."""
     if record["verdict"] != "accepted":
         return False
-    return _gt1(record) == "fault" or record.get("gt2") in ("faulted", "refused")
+    return _gt1(record) == "fault" or record.get("gt2") in ("faulted", "refused") or \
+        record.get("values") == "differ"
 
 
 def _gt1(record) -> str:
@@ -1004,16 +1176,19 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
         row["gt2 fault"] += r.get("gt2") in ("faulted", "refused", "unbuilt")
         row["gt2 poisoned"] += r.get("gt2") == "poisoned"
         row["gt2 nan"] += r.get("gt2") == "nan"
+        row["values differ"] += r.get("values") == "differ"
         row["false accepts"] += false_accept(r)
     mutants_count = sum(v["variants"] for k, v in by_kind.items() if k != "random")
     p(f"checker against ground truth: {mutants_count} mutants of "
       f"{', '.join(s for s, _ in SCHEDULES)} and {by_kind['random']['variants']} random "
       f"schedules; config {CONFIG}, cgBatch 1, seed {seed}; {seconds / 60:.1f} min")
-    p("GT1: the NumPy machine; GT2: the emitted kernels on the CPU under ASan + UBSan, each "
-      "launch fenced to its views, outputs poisoned" + ("" if emulated else " (not run)"))
+    p("GT1: the NumPy machine; values: GT1 on the shared arena against GT1 with a slot each; "
+      "GT2: the emitted kernels on the CPU under ASan + UBSan, each launch fenced to its views, "
+      "outputs poisoned" + ("" if emulated else " (not run)"))
     p("")
     p(f"  {'kind':<10}{'variants':>9}{'front end':>10}{'accepted':>9}{'rejected':>9}"
-      f"{'GT1 fault':>10}{'GT2 fault':>10}{'poison':>7}{'NaN':>5}{'FALSE ACC':>10}")
+      f"{'GT1 fault':>10}{'values':>7}{'GT2 fault':>10}{'poison':>7}{'NaN':>5}"
+      f"{'FALSE ACC':>10}")
     total = Counter()
     for kind in KINDS:
         row = by_kind.get(kind)
@@ -1021,11 +1196,13 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
             continue
         total.update(row)
         p(f"  {kind:<10}{row['variants']:>9}{row['front end']:>10}{row['accepted']:>9}"
-          f"{row['rejected']:>9}{row['gt1 fault']:>10}{row['gt2 fault']:>10}"
-          f"{row['gt2 poisoned']:>7}{row['gt2 nan']:>5}{row['false accepts']:>10}")
+          f"{row['rejected']:>9}{row['gt1 fault']:>10}{row['values differ']:>7}"
+          f"{row['gt2 fault']:>10}{row['gt2 poisoned']:>7}{row['gt2 nan']:>5}"
+          f"{row['false accepts']:>10}")
     p(f"  {'total':<10}{total['variants']:>9}{total['front end']:>10}{total['accepted']:>9}"
-      f"{total['rejected']:>9}{total['gt1 fault']:>10}{total['gt2 fault']:>10}"
-      f"{total['gt2 poisoned']:>7}{total['gt2 nan']:>5}{total['false accepts']:>10}")
+      f"{total['rejected']:>9}{total['gt1 fault']:>10}{total['values differ']:>7}"
+      f"{total['gt2 fault']:>10}{total['gt2 poisoned']:>7}{total['gt2 nan']:>5}"
+      f"{total['false accepts']:>10}")
     if total["void"]:
         p(f"  ({total['void']} second-order mutants void: the second edit lay inside the first)")
     p("")
@@ -1054,11 +1231,19 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
       "call exists for it; unbuilt: the kernels' static_asserts refuse the constants.")
     p("")
     accepts = [r for r in records if false_accept(r)]
-    p(f"FALSE ACCEPTS (accepted; a memory fault of GT1, or a fault of GT2): {len(accepts)}")
+    p(f"FALSE ACCEPTS (accepted; a memory fault of GT1, results of the shared arena that "
+      f"differ from a slot each's, or a fault of GT2): {len(accepts)}")
     for r in accepts:
         p(f"  FALSE ACCEPT [{r['schedule']} {r['kind']}] {r['description']}: "
-          f"GT1 {r.get('gt1')} {r.get('gt1_why', '')[:200]} | GT2 {r.get('gt2')} "
-          f"{r.get('gt2_why', '')[:300]}")
+          f"GT1 {r.get('gt1')} {r.get('gt1_why', '')[:200]} | values {r.get('values')} "
+          f"{r.get('values_why', '')[:200]} | GT2 {r.get('gt2')} {r.get('gt2_why', '')[:300]}")
+    compared = [r for r in records if r.get("values") in ("same", "differ")]
+    differ = [r for r in compared if r["values"] == "differ"]
+    p(f"values: {len(compared)} variants run on the shared arena and on a slot each; results "
+      f"differ in {len(differ)}, all rejected by the checker: "
+      f"{all(r['verdict'] == 'rejected' for r in differ)} (by rule: " + (", ".join(
+          f"{rule} {count}" for rule, count in Counter(
+              r.get("rule", "") for r in differ).most_common()) or "none") + ")")
     unbuilt = [r for r in records if r["verdict"] == "accepted" and r.get("gt2") == "unbuilt"]
     if unbuilt:
         p(f"accepted, but the kernels do not compile for the constants: {len(unbuilt)}")
@@ -1083,6 +1268,7 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
         row["GT1 fault"] += g1
         row["GT2 fault"] += g2
         row["both"] += g1 and g2
+        row["values"] += r.get("values") == "differ"
         quiet = not g1 and not g2
         row["poison"] += quiet and r.get("gt2") == "poisoned"
         row["NaN/data"] += quiet and r.get("gt2") != "poisoned" and (
@@ -1091,9 +1277,10 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
     p("")
     p("rejects by rule (a variant broken several ways counts under its first rule): confirmed "
       "by a fault of GT1 or GT2; else by a poisoned value reaching the results (poison); else "
-      "by NaN or values the reference refuses (NaN/data); or by neither")
+      "by NaN or values the reference refuses (NaN/data); or by neither; values: the shared "
+      "arena's results differ from a slot each's (whatever else confirms it)")
     p(f"  {'rule':<24}{'rejects':>8}{'GT1 fault':>10}{'GT2 fault':>10}{'both':>6}"
-      f"{'poison':>7}{'NaN/data':>9}{'neither':>8}")
+      f"{'poison':>7}{'NaN/data':>9}{'neither':>8}{'values':>7}")
     for (verdict, rule), row in sorted(rules.items(), key=lambda item: (
             item[0][0] != "rejected", PRECEDENCE.index(item[0][1])
             if item[0][1] in PRECEDENCE else 99)):
@@ -1101,7 +1288,8 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
             p(f"  {rule:<24}{row['rejects']:>8}   front end: no program, not run")
         else:
             p(f"  {rule:<24}{row['rejects']:>8}{row['GT1 fault']:>10}{row['GT2 fault']:>10}"
-              f"{row['both']:>6}{row['poison']:>7}{row['NaN/data']:>9}{row['neither']:>8}")
+              f"{row['both']:>6}{row['poison']:>7}{row['NaN/data']:>9}{row['neither']:>8}"
+              f"{row['values']:>7}")
     disagree = Counter()
     for r in records:
         g1, g2 = _gt1(r), r.get("gt2")
@@ -1135,6 +1323,7 @@ def report(records: list[dict], seed: int, seconds: float, emulated: bool, out) 
         for r in errors[:10]:
             p(f"  {r['description']}: {r['message']}\n{r.get('trace', '')}")
     return {"records": len(records), "mutants": mutants_count,
+            "values compared": len(compared), "values differ": len(differ),
             "random": by_kind["random"]["variants"], "false accepts": len(accepts),
             "unbuilt accepts": len(unbuilt), "stale accepts": len(stale),
             "data accepts": len(data),
@@ -1161,6 +1350,11 @@ def main() -> int:
     parser.add_argument("--no-emulated", action="store_true", help="ground truth 1 only")
     parser.add_argument("--emulated-limit", type=int,
                         help="ground truth 2 on a random sample of this many variants only")
+    parser.add_argument("--values", choices=("all", "accepted"), default="all",
+                        help="the values ground truth (shared arena against a slot each) on "
+                             "every variant GT1 runs safely, or on the accepted ones only")
+    parser.add_argument("--kinds", help="only the mutants of these kinds, by commas (extent,"
+                                        "lifetime): a slice that exercises them")
     parser.add_argument("--records", help="write every variant's verdicts here (JSON lines)")
     parser.add_argument("--report", metavar="RECORDS",
                         help="print the tables of a campaign's records again, and exit")
@@ -1179,7 +1373,8 @@ def main() -> int:
         return 1 if table["accepted but faulted (FALSE ACCEPT)"] else 0
     summary = campaign(args.seed, args.limit, args.random, args.constants, args.pairs, args.jobs,
                        not args.no_emulated, args.budget, records_path=args.records,
-                       progress=True, emulated_limit=args.emulated_limit)
+                       progress=True, emulated_limit=args.emulated_limit, values=args.values,
+                       kinds=tuple(args.kinds.split(",")) if args.kinds else None)
     return 1 if summary["false accepts"] or summary["errors"] else 0
 
 

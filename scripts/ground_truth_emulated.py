@@ -21,8 +21,9 @@ order through the entry points (`Launch.arguments(point)` for each iteration of
 the launch binds are unpoisoned, so that any access outside a pointer's own buffer (past a
 step buffer, into another item of a stack, into the next entry of a bank, into an arena
 slot that shares its bytes) is reported by AddressSanitizer, as the NumPy machine reports
-it; and the pointers it only writes are filled with NaN, unless another pointer of the
-launch reads the same bytes. Jobs run in a WORKER process started with g++'s libasan
+it; and what the pointers it only writes reach (their extents at that iteration: the rest of
+a view keeps its value, as the checker and the memory plan say) is filled with NaN, unless
+another pointer of the launch reads the same bytes. Jobs run in a WORKER process started with g++'s libasan
 preloaded: a sanitizer report kills the worker (it is restarted), an emulator fault
 (deadlock, misused collective) fails the launch (the worker resets the device). The verdict:
 
@@ -219,6 +220,7 @@ def make_job(program, plan, parameters=None, tokens=None, whole_step: bool | Non
     for what the runtime writes before each step (the ids, the targets, the learning rate:
     the roles that flow in) and what the step only reads-and-writes (state kept across
     steps, as the runtime's zeroed memory gives it); elsewhere memory starts zeroed."""
+    from cgc.checking.flow import reach
     from cgc.core.elements import concrete
     from cgc.core.ir import BindingError
     layout = Layout(program, plan)
@@ -292,7 +294,10 @@ def make_job(program, plan, parameters=None, tokens=None, whole_step: bool | Non
                 return job
             index, first, size = layout.view(pointer.view, int(pointer.offset))
             pointers.append((index, first))
-            views.append((index, first, size, pointer.parameter.access))
+            # what a write reaches at this iteration: the rest of its view keeps its value
+            low, high = reach(launch, pointer.parameter, pointer.view, point)
+            written = max(high - low, 0) * layout.size(pointer.view.storage.element)
+            views.append((index, first, size, pointer.parameter.access, written))
         scalars = []
         for scalar in bound.scalars:
             value = scalar.value
@@ -303,16 +308,16 @@ def make_job(program, plan, parameters=None, tokens=None, whole_step: bool | Non
                 number = (number + 2 ** 31) % 2 ** 32 - 2 ** 31  # as C converts to int
                 scalars.append(("i", number))
         poison = []
-        for index, first, size, access in views:
+        for index, first, size, access, written in views:
             if access != WRITE_ONLY:
                 continue
-            overlaps = any(other[0] == index and other[1] < first + size
+            overlaps = any(other[0] == index and other[1] < first + written
                            and first < other[1] + other[2] and other[3] != WRITE_ONLY
                            for other in views)
-            if not overlaps and size:
-                poison.append((index, first, size))
+            if not overlaps and written:
+                poison.append((index, first, written))
         grid = tuple(int(g) for g in bound.grid)
-        fence = [(index, first, size) for index, first, size, _ in views]
+        fence = [(index, first, size) for index, first, size, _, _ in views]
         job.calls.append((image.name, where, grid, pointers, scalars, poison, fence))
     for label, storage in program.storages.items():
         if storage.kind == "bank" and storage.entry is not None or \

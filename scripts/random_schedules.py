@@ -11,7 +11,10 @@ step buffer, an item of a stacked buffer, possibly by the repeat index, an arena
 bank entry or an item of one, a whole bank), most often one at least as large as the
 whole step binds, sometimes of another element type; an argument is sometimes left unbound
 or bound twice, a launch sometimes outside any phase, a phase sometimes one that may not
-write what the launch writes. The schedules type-check (the front end can still refuse an
+write what the launch writes. A careful launch often binds a storage an earlier launch of
+the schedule bound (so values flow between launches and slots are rewritten), and now and
+then a grid of three quarters of the step's (a write of part of its view): lifetimes for the
+memory plan to get right, which the values ground truth checks. The schedules type-check (the front end can still refuse an
 item index out of range); what the checker and the ground truths make of them is the test.
 
 `python3 scripts/random_schedules.py N [SEED]` prints the first N of them (the campaign's
@@ -98,6 +101,7 @@ class Generator:
         self.images = sorted(self.launches)
         self.phases = sorted(program.phases)
         self.banks = program.banks
+        self.used: list[Place] = []  # the storages this schedule's launches bound so far
 
     # ---- terms -------------------------------------------------------------------------
 
@@ -136,6 +140,13 @@ class Generator:
             return rng.choice([p for p in self.places if p.element != parameter.element]
                               or same)
         free = [p for p in same if p.term not in taken] or same
+        again = [p for p in self.used if p.element == parameter.element
+                 and p.term not in taken and p.count >= need]
+        if careful and again and rng.random() < 0.4:
+            # a storage an earlier launch bound: values flow from launch to launch, and
+            # slots are rewritten (in part, where the grid is shortened): real lifetimes
+            # for the memory plan to share the arena by
+            return rng.choice(again)
         if careful:
             snug = [p for p in free if need <= p.count <= 2 * need]
             large = [p for p in free if p.count >= need]
@@ -157,6 +168,8 @@ class Generator:
             text = str(value)
             if not careful and rng.random() < 0.35:
                 text = str(self.perturb(value))
+            elif careful and axis == 0 and value > 1 and rng.random() < 0.15:
+                text = str(value * 3 // 4)  # a write of part of what it bound: in bounds
             if loop is not None and axis == 0 and rng.random() < 0.05:
                 text = f"(naturalAdd {text} {loop[0]})"
             axes.append(text)
@@ -166,6 +179,8 @@ class Generator:
                 continue  # left unbound
             place = self.choose_place(parameter, counts.get(index, 0), taken, careful)
             taken.add(place.term)
+            if place not in self.used:
+                self.used.append(place)
             term = self.place_term(place, loop, counts.get(index, 0), careful)
             bound_terms[index] = term
             slots.append(f"(cgPointer (cgArgument {index}) {term}")
@@ -227,6 +242,7 @@ class Generator:
         return f"(cgPhase {phase} {body})"
 
     def schedule(self, number: int) -> str:
+        self.used = []
         parts = [self.part(i) for i in range(self.rng.choice([1, 1, 1, 2, 2, 3, 4]))]
         return (f"-- Random schedule {number} (scripts/random_schedules.py).\n"
                 f'import "images.cg"\n\n'

@@ -124,9 +124,14 @@ def test_memory_plan_shares_only_slots_never_live_together():
             share = a.offset < b.offset + b.bytes and b.offset < a.offset + a.bytes
             live_together = any(x[0] <= y[1] and y[0] <= x[1] for x in a.live for y in b.live)
             assert not (share and live_together), (a.name, b.name)
-    # The residual gradient carries across the layer loop: one range, to the scatter.
+    # The residual gradient carries across the layer loop: each layer reads it in its first
+    # half and rewrites it whole at its end, so it is live from the final layer norm's
+    # gradient through the loop's first half, and from the loop's last launch to the
+    # scatter; in between its bytes are free, and another slot takes them.
     (dy0,) = [slot for slot in plan.arena if slot.name == "cgDy0"]
-    assert len(dy0.live) == 1 and dy0.live[0][1] == plan.launches - 5
+    (first, last) = dy0.live
+    assert first[1] + 1 < last[0] and last[1] == plan.launches - 5
+    assert any(slot.offset == dy0.offset and slot.name != "cgDy0" for slot in plan.arena)
     assert plan.total_bytes >= plan.peak_bytes
     bank = plan.banks["cgBankP"]
     assert bank[2] == 4 * sum(-(-e.count // 64) * 64 for e in bank[3])
@@ -349,3 +354,121 @@ def test_the_checker_reference_lists_what_every_image_covers():
         for index, pointer in covered + uncovered:
             assert image.pointers[int(index)].name == pointer, (name, index, pointer)
         assert not {int(i) for i, _ in uncovered} & set(image.covers), name
+
+
+# ---- what a write leaves alive: one analysis for the checker and the memory plan ----------
+
+PROBE = """-- A whole step that zeroes all of a slot, lets another slot's launch run, rewrites the
+-- slot's first 16 elements and reads all 2048: their sum of squares must be 0.
+import "forward.cg"
+import "backward.cg"
+import "optimizer.cg"
+arena cgProbe float32 2048
+arena cgOther float32 (naturalMultiply 32 cgWidth)
+buffer cgProbeSquares float32 1
+def cgProbeZero : (Nat -> Schedule) = (lambda unrestricted count : Nat .
+  (cgLaunch cgImageZero (naturalDivideCeiling count 1024) 1 1
+    (cgPointer (cgArgument 0) (cgArena cgProbe) (cgSlot (cgScalar 0) count cgNoSlots))))
+def cgProbeTail : Schedule =
+  (cgPhase cgPhaseLoss
+    (cgThen (cgProbeZero 2048)
+    (cgThen (cgLaunch cgImageEmbedding 32 1 1
+      (cgPointer (cgArgument 0) (cgArena cgOther)
+        (cgPointer (cgArgument 1) (cgParameter cgBankP cgEmbeddingEntry)
+          (cgPointer (cgArgument 2) cgIds cgNoSlots))))
+    (cgThen (cgProbeZero 16)
+      (cgLaunch cgImageSquareSum 1 1 1 (cgPointer (cgArgument 0) cgProbeSquares
+        (cgPointer (cgArgument 1) (cgArena cgProbe) (cgSlot (cgScalar 0) 2048 cgNoSlots))))))))
+def cgProbeStep : (family NvidiaLaunchSchedule) =
+  (cgThen cgForwardSaved (cgThen cgSavedBackward (cgThen cgOptimizer cgProbeTail)))
+roles cgProbeRoles (step cgProbeStep)
+"""
+
+
+def _shares(plan, a: str, b: str) -> bool:
+    x, y = (next(slot for slot in plan.arena if slot.name == n) for n in (a, b))
+    return x.offset < y.offset + y.bytes and y.offset < x.offset + x.bytes
+
+
+def test_a_write_of_part_of_a_slot_leaves_the_rest_of_its_value_alive(schedules):
+    """The issue's false accept: the checker saw elements 16.. of cgProbe written by the first
+    zeroing (a warning for the short rewrite, no error), but the memory plan took any write
+    binding the whole slot as a whole write, let cgOther take the bytes in between, and the
+    NumPy machine summed the embedding's squares (0.81) instead of 0."""
+    import numpy as np
+    from cgc.backends.base import initial_parameters
+    from cgc.backends.numpy.machine import Machine
+    from cgc.backends.numpy.reference import KERNELS
+    path = schedules / "probe.cg"
+    path.write_text(PROBE)
+    _, program, warnings = checked(path, "tiny", cgBatch=1)
+    assert [w.message.split(":")[0] for w in warnings] == [
+        "'cgImageZero' writes only up to element 16 of the 2048 of 'cgProbe'"]
+    plan = plan_memory(program)
+    machine = Machine(program, plan, KERNELS)
+    for name, values in initial_parameters(program, 0).items():
+        machine.store(f"cgBankP.{name}", values)
+    machine.store("cgIds", np.arange(64) % 256)
+    machine.store("cgTargets", np.arange(64) % 256)
+    machine.store("cgStepLearningRate", [1e-3])
+    machine.run()
+    assert machine.array("cgProbeSquares")[0] == 0.0
+    assert not _shares(plan, "cgProbe", "cgOther")
+
+
+SMALL = """import "{base}"
+arena cgSlotA float32 (naturalMultiply cgRows 4)
+arena cgSlotB float32 (naturalMultiply cgRows 4)
+def cgAddInto : ((Buffer float32) -> Schedule) = (lambda unrestricted data : (Buffer float32) .
+  (cgLaunch cgImageAdd 8 1 1 (cgPointer (cgArgument 0) data
+    (cgPointer (cgArgument 1) cgA cgNoSlots))))
+def cgSmall : Schedule = (cgPhase cgPhaseForward {body})
+"""
+
+
+def _small_plan(tmp_path, *launches: str):
+    from conftest import ROOT
+    body = launches[-1]
+    for launch in reversed(launches[:-1]):
+        body = f"(cgThen {launch} {body})"
+    path = tmp_path / "small.cg"
+    path.write_text(SMALL.format(base=ROOT / "tests" / "checker" / "_base.cg", body=body))
+    frontend = analyse([str(path)])
+    program = evaluate(frontend, str(path), config="small", entry="cgSmall")
+    check(program)
+    plan = plan_memory(program)
+    return {slot.name: slot.live for slot in plan.arena}, plan
+
+
+def test_a_short_rewrite_keeps_a_slot_live_across_another(tmp_path):
+    """A written whole, read, B used, A's first half rewritten, A read whole: A's second
+    half is the first write's, so A is live throughout and B may not take its bytes."""
+    live, plan = _small_plan(
+        tmp_path, "(cgScale (cgArena cgSlotA) cgA 8)", "(cgScale cgB (cgArena cgSlotA) 8)",
+        "(cgScale (cgArena cgSlotB) cgA 8)", "(cgScale cgB (cgArena cgSlotB) 8)",
+        "(cgScale (cgArena cgSlotA) cgA 4)", "(cgScale cgB (cgArena cgSlotA) 8)")
+    assert live == {"cgSlotA": [[0, 5]], "cgSlotB": [[2, 3]]}
+    assert not _shares(plan, "cgSlotA", "cgSlotB")
+
+
+def test_a_whole_rewrite_ends_a_slot_s_value(tmp_path):
+    """The same with A rewritten whole: its first value dies at its last read, and B takes
+    its bytes in between (what the plan is for)."""
+    live, plan = _small_plan(
+        tmp_path, "(cgScale (cgArena cgSlotA) cgA 8)", "(cgScale cgB (cgArena cgSlotA) 8)",
+        "(cgScale (cgArena cgSlotB) cgA 8)", "(cgScale cgB (cgArena cgSlotB) 8)",
+        "(cgScale (cgArena cgSlotA) cgA 8)", "(cgScale cgB (cgArena cgSlotA) 8)")
+    assert live == {"cgSlotA": [[0, 1], [4, 5]], "cgSlotB": [[2, 3]]}
+    assert _shares(plan, "cgSlotA", "cgSlotB")
+
+
+def test_a_value_read_before_the_program_writes_it_lives_to_the_end(tmp_path):
+    """A is added to before anything writes it (its value is the previous run's), and
+    written whole later: that value must survive to the end of the program, where the next
+    run reads it, so B used after it may not share A's bytes."""
+    live, plan = _small_plan(
+        tmp_path, "(cgAddInto (cgArena cgSlotA))", "(cgScale (cgArena cgSlotB) cgA 8)",
+        "(cgScale cgB (cgArena cgSlotB) 8)", "(cgScale (cgArena cgSlotA) cgA 8)",
+        "(cgScale (cgArena cgSlotB) cgA 8)")
+    assert live == {"cgSlotA": [[0, 0], [3, 4]], "cgSlotB": [[1, 2], [4, 4]]}
+    assert not _shares(plan, "cgSlotA", "cgSlotB")

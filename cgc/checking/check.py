@@ -20,10 +20,11 @@ from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
 from ..core.elements import element_bytes
 from ..core.ir import (
-    BindingError, Image, Launch, PointerBinding, PointerParameter, Program, Repeat, concrete,
+    Image, Launch, PointerBinding, PointerParameter, Program, Repeat, concrete,
     extreme_point,
 )
 from ..core.roles import flowing
+from .flow import follow, reach
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -33,23 +34,6 @@ BLOCK_LIMITS = (1024, 1024, 64)
 # to the optimizer, gradients to the backward pass.
 STAGE_ROLES = {"forward": (), "data": (), "backward": ("gradients",),
                "optimizer": ("parameters", "state", "copies")}
-# The read-before-write rule follows every iteration while a step makes at most this many
-# launches; past it, each launch is taken once with its whole views (docs/checker.md).
-UNROLL_FOR_READS = 200_000
-
-
-def _reach(launch: Launch, parameter: PointerParameter, view, point) -> tuple[int, int]:
-    """The elements of a view's storage a launch's pointer reaches at one iteration (the
-    whole view when the iteration is unknown or the extent cannot be computed)."""
-    if point is None:
-        return 0, view.storage.count
-    offset = concrete(view.offset, point)
-    extent = launch.extents.get(parameter.index)
-    try:
-        reach = view.count if extent is None else min(extent.at(point), view.count)
-    except BindingError:
-        reach = view.count
-    return offset, offset + max(reach, 0)
 
 
 def _elements(storage, low: int, high: int) -> str:
@@ -72,38 +56,6 @@ def _range(storage, low: int, high: int) -> str:
     if high - low == 1:
         return f"element {low}"
     return f"elements {low} to {high - 1}"
-
-
-class Intervals:
-    """A union of half-open ranges of elements, kept sorted and disjoint."""
-
-    def __init__(self):
-        self.ranges: list[tuple[int, int]] = []
-
-    def add(self, low: int, high: int) -> None:
-        if low >= high:
-            return
-        merged = []
-        for a, b in self.ranges:
-            if b < low or a > high:
-                merged.append((a, b))
-            else:
-                low, high = min(a, low), max(b, high)
-        merged.append((low, high))
-        self.ranges = sorted(merged)
-
-    def first_gap(self, low: int, high: int) -> tuple[int, int] | None:
-        """The first range inside [low, high) that no added range covers, if any."""
-        position = low
-        for a, b in self.ranges:
-            if b <= position:
-                continue
-            if a > position:
-                return position, min(a, high)
-            position = b
-            if position >= high:
-                return None
-        return (position, high) if position < high else None
 
 
 def _where(variables: tuple[LoopVariable, ...], values: dict[LoopVariable, int]) -> str:
@@ -150,54 +102,33 @@ class Checker:
         optimizer's step counter, or a sum into zeroed memory)."""
         program, roles = self.program, self.program.roles
         step = program.entry
-        written: dict[str, Intervals] = {}
-        for role in flowing("in"):
-            if role in roles:
-                storage = program.storages[roles[role]]
-                written.setdefault(storage.name, Intervals()).add(0, storage.count)
+        flow = follow(program)  # the analysis the memory plan's live ranges come from
         reported: set[str] = set()
         rule = Note(f"'{step}' is the whole step (its `step` role): every value it reads it "
                     "must first write, but for what the runtime gives it (the "
                     f"{' and '.join(f'`{r}`' for r in flowing('in'))} roles)")
-        unrolled = program.unrolled() if program.launches_made() <= UNROLL_FOR_READS \
-            else ((launch, phase, None) for launch, phase, _ in program.launches())
-        for launch, _, point in unrolled:
-            image = launch.image
-            reads, writes = [], []
-            for binding in launch.pointers:
-                parameter = image.pointers.get(binding.index)
-                storage = binding.view.storage
-                if parameter is None or storage.kind not in ("buffer", "arena"):
-                    continue
-                if parameter.access == "read":
-                    reads.append((binding, parameter))
-                elif parameter.access in WRITES:
-                    writes.append((binding, parameter))
-            for binding, parameter in reads:
-                storage = binding.view.storage
-                done = written.get(storage.name, Intervals())
-                if point is None:  # taken once: any write of the storage will do
-                    hole = None if done.ranges else (0, storage.count)
-                else:
-                    hole = done.first_gap(*_reach(launch, parameter, binding.view, point))
-                if hole is None or storage.name in reported:
-                    continue
-                reported.add(storage.name)  # said once
-                kind = "step buffer" if storage.kind == "buffer" else "arena slot"
-                where = "" if point is None else _where(tuple(point), point)
-                self.error(launch, f"'{image.name}' reads {_elements(storage, *hole)}the "
-                                   f"{kind} '{storage.name}' through pointer {binding.index} "
-                                   f"'{parameter.name}'{where}, but nothing earlier in the "
-                                   f"step '{step}' writes {_pronoun(storage, *hole)}",
-                           binding.span, rule)
-            for binding, parameter in writes:
-                low, high = _reach(launch, parameter, binding.view, point)
-                written.setdefault(binding.view.storage.name, Intervals()).add(low, high)
+        for read in flow.reads:
+            binding, parameter, point = read.binding, read.parameter, read.point
+            storage = binding.view.storage
+            if parameter.access != "read" or storage.name in reported:
+                continue
+            hole = next(((a, b) for a, b, writer in read.sources if writer is None), None)
+            if hole is None:
+                continue
+            reported.add(storage.name)  # said once
+            kind = "step buffer" if storage.kind == "buffer" else "arena slot"
+            where = "" if point is None else _where(tuple(point), point)
+            self.error(read.launch, f"'{read.launch.image.name}' reads "
+                                    f"{_elements(storage, *hole)}the {kind} '{storage.name}' "
+                                    f"through pointer {binding.index} '{parameter.name}'{where}, "
+                                    f"but nothing earlier in the step '{step}' writes "
+                                    f"{_pronoun(storage, *hole)}", binding.span, rule)
         for role in flowing("out"):
             if role not in roles:
                 continue
             storage = program.storages[roles[role]]
-            hole = written.get(storage.name, Intervals()).first_gap(0, storage.count)
+            values = flow.values.get(storage.name)
+            hole = (0, storage.count) if values is None else values.first_gap(0, storage.count)
             if hole is not None:
                 self.report.error(
                     f"the step '{step}' never writes {_elements(storage, *hole)}"
@@ -228,7 +159,7 @@ class Checker:
                 if parameter is None or parameter.access not in wanted:
                     continue
                 home, start = program.address(binding.view)
-                low, high = _reach(launch, parameter, binding.view, point)
+                low, high = reach(launch, parameter, binding.view, point)
                 shift = concrete(start, point) - concrete(binding.view.offset, point)
                 yield binding, parameter, home, low + shift, high + shift
 

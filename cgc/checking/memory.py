@@ -2,8 +2,9 @@
 
 Everything is allocated once, before the step: one allocation per bank, one for the step
 buffers and one for the arena. Arena slots whose lifetimes never overlap share memory.
-A slot is live from a launch that writes all of it to the last launch that reads that
-value (see _live_ranges for repeats).
+A slot is live from each write to the last read that sees that write's elements, element by
+element: its live ranges come from the analysis the checker's read-before-write rule uses
+(flow.py), so a write of part of a slot leaves the rest of its value alive.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.elements import element_bytes
-from ..core.ir import Launch, PhaseRegion, Program, Repeat
+from ..core.ir import Program
+from .flow import follow
 
 ALIGNMENT = 256  # bytes: every allocation and arena slot starts on a 256-byte boundary
 
@@ -57,75 +59,16 @@ class MemoryPlan:
             self.arena_bytes
 
 
-def _live_ranges(program: Program) -> tuple[dict[str, list[list[int]]], int]:
-    """Each arena slot's live ranges, as [first, last] launch positions in program order.
-
-    Launches run one after another, in program order, and a repeat's body is numbered
-    once. A launch that writes a whole slot (access `write`) starts a new value: a new
-    range. Any other access (read, readwrite, accumulate, or a write of part of the slot)
-    extends the current range. In a repeat, a slot whose first access in the body is not a
-    whole write carries its value from one iteration to the next: its range covers the
-    whole repeat, from its last value before it.
-    """
-    ranges: dict[str, list[list[int]]] = {}
-    position = 0
-
-    def touch(slot: str, whole_write: bool, at: int, first_access: dict) -> None:
-        first_access.setdefault(slot, whole_write)
-        spans = ranges.setdefault(slot, [])
-        if whole_write or not spans:
-            spans.append([at if whole_write else 0, at])
-        else:
-            spans[-1][1] = at
-
-    def walk(nodes, first_access: dict) -> None:
-        nonlocal position
-        for node in nodes:
-            if isinstance(node, Launch):
-                writes_whole = {}
-                for binding in node.pointers:
-                    storage = binding.view.storage
-                    if storage.kind != "arena":
-                        continue
-                    parameter = node.image.pointers.get(binding.index)
-                    whole = (parameter is not None and parameter.access == "write"
-                             and binding.view.count == storage.count)
-                    # A slot read and written by one launch is read first.
-                    writes_whole[storage.name] = writes_whole.get(storage.name, True) and whole
-                for slot, whole in writes_whole.items():
-                    touch(slot, whole, position, first_access)
-                position += 1
-            elif isinstance(node, Repeat):
-                start = position
-                before = {slot: len(spans) for slot, spans in ranges.items()}
-                inner: dict[str, bool] = {}
-                walk(node.body, inner)
-                end = position - 1
-                for slot, whole_write_first in inner.items():
-                    first_access.setdefault(slot, whole_write_first)
-                    if whole_write_first:
-                        continue
-                    spans = ranges[slot]
-                    keep = max(before.get(slot, 0) - 1, 0)
-                    merged_start = spans[keep][0] if keep < len(spans) else start
-                    ranges[slot] = spans[:keep] + [[min(merged_start, start),
-                                                     max(end, spans[-1][1])]]
-            else:
-                assert isinstance(node, PhaseRegion)
-                walk(node.body, first_access)
-
-    walk(program.body, {})
-    return ranges, position
-
-
 def _overlap(a: list[list[int]], b: list[list[int]]) -> bool:
     return any(x[0] <= y[1] and y[0] <= x[1] for x in a for y in b)
 
 
-def plan_memory(program: Program, red_zone: int = 0) -> MemoryPlan:
+def plan_memory(program: Program, red_zone: int = 0, share: bool = True) -> MemoryPlan:
     """The plan; with `red_zone`, that many bytes (a multiple of 256) follow every step
     buffer and arena slot, for a sanitizer build to poison: an access one element past a
-    buffer then lands in a red zone, even inside the one allocation buffers share."""
+    buffer then lands in a red zone, even inside the one allocation buffers share. Without
+    `share`, every arena slot has bytes of its own (what the campaign compares a shared
+    arena's results with: scripts/checker_vs_ground_truth.py)."""
     low = program.low
     plan = MemoryPlan(program.config, low, entry=program.entry)
     plan.red_zone = red_zone
@@ -151,7 +94,8 @@ def plan_memory(program: Program, red_zone: int = 0) -> MemoryPlan:
             offset += _spaced(size)
     plan.buffers_bytes = offset
 
-    ranges, plan.launches = _live_ranges(program)
+    flow = follow(program)
+    ranges, plan.launches = flow.live_ranges(), flow.positions
     slots = []
     for name, storage in program.storages.items():
         if storage.kind != "arena":
@@ -169,7 +113,7 @@ def plan_memory(program: Program, red_zone: int = 0) -> MemoryPlan:
     placed: list[Placed] = []
     for slot in sorted(slots, key=lambda s: (-s.bytes, s.name)):
         busy = sorted((other.offset, other.offset + _spaced(other.bytes)) for other in placed
-                      if _overlap(other.live, slot.live))
+                      if not share or _overlap(other.live, slot.live))
         candidate = 0
         for start, end in busy:
             if candidate + _spaced(slot.bytes) <= start:

@@ -1511,9 +1511,9 @@ static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
 static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
 static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[6291456]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
 static float* cgSavedAttentionLse = nullptr;  // float32[1179648]: arena slot
@@ -1594,9 +1594,9 @@ static void cg_allocate() {
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
   cgNormPartials = reinterpret_cast<float*>(cg_arena + 2415919104UL);
   cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2453667840UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2466250752UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 2466250752UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 2491416576UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2516582400UL);
   cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2516582400UL);
   cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2516582400UL);
   cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2541748224UL);
@@ -1630,9 +1630,9 @@ static void cg_allocate() {
   CG_REGION(cgGradientQkv, 37748736UL);
   CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgGradientAttention, 12582912UL);
+  CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgDy0, 25165824UL);
   CG_REGION(cgDy1, 25165824UL);
-  CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgGradientLow, 12582912UL);
   CG_REGION(cgGradientNormed, 25165824UL);
   CG_REGION(cgSavedAttentionLse, 4718592UL);

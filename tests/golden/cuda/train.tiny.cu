@@ -1508,9 +1508,9 @@ static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static float* cgSavedMiddle = nullptr;  // float32[32768]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
 static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[16384]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static __nv_bfloat16* cgSavedAttention = nullptr;  // low[32768]: arena slot
@@ -1591,9 +1591,9 @@ static void cg_allocate() {
   cgNormPartials = reinterpret_cast<float*>(cg_arena + 720896UL);
   cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 819200UL);
   cgSavedMiddle = reinterpret_cast<float*>(cg_arena + 851968UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 983040UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 983040UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 1048576UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 1114112UL);
   cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1114112UL);
   cgGradientNormed = reinterpret_cast<float*>(cg_arena + 1114112UL);
   cgSavedAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1179648UL);
@@ -1627,9 +1627,9 @@ static void cg_allocate() {
   CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgGradientAttention, 32768UL);
   CG_REGION(cgSavedMiddle, 131072UL);
+  CG_REGION(cgAttentionDelta, 4096UL);
   CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgDy1, 65536UL);
-  CG_REGION(cgAttentionDelta, 4096UL);
   CG_REGION(cgGradientLow, 32768UL);
   CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgSavedAttention, 65536UL);

@@ -1451,7 +1451,7 @@ static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradient
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 600832 bytes: 13 step buffers
-static char* cg_arena = nullptr;  // 2441216 bytes: 20 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 2375680 bytes: 20 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 33554432 bytes: cuBLASLt's workspace, for every product (32 MiB, what NVIDIA recommends for Hopper)
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -1513,9 +1513,9 @@ static float* cgSavedNormed1 = nullptr;  // low[32768]: arena slot
 static float* cgSavedNormed2 = nullptr;  // low[32768]: arena slot
 static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
-static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
 static float* cgGradientLow = nullptr;  // low[16384]: arena slot
+static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgSavedAttentionLse = nullptr;  // float32[2048]: arena slot
 static float* cgSavedStatistics1 = nullptr;  // float32[1024]: arena slot
 static float* cgSavedStatistics2 = nullptr;  // float32[1024]: arena slot
@@ -1533,8 +1533,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_buffers, 600832UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 600832UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 2441216UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 2441216UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 2375680UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2375680UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 33554432UL), "allocating cg_lt_workspace");
   cg_check(cudaMemset(cg_lt_workspace, 0, 33554432UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -1595,16 +1595,16 @@ static void cg_allocate() {
   cgSavedNormed1 = reinterpret_cast<float*>(cg_arena + 1966080UL);
   cgSavedNormed2 = reinterpret_cast<float*>(cg_arena + 2097152UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 2228224UL);
-  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 2293760UL);
+  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 2228224UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2293760UL);
+  cgGradientLow = reinterpret_cast<float*>(cg_arena + 2293760UL);
   cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2293760UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2359296UL);
-  cgGradientLow = reinterpret_cast<float*>(cg_arena + 2359296UL);
-  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2424832UL);
-  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2433024UL);
-  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2437120UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2359296UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2367488UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2371584UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 600832UL);
-  CG_SHARED_ALLOCATION(cg_arena, 2441216UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2375680UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
@@ -1632,9 +1632,9 @@ static void cg_allocate() {
   CG_REGION(cgSavedNormed2, 131072UL);
   CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgGradientAttention, 65536UL);
-  CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgAttentionDelta, 4096UL);
   CG_REGION(cgGradientLow, 65536UL);
+  CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgSavedAttentionLse, 8192UL);
   CG_REGION(cgSavedStatistics1, 4096UL);
   CG_REGION(cgSavedStatistics2, 4096UL);
