@@ -128,18 +128,15 @@ def _sort_keys(r) -> int:
     return 1 << max(r["rows"] - 1, 1).bit_length()
 
 
-ATTENTION_CHUNK = 8  # bfloat16 elements a 16-byte cp.async moves (the step's low type)
-
-
 def _attention_inner_trips(r, launch, inner) -> tuple:
-    """The loops inside each key-tile (or query-tile) loop of the attention kernels, in
-    source and address order: the two cp.async copies of the streamed tiles (q and k arrive
-    turned by cgImageRotary: no rotary loop here). A copy moves T x D / 8 chunks of 16 bytes
-    over the block; each trip of the SASS body does as many as it holds cp.async."""
-    tile, width = r["attentionTile"], r["headWidth"]
-    assert len(inner) == 2 and all(c.get("ldgsts") for c in inner), \
-        "the attention loop's inner loops are not the two copies"
-    return tuple(tile * width / ATTENTION_CHUNK / launch.threads / c["ldgsts"] for c in inner)
+    """The attention kernels' tiled loops hold no loop: each cp.async copy of a streamed tile
+    is kCopies chunks a thread, a count the shape fixes, unrolled into the loop's body, where
+    the SASS counts it (q and k arrive turned by cgImageRotary: no rotary loop either). A
+    loop found inside is work this design does not price, so it is refused, not priced as
+    one trip."""
+    assert not inner, f"{launch.image}: the attention loop holds {len(inner)} loops: the " \
+        "copies are no longer unrolled, or a loop was put back; price it in DESIGNS"
+    return ()
 
 
 # Per 32 keys of one pass of cgImageScatterOrder's sort, one warp-iteration of its inner loop:
@@ -294,6 +291,9 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
         for counts, n, inner in zip(audit.tile_loops, iterations, inner_loops):
             executed = n * facts.warps  # loop iterations over all warps of the grid
             body = [(counts, 1.0)]
+            assert design.inner_trips or not inner, \
+                f"{facts.image}: the SASS has loops inside a tiled loop the design does " \
+                "not price (inner_trips)"
             if design.inner_trips and inner:
                 # the SASS counts an inner loop's body once: add its other trips (or take
                 # off the part of its one that a first-iteration-only loop does not run)

@@ -11,9 +11,12 @@ No GPU is needed. tests/test_sass_audit.py holds the promises each kernel keeps.
 
     python3 scripts/sass_audit.py                 # train.cg, config gpt2
     python3 scripts/sass_audit.py --json          # the same figures, for other scripts
+    python3 scripts/sass_audit.py --shipped       # every shipped schedule in every config
 
-The cubin is cached by content (the emitted text, nvcc's version and flags) under
-$CGC_SASS_CACHE, else cgc's cache folder: one nvcc build per emitted file.
+What is built is an emitted file's device code (device_code: what NVRTC compiles; nothing in
+the host program after it can change a kernel). The cubin is cached by content (that code,
+nvcc's version and flags) under $CGC_SASS_CACHE, else cgc's cache folder: one nvcc build per
+distinct device code, which files that differ only in their host programs share.
 """
 
 from __future__ import annotations
@@ -496,6 +499,49 @@ def attention_ldmatrix_ways(source: str) -> int:
     return ldmatrix_conflict_ways((int(width.group(1)) + int(padding.group(1))) * 2)
 
 
+# The host program's opening line (templates/program.cu.j2): it follows every kernel, and
+# NVRTC (which defines __CUDACC_RTC__) skips it.
+HOST_PART = "#ifndef __CUDACC_RTC__\n"
+
+
+def device_code(source: str) -> str:
+    """An emitted file's device code: its text before the host program, without the opening
+    comment that names the schedule and configuration. It is what NVRTC compiles, and nvcc's
+    machine code for each kernel is the same from it as from the whole file: the host part
+    comes after every kernel and cannot change one. Two files with equal device code (a
+    schedule and its data-parallel or recomputing variant, in one configuration) have the
+    same kernels, built once."""
+    lines = source.split("\n")
+    first = next(i for i, line in enumerate(lines) if not line.startswith("//"))
+    text = "\n".join(lines[first:])
+    at = text.find("\n" + HOST_PART)
+    return text if at < 0 else text[:at + 1]
+
+
+@dataclass
+class Built:
+    """One build of device code: its parsed machine code, its resources and the ldmatrix
+    conflict ways of its attention tiles, which each file sharing it audits with its own
+    launch shapes."""
+
+    code: dict[str, KernelCode]
+    usage: dict[str, Resources]
+    ldsm_ways: int
+
+    def audit(self, shapes: dict[str, LaunchShape], hw: Hardware = H200) -> dict[str, KernelAudit]:
+        audits = audit_code(self.code, self.usage, shapes, hw)
+        for audit in audits.values():
+            if audit.counts["ldsm"]:
+                audit.ldsm_conflicts = self.ldsm_ways
+        return audits
+
+
+def build(code: str, folder: Path | None = None, hw: Hardware = H200) -> Built:
+    cubin = build_cubin(code, folder)
+    return Built(parse_sass(disassemble(cubin)), resources(cubin, hw),
+                 attention_ldmatrix_ways(code))
+
+
 def audit_file(path: str, config: str, hw: Hardware = H200) -> dict[str, KernelAudit]:
     check_versions()
     return audit_source(*emitted_file(path, config), hw=hw)
@@ -503,15 +549,55 @@ def audit_file(path: str, config: str, hw: Hardware = H200) -> dict[str, KernelA
 
 def audit_source(source: str, shapes: dict, folder: Path | None = None,
                  hw: Hardware = H200) -> dict[str, KernelAudit]:
-    """Every kernel of an emitted file, audited from its machine code (built in `folder`),
-    with what the code shows besides (the ldmatrix conflict ways of its row stride)."""
-    cubin = build_cubin(source, folder)
-    audits = audit_code(parse_sass(disassemble(cubin)), resources(cubin, hw), shapes, hw)
-    ways = attention_ldmatrix_ways(source)
-    for audit in audits.values():
-        if audit.counts["ldsm"]:
-            audit.ldsm_conflicts = ways
-    return audits
+    """Every kernel of an emitted file, audited from its machine code (its device code,
+    built in `folder`), with what the code shows besides (the ldmatrix conflict ways of its
+    row stride)."""
+    return build(device_code(source), folder, hw).audit(shapes, hw)
+
+
+# ---- every shipped configuration -----------------------------------------------------
+
+def shipped_files() -> list[tuple[str, str]]:
+    """(schedule file, config) for every shipped configuration of every shipped schedule:
+    each schedules/*.cg that declares a schedule (compiled as `cgc compile FILE` does, its
+    last schedule the entry), in each configuration it declares (model.cg's). A file of
+    declarations only (model.cg, images.cg) compiles to no file of its own."""
+    from cgc.pipeline import analyse
+    from cgc.resources import data_dir
+    found = []
+    for path in sorted(data_dir("schedules").glob("*.cg")):
+        frontend = analyse([str(path)])
+        if frontend.default_entry(str(path)) is not None:
+            found += [(str(path), config) for config in frontend.configs]
+    return found
+
+
+@dataclass
+class ShippedAudit:
+    """The audit of every shipped file, keyed by (schedule file name, config), and the
+    builds: each a list of the files whose device code it is (more than one: files
+    identical in kernels, built once)."""
+
+    files: dict[tuple[str, str], dict[str, KernelAudit]]
+    builds: list[list[tuple[str, str]]]
+
+
+def audit_shipped(folder: Path | None = None, hw: Hardware = H200,
+                  workers: int | None = None) -> ShippedAudit:
+    """Every shipped file (shipped_files), audited: one nvcc build per distinct device
+    code, the builds run `workers` at a time (default: one a CPU; nvcc is a process)."""
+    from concurrent.futures import ThreadPoolExecutor
+    check_versions()
+    shapes, by_code = {}, {}
+    for path, config in shipped_files():
+        key = (os.path.basename(path), config)
+        source, shapes[key] = emitted_file(path, config)
+        by_code.setdefault(device_code(source), []).append(key)
+    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        built = list(pool.map(lambda code: build(code, folder, hw), by_code))
+    files = {key: done.audit(shapes[key], hw)
+             for done, keys in zip(built, by_code.values()) for key in keys}
+    return ShippedAudit(dict(sorted(files.items())), list(by_code.values()))
 
 
 COLUMNS = [("kernel", "kernel"), ("threads", "threads"), ("registers", "regs"),
@@ -536,15 +622,43 @@ def table(audits: dict[str, KernelAudit]) -> str:
     return "\n".join(lines + ([""] + loops if loops else []))
 
 
+def print_shipped(shipped: ShippedAudit, as_json: bool) -> int:
+    """A table per build, naming the files it stands for; then every kernel with local
+    memory (stack, LDL/STL) in any of them, or that none has."""
+    if as_json:
+        print(json.dumps([{"files": [list(key) for key in keys],
+                           "kernels": [a.row() for a in shipped.files[keys[0]].values()]}
+                          for keys in shipped.builds], indent=1))
+        return 0
+    for keys in shipped.builds:
+        names = ", ".join(sorted({name for name, _ in keys}))
+        same = f" (the same device code: one build)" if len(keys) > 1 else ""
+        audits = shipped.files[keys[0]]
+        print(f"{names}, config {keys[0][1]}{same}: {len(audits)} kernels, {ARCHITECTURE}")
+        print(table(audits) + "\n")
+    local = [f"{name} {config}: {kernel} (stack {a.stack} bytes, {a.counts['local']} LDL/STL)"
+             for (name, config), audits in shipped.files.items()
+             for kernel, a in audits.items() if a.stack or a.counts["local"]]
+    print("\n".join(["local memory:"] + local) if local else
+          f"local memory: none, in the {sum(map(len, shipped.files.values()))} kernels of "
+          f"{len(shipped.files)} shipped files ({len(shipped.builds)} builds)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--file", default=os.path.join(ROOT, "schedules", "train.cg"))
     parser.add_argument("--config", default="gpt2")
     parser.add_argument("--json", action="store_true", help="print the audit as JSON")
+    parser.add_argument("--shipped", action="store_true",
+                        help="every shipped schedule in every configuration (not --file, "
+                             "--config): a table per distinct device code")
     args = parser.parse_args()
     from cgc.core.diagnostics import CompileError, render_all
     try:
+        if args.shipped:
+            return print_shipped(audit_shipped(), args.json)
         audits = audit_file(args.file, args.config)
     except ToolchainMissing as error:
         print(f"sass_audit: error: {error}", file=sys.stderr)

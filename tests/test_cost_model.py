@@ -117,26 +117,37 @@ def test_inner_loops_are_priced_by_their_trips():
     clock = 132 * 1.83e9
     assert modelled.parts["issue"] == pytest.approx(10560 * 1162.5 / (4 * clock))
     assert modelled.parts["shared"] == pytest.approx(10560 * 8 / clock)
-    # without trips the bodies count once, as the SASS has them
-    once = model_kernel(facts, audit, Design(tile_iterations=lambda r: (2640,)), {}, H200,
-                        MODEL)
+    # one trip each: the bodies count once, as the SASS has them
+    once = model_kernel(facts, audit, Design(tile_iterations=lambda r: (2640,),
+                                             inner_trips=lambda r, launch, found: (1, 1)),
+                        {}, H200, MODEL)
     assert once.parts["issue"] == pytest.approx(10560 * 1000 / (4 * clock))
 
 
-def test_attention_inner_trips_at_gpt2_small():
-    """T = 64, D = 64, 128 threads: a copy of 64 x 64 / 8 = 512 chunks is 4 a thread, one trip
-    of a body of 4 cp.async (2 cp.async a body: 2 trips). q and k arrive turned by the rotary
-    pass, so a loop that is not a copy (a rotary put back in the kernel) is refused rather
-    than priced as a copy."""
+def test_attention_loops_hold_no_loop_to_price():
+    """The attention kernels' copies are kCopies chunks a thread, unrolled into the tiled
+    loop's body (where the SASS counts them), and q and k arrive turned by the rotary pass:
+    no loop inside. One found there (the copies counted at run time again, a rotary loop put
+    back) is refused rather than priced as one trip."""
     roles = {"context": 1024, "attentionTile": 64, "batch": 8, "heads": 12, "headWidth": 64}
     launch = LaunchFacts("cgImageAttention", 8 * 12 * 16, 128, 0, 0)
-    inner = [Counter({"ldgsts": 4}), Counter({"ldgsts": 2})]
-    trips = cost_model._attention_inner_trips(roles, launch, inner)
-    assert trips == pytest.approx((1, 2))
-    with pytest.raises(AssertionError, match="not the two copies"):
-        cost_model._attention_inner_trips(roles, launch, inner + [Counter({"sts": 2})])
-    with pytest.raises(AssertionError, match="not the two copies"):
-        cost_model._attention_inner_trips(roles, launch, inner[:1])
+    assert cost_model._attention_inner_trips(roles, launch, []) == ()
+    with pytest.raises(AssertionError, match="holds 2 loops"):
+        cost_model._attention_inner_trips(roles, launch, [Counter({"ldgsts": 4})] * 2)
+    audit = _audit(2, [Counter({"tensor": 64, "instructions": 600})])
+    audit.inner_loops = [[Counter({"ldgsts": 4, "instructions": 80})]]
+    with pytest.raises(AssertionError, match="holds 1 loops"):
+        model_kernel(launch, audit, cost_model.DESIGNS["cgImageAttention"], roles, H200, MODEL)
+
+
+def test_a_loop_inside_a_tiled_loop_needs_its_trips():
+    """A design without inner_trips for a kernel whose tiled loop holds a loop is an error:
+    the SASS counts that loop's body once, whatever its trips."""
+    audit = _audit(1, [Counter({"tensor": 1, "instructions": 10})])
+    audit.inner_loops = [[Counter({"instructions": 5})]]
+    with pytest.raises(AssertionError, match="does not price"):
+        model_kernel(LaunchFacts("k", 1, 128, 0, 0), audit,
+                     Design(tile_iterations=lambda r: (1,)), {}, H200, MODEL)
 
 
 def test_design_and_sass_must_agree_on_the_tiled_loops():

@@ -1,9 +1,13 @@
-"""The SASS audit (scripts/sass_audit.py): what each kernel of GPT-2 small's file promises,
-read from its machine code for sm_90. Needs only the CPU and CUDA's wheels (nvcc, nvdisasm,
-cuobjdump: the cuda-tools extra), so CI runs it: a kernel that starts spilling, loading
-shared memory through generic pointers or losing its 128-bit accesses fails here.
+"""The SASS audit (scripts/sass_audit.py): what each kernel promises, read from its machine
+code for sm_90. Needs only the CPU and CUDA's wheels (nvcc, nvdisasm, cuobjdump: the
+cuda-tools extra), so CI runs it: a kernel that starts spilling, loading shared memory
+through generic pointers or losing its 128-bit accesses fails here.
 
-PROMISES is the one table of what each kernel keeps; EVERY_KERNEL applies to all kernels.
+EVERY_KERNEL applies to every kernel of every shipped file: each schedule of schedules/ that
+compiles to a file, in each configuration (tiny, tiny32, gpt2), one nvcc build per distinct
+device code (train.cg, train_parallel.cg and train_recompute.cg are the same in kernels in
+each configuration: one build for the three). PROMISES is the one table of what each kernel
+of GPT-2 small's file keeps besides (its design's figures: HMMA a tile, blocks an SM).
 PENDING marks the promises not yet true of the kernels as built, each with its reason: they
 are strict xfails, so the change that makes one true fails here until its mark is removed.
 The attention kernels (FlashAttention-2 style: mma.sync m16n8k16 fed by ldmatrix, cp.async;
@@ -11,14 +15,16 @@ issue 13) keep every promise, no local memory included (rotary is a pass of its 
 
 Every detector is shown to fail: GPT-2 small's file built from templates broken on purpose
 (MUTATIONS: a float4 copy made scalar, an atomic added twice, a local array) breaks those
-promises; a tiny kernel compiled here spills to local memory, loads shared memory through a
-generic pointer, adds atomically, and (the other way) uses ldmatrix, mma.sync in a loop,
-cp.async and 128-bit accesses; doctored listings check the parser's corner cases; the
-occupancy rules are checked on hand-worked cases.
+promises; a local array at the tiny shapes only, in a kernel only library.cg launches, fails
+exactly those two files; a tiny kernel compiled here spills to local memory, loads shared
+memory through a generic pointer, adds atomically, and (the other way) uses ldmatrix,
+mma.sync in a loop, cp.async and 128-bit accesses; doctored listings check the parser's
+corner cases; the occupancy rules are checked on hand-worked cases.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from collections import Counter
@@ -138,11 +144,25 @@ PENDING: dict = {}
 
 
 @pytest.fixture(scope="session")
-def gpt2_audit(tmp_path_factory):
-    """GPT-2 small's kernels, audited: one nvcc build for the session (cached by content)."""
-    sass_audit.check_versions()
-    source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
-    return sass_audit.audit_source(source, shapes, tmp_path_factory.mktemp("sass"))
+def sass_folder(tmp_path_factory):
+    """The session's cubins, by content: a build another test asks for again is reused."""
+    return tmp_path_factory.mktemp("sass")
+
+
+@pytest.fixture(scope="session")
+def shipped(sass_folder):
+    """Every shipped file's kernels, audited: one nvcc build per distinct device code."""
+    return sass_audit.audit_shipped(sass_folder)
+
+
+@pytest.fixture(scope="session")
+def gpt2_audit(shipped):
+    """GPT-2 small's kernels (train.cg, config gpt2), from the shipped audit."""
+    return shipped.files[("train.cg", "gpt2")]
+
+
+def _excused(kernel: str, promise) -> bool:
+    return (kernel, promise.__name__) in PENDING or (promise is no_atomics and kernel in TICKETS)
 
 
 def _cases():
@@ -161,17 +181,57 @@ def _cases():
 
 
 @pytest.mark.parametrize("kernel, promise", list(_cases()))
-def test_kernel_keeps_its_promise(gpt2_audit, kernel, promise):
-    if kernel == "*":
-        kernels = [k for k in gpt2_audit if (k, promise.__name__) not in PENDING
-                   and not (promise is no_atomics and k in TICKETS)]
+def test_kernel_keeps_its_promise(shipped, kernel, promise):
+    """A promise of EVERY_KERNEL ("*", or a kernel PENDING excuses from it) is kept in every
+    shipped file; one of PROMISES, in GPT-2 small's file."""
+    if promise in EVERY_KERNEL:
+        files = shipped.files
+        cases = [(key, k) for key, audits in files.items() for k in audits
+                 if (k == kernel if kernel != "*" else not _excused(k, promise))]
     else:
-        kernels = [kernel]
-    assert all(k in gpt2_audit for k in kernels), \
-        f"the table promises for a kernel the file no longer has: {kernels}"
-    broken = [k for k in kernels if not promise(gpt2_audit[k])]
-    assert not broken, f"{promise.__name__} broken by {broken}: " + \
-        "; ".join(str(gpt2_audit[k].row()) for k in broken)
+        files = {("train.cg", "gpt2"): shipped.files[("train.cg", "gpt2")]}
+        cases = [(("train.cg", "gpt2"), kernel)]
+    assert cases and all(k in files[key] for key, k in cases), \
+        f"the table promises for a kernel no file has: {kernel}"
+    broken = [(key, k) for key, k in cases if not promise(files[key][k])]
+    assert not broken, f"{promise.__name__} broken in " + "; ".join(
+        f"{name} {config}: {files[name, config][k].row()}" for (name, config), k in broken)
+
+
+def test_the_audit_covers_every_shipped_configuration(shipped):
+    """Every schedules/*.cg that `cgc compile` turns into a file, in every configuration the
+    model declares: the files left out are exactly those that declare no schedule."""
+    from cgc.core.diagnostics import CompileError
+    from cgc.pipeline import analyse, evaluate
+    configs = re.findall(r"^config (\w+)", (SCHEDULES / "model.cg").read_text(), re.M)
+    assert configs == ["tiny", "tiny32", "gpt2"]
+    names = sorted(path.name for path in SCHEDULES.glob("*.cg"))
+    left_out = sorted(set(names) - {name for name, _ in shipped.files})
+    assert left_out == ["images.cg", "model.cg"]
+    for name in left_out:
+        path = str(SCHEDULES / name)
+        with pytest.raises(CompileError) as refused:
+            evaluate(analyse([path]), path, config="tiny")
+        assert "declares no schedule" in refused.value.diagnostics[0].message
+    assert set(shipped.files) == {(name, config) for name in names if name not in left_out
+                                  for config in configs}
+    # every kernel the file launches (a launch shape each), each found in the built code
+    assert all(audits and all(a.registers > 0 for a in audits.values())
+               for audits in shipped.files.values())
+
+
+def test_files_the_same_in_kernels_share_one_build(shipped):
+    """train.cg, train_parallel.cg and train_recompute.cg differ only in their host programs
+    (the all-reduce is a library call, the recomputing backward the same kernels): one build
+    of their device code in each configuration serves the three; every other file is its
+    own. The audit's figures for the three are the same."""
+    trio = ["train.cg", "train_parallel.cg", "train_recompute.cg"]
+    for config in ("tiny", "tiny32", "gpt2"):
+        assert [(name, config) for name in trio] in shipped.builds
+        rows = [[a.row() for a in shipped.files[name, config].values()] for name in trio]
+        assert rows[0] == rows[1] == rows[2]
+    assert sorted(len(keys) for keys in shipped.builds) == [1] * 15 + [3] * 3
+    assert sum(map(len, shipped.builds)) == len(shipped.files)
 
 
 def test_pending_promises_are_promises():
@@ -194,12 +254,12 @@ def test_audit_reads_the_attention_design(gpt2_audit):
             assert tile["tensor"] > 0 and tile["ldsm"] > 0 and tile["ldgsts"] > 0
             assert tile["generic"] == 0 and tile["atomic"] == 0
             assert tile["wavefronts:ldgsts"] == 4 * tile["ldgsts"]
-        # inside each: the two cp.async copies of the streamed tiles, whose bodies the cost
-        # model multiplies by trips, and nothing else (q and k arrive turned: no rotary loop,
-        # no shared-memory store; a rotary loop put back would add two inner loops with STS)
-        for inner in audit.inner_loops:
-            assert [bool(c["ldgsts"]) for c in inner] == [True, True]
-            assert all(c.get("sts", 0) == 0 and c.get("tensor", 0) == 0 for c in inner)
+            # the next two tiles, 64 x 64 bfloat16 each, over 128 threads: 4 copies a thread
+            # each, unrolled in the body (kCopies: a count the shape fixes)
+            assert tile["ldgsts"] == 2 * 64 * 64 // 8 // 128
+        # and no loop inside (the cost model prices none): the copies are unrolled, and q and
+        # k arrive turned (a rotary loop put back would add inner loops with STS)
+        assert audit.inner_loops == [[]] * loops
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
     assert forward.counts["tensor"] == 64 and backward.counts["tensor"] == 224
 
@@ -372,6 +432,41 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
     assert wide_global_accesses(audit["cgImageLayerNorm"]) and no_atomics(audit["cgImageCastDown"])
     assert one_ticket(audit["cgImageLayerNormBackward"])
     assert no_local_memory(audit["cgImageAdamW"])
+
+
+# A local array at the tiny shapes only (kWidth 64: tiny and tiny32), in the zeroing kernel,
+# which only library.cg launches: the step's files and GPT-2 small's stay clean.
+TINY_ONLY_SPILL = ("  if (first + 4 <= count) {",
+                   "  if constexpr (kWidth == 64) {\n"
+                   "    float scratch[64];\n"
+                   "    for (int i = 0; i < 64; ++i) scratch[i] = output[i];\n"
+                   "    scratch[threadIdx.x & 63] += 1.0f;\n"
+                   "    if (scratch[(threadIdx.x * 7) & 63] == 12345.0f) output[0] = 1.0f;\n"
+                   "  }\n"
+                   "  if (first + 4 <= count) {")
+
+
+def test_a_spill_in_any_shipped_file_fails_the_audit(shipped, sass_folder, tmp_path,
+                                                      monkeypatch):
+    """The audit reaches past GPT-2 small's step file: local memory in a kernel of another
+    schedule, at another configuration's shape, breaks no_local_memory in exactly the files
+    that have it (library.cg at tiny and tiny32), and the test of the promise names them.
+    The files the mutation leaves alone are the session's builds again."""
+    templates = tmp_path / "templates"
+    shutil.copytree(data_dir("templates"), templates)
+    path = templates / "kernels" / "zero.cu.j2"
+    old, new = TINY_ONLY_SPILL
+    assert old in path.read_text(encoding="utf-8"), "zero.cu.j2 no longer has the mutated line"
+    path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    monkeypatch.setenv("CGC_TEMPLATES", str(templates))
+    mutated = sass_audit.audit_shipped(sass_folder)
+    spilling = {(key, k) for key, audits in mutated.files.items()
+                for k, a in audits.items() if not no_local_memory(a)}
+    assert spilling == {(("library.cg", "tiny"), "cgImageZero"),
+                        (("library.cg", "tiny32"), "cgImageZero")}
+    with pytest.raises(AssertionError, match=r"no_local_memory broken in library\.cg tiny: "):
+        test_kernel_keeps_its_promise(mutated, "*", no_local_memory)
+    test_kernel_keeps_its_promise(shipped, "*", no_local_memory)
 
 
 def test_ldmatrix_conflicts_follow_the_row_stride_of_the_emitted_file():

@@ -639,9 +639,15 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
 
-  // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async.
+  // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async:
+  // kCopies chunks a thread, a count fixed by the shape (as in the backward, whose run-time
+  // count from threadIdx.x made ptxas spill at a head of 16).
+  static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
+  constexpr int kCopies = T * (D / kChunk) / 128;
   auto copy_tile = [&](low_t* to, size_t row, int part) {
-    for (int index = threadIdx.x; index < T * (D / kChunk); index += 128) {
+#pragma unroll
+    for (int copy = 0; copy < kCopies; ++copy) {
+      const int index = threadIdx.x + copy * 128;
       const int r = index / (D / kChunk), c = index % (D / kChunk) * kChunk;
       cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c);
     }
@@ -781,10 +787,17 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
 
-  // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient).
+  // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient): kCopies
+  // chunks a thread, a count fixed by the shape. Counted from threadIdx.x up to the tile's
+  // chunks instead, a thread's trips are a run-time count the compiler cannot see; at a head
+  // of 16 (config tiny: one trip each) ptxas then spilled 8 bytes across the dQ loop.
+  static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
+  constexpr int kCopies = T * (D / kChunk) / 128;
   auto copy_tile = [&](low_t* to, int index, int part) {
     const size_t row = base + static_cast<size_t>(index) * T;
-    for (int i = threadIdx.x; i < T * (D / kChunk); i += 128) {
+#pragma unroll
+    for (int copy = 0; copy < kCopies; ++copy) {
+      const int i = threadIdx.x + copy * 128;
       const int r = i / (D / kChunk), c = i % (D / kChunk) * kChunk;
       const low_t* from = part < 3 ? qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c
                                    : gradientOutput + (row + r) * kWidth + head * D + c;
