@@ -56,10 +56,15 @@ def open_run(backend_name: str, frontend: Frontend, path: str, config: str | Non
              overrides: dict | None = None, seed: int = 0, entry: str | None = None):
     """FILE's entry, checked and set up on a backend with its first parameters."""
     from .backends import backend
+    from .backends.base import memory_problem
     result = checked(frontend, path, entry, config, overrides)
     problems = backend_problems(result.program, [backend_name])
     if problems:
         raise CompileError(problems)
-    run = backend(backend_name)(result.program, result.plan, seed)
+    run_class = backend(backend_name)
+    too_big = memory_problem(run_class, result.plan)  # before any allocation
+    if too_big is not None:
+        raise CompileError([too_big])
+    run = run_class(result.program, result.plan, seed)
     run.warnings = result.warnings
     return run

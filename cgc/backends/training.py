@@ -136,10 +136,25 @@ class Validation:
     steps: int  # batches averaged per validation
 
 
-def validation_loss(run: Run, validation: Validation) -> float:
+def stop_requested(run: Run, stop: threading.Event | None) -> bool:
+    """Whether to stop now: the stop request (Ctrl-C, SIGTERM), agreed by every rank of a
+    data-parallel run (a rank that stopped alone would leave the others in a collective)."""
+    stopping = stop is not None and stop.is_set()
+    if stop is not None and run.communicator.size > 1:
+        stopping = run.communicator.average_scalar(1.0 if stopping else 0.0) > 0.0
+    return stopping
+
+
+def validation_loss(run: Run, validation: Validation,
+                    stop: threading.Event | None = None) -> float | None:
     """The mean loss over `steps` held-out batches (Run.evaluate: the parameters, moments
-    and step counter are as before)."""
-    losses = [run.evaluate(*validation.batches.next()) for _ in range(validation.steps)]
+    and step counter are as before); None if a stop request came before the last batch (it
+    is checked before each: a pass of any length stops within one batch)."""
+    losses = []
+    for _ in range(validation.steps):
+        if stop_requested(run, stop):
+            return None
+        losses.append(run.evaluate(*validation.batches.next()))
     return float(np.mean(losses))
 
 
@@ -190,10 +205,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         run.communicator.size == 1
     step = start
     for step in range(start + 1, steps + 1):
-        stopping = stop is not None and stop.is_set()
-        if stop is not None and run.communicator.size > 1:  # every rank stops after one step
-            stopping = run.communicator.average_scalar(1.0 if stopping else 0.0) > 0.0
-        if stopping:
+        if stop_requested(run, stop):  # every rank stops after the same step
             result.stopped = True
             step -= 1
             break
@@ -220,7 +232,12 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 out.write("\n")
             break
         if validation and validation.every and (step % validation.every == 0 or step == steps):
-            loss = validation_loss(run, validation)
+            position = validation.batches.position()
+            loss = validation_loss(run, validation, stop)
+            if loss is None:  # stopped during the pass: the step is done, its pass is not
+                validation.batches.restore(position)  # the checkpoint's: before the pass
+                result.stopped = True
+                break
             result.validation.append((step, loss))
             _log(log, {"kind": "validation", "step": step, "loss": loss})
             out.write(f"step {step}: validation loss {loss:.4f} "
