@@ -552,3 +552,16 @@ def test_a_fifo_on_the_command_line_is_refused_without_waiting(tmp_path):
     worker.start()
     worker.join(10)
     assert result == [2], "cgc waited on a FIFO named on the command line"
+
+
+def test_a_step_past_the_memory_is_refused_before_allocating():
+    """gpt2's memory plan (some 5.5 GiB) in 2 GiB of address space: once NumPy's "Unable to
+    allocate" (exit 3) after the checking; now refused before any allocation, with both
+    figures (backends/base.py: memory_problem)."""
+    result = cgc("run", SCHEDULES / "train.cg", "--backend", "numpy", "--steps", "1",
+                 "--config", "gpt2", timeout=120, memory=2 << 30)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert re.match(r"cgc: error: the step needs [\d,]+ bytes \(5\.\d\d GiB\) \(its memory "
+                    r"plan's banks, step buffers and arena, as cgc check --memory shows them\), "
+                    r"more than this process's address-space limit \(ulimit -v\): "
+                    r"2,147,483,648 bytes \(2\.00 GiB\)\n", result.stderr), result.stderr[-2000:]

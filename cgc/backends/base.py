@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checking.memory import MemoryPlan
+from ..checking.memory import _bytes as byte_count  # 1,234 bytes (1.21 KiB)
 from ..core.diagnostics import Diagnostic
 from ..core.ir import Program
 from .parallel import Communicator, SingleRank
@@ -108,14 +109,9 @@ def memory_problem(run_class, plan: MemoryPlan) -> Diagnostic | None:
     limit = run_class.memory_limit()
     if limit is None or plan.total_bytes <= limit[0]:
         return None
-    need, have, what = plan.total_bytes, limit[0], limit[1]
-    return Diagnostic("error", f"the step needs {_gib(need)} ({need:,} bytes: its memory plan's "
+    return Diagnostic("error", f"the step needs {byte_count(plan.total_bytes)} (its memory plan's "
                       f"banks, step buffers and arena, as cgc check --memory shows them), more "
-                      f"than {what}: {_gib(have)} ({have:,} bytes)", None)
-
-
-def _gib(count: int) -> str:
-    return f"{count / 2 ** 30:.2f} GiB"
+                      f"than {limit[1]}: {byte_count(limit[0])}", None)
 
 
 class Unavailable(Exception):

@@ -179,10 +179,11 @@ def _read_whole(path: str) -> bytearray:
         if declared != size:
             raise CheckpointError(f"{broken}: the file has {size} bytes, and its header says "
                                   f"{declared} ({'truncated?' if size < declared else 'bytes after its tensors'})")
-        available = machine_memory()
-        if available is not None and declared > available:
-            raise CheckpointError(f"{path}: its tensors take {_gib(declared)}, more than this "
-                                  f"machine's memory ({_gib(available)})")
+        from .base import byte_count, host_memory
+        available = host_memory()  # what it is read into
+        if available is not None and declared > available[0]:
+            raise CheckpointError(f"{path}: its tensors take {byte_count(declared)}, more "
+                                  f"than {available[1]}: {byte_count(available[0])}")
         data += read_at_most(handle, declared - len(data))
     if len(data) != declared:
         raise CheckpointError(f"{broken}: the file became shorter while it was read")
@@ -208,18 +209,6 @@ def _data_bytes(header_text: bytes, broken: str) -> int:
                                   "(two whole numbers, ascending)")
         end = max(end, offsets[1])
     return end
-
-
-def _gib(count: int) -> str:
-    return f"{count / 2 ** 30:.2f} GiB"
-
-
-def machine_memory() -> int | None:
-    """The bytes of this machine's physical memory, where the system says (None: unknown)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
