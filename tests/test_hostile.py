@@ -565,3 +565,47 @@ def test_a_step_past_the_memory_is_refused_before_allocating():
                     r"plan's banks, step buffers and arena, as cgc check --memory shows them\), "
                     r"more than this process's address-space limit \(ulimit -v\): "
                     r"2,147,483,648 bytes \(2\.00 GiB\)\n", result.stderr), result.stderr[-2000:]
+
+
+def test_a_fifo_as_a_dump_folders_run_json_is_not_waited_for(tmp_path):
+    """--dump reads the folder's run.json to tell an earlier dump: once a FIFO there hung
+    the run before its first step; now it is no dump, and the folder is refused."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    os.mkfifo(folder / "run.json")
+    result = cgc("run", SCHEDULES / "train.cg", "--backend", "numpy", "--steps", "1",
+                 "--dump", folder, timeout=60)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "the folder holds files that are not a cgc dump" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_cache_entries_that_are_no_small_regular_file_are_rebuilt_not_read(tmp_path, kind):
+    """The parser's tables and Jinja's compiled templates, cached under $XDG_CACHE_HOME/cgc:
+    once a FIFO in their place hung every command (Jinja's and the parser's reads open
+    whatever has the name) and /dev/zero was read whole; now each is a miss, rebuilt."""
+    environment = {**ENV, "XDG_CACHE_HOME": str(tmp_path)}
+    output = tmp_path / "train.cu"
+    first = subprocess.run([sys.executable, "-m", "cgc", "compile", SCHEDULES / "train.cg",
+                            "-o", output], cwd=ROOT, env=environment, capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    entries = sorted((tmp_path / "cgc").glob("parser-*.json")) + \
+        sorted((tmp_path / "cgc" / "jinja").glob("*.cache"))
+    assert len(entries) > 2
+    for entry in entries:
+        entry.unlink()
+        if kind == "fifo":
+            os.mkfifo(entry)
+        elif kind == "dev-zero":
+            entry.symlink_to("/dev/zero")
+        else:
+            with open(entry, "wb") as handle:
+                handle.truncate(64 << 30)  # sparse
+    again = subprocess.run([sys.executable, "-m", "cgc", "compile", SCHEDULES / "train.cg",
+                            "-o", tmp_path / "again.cu"], cwd=ROOT, env=environment,
+                           capture_output=True, text=True, timeout=120,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                 (4 << 30, 4 << 30)))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "again.cu").read_bytes() == output.read_bytes()

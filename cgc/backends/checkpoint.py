@@ -7,13 +7,19 @@ buffers the step carries from one step to the next (those whose first access in 
 a read-modify-write, such as the optimizer's step counter). Gradients and the arena are not
 kept: the step writes them before it reads them (the checker proves it). The manifest (the
 format, the step, the seed, the data position, the configuration, every constant, the
-schedule sources' SHA-256, the learning-rate schedule) is the file's metadata, as JSON under
+schedule sources' SHA-256, the learning-rate schedule, the tensors' and its own SHA-256) is the
+file's metadata, as JSON under
 the key `cgc`. docs/checkpoint-format.md describes the file.
 
 A checkpoint is written to a temporary file beside its name, flushed to the disk and renamed
 onto it, so a run killed at any moment leaves either the previous checkpoint or the new one,
 never half of one; a folder's checkpoint is the one with the highest step whose name reads
 `step-NNNNNNNN.safetensors` (temporary files are never read).
+
+Reading one trusts nothing in it: only a regular file is read (a FIFO or a device is
+refused without waiting), only as many bytes as its header declares, and only if the file
+has exactly that many; the manifest carries its own SHA-256 (format 2) and every field cgc
+reads is checked for its type and range, each a one-line error.
 """
 
 from __future__ import annotations

@@ -297,12 +297,23 @@ class DumpError(OutputError):
     """A dump folder cgc will not write over: told as an error (exit 1), before the steps."""
 
 
-def _is_dump(folder: str) -> bool:
+_RUN_JSON_LIMIT = 64 * 1024 * 1024  # a dump's run.json takes kilobytes: past this, no dump
+
+
+def _run_json(folder: str):
+    """A dump folder's run.json, read only as a regular file of a sane size (a FIFO there
+    is not waited on); None where there is none, or it is not that."""
+    from ..resources import read_regular
     try:
-        with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
-            return json.load(handle).get("format") == DUMP_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+        data = read_regular(os.path.join(folder, "run.json"), _RUN_JSON_LIMIT)
+        return json.loads(data) if data is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def _is_dump(folder: str) -> bool:
+    manifest = _run_json(folder)
+    return isinstance(manifest, dict) and manifest.get("format") == DUMP_FORMAT
 
 
 def check_dump_folder(folder: str, run: Run | None = None, replace: bool = True) -> None:
@@ -326,8 +337,7 @@ def check_dump_folder(folder: str, run: Run | None = None, replace: bool = True)
                         "earlier dump: give a new folder, or an empty one")
     if empty or run is None or replace:
         return
-    with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
-        earlier = json.load(handle)
+    earlier = _run_json(folder)
     program = run.program
     now = {"config": program.config, "seed": run.seed,
            "constants": {name: (value if isinstance(value, (int, float)) else float(value))
