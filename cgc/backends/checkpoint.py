@@ -7,9 +7,8 @@ buffers the step carries from one step to the next (those whose first access in 
 a read-modify-write, such as the optimizer's step counter). Gradients and the arena are not
 kept: the step writes them before it reads them (the checker proves it). The manifest (the
 format, the step, the seed, the data position, the configuration, every constant, the
-schedule sources' SHA-256, the learning-rate schedule, the tensors' and its own SHA-256) is the
-file's metadata, as JSON under
-the key `cgc`. docs/checkpoint-format.md describes the file.
+schedule sources' SHA-256, the learning-rate schedule, the tensors' and its own SHA-256) is
+the file's metadata, as JSON under the key `cgc`. docs/checkpoint-format.md describes the file.
 
 A checkpoint is written to a temporary file beside its name, flushed to the disk and renamed
 onto it, so a run killed at any moment leaves either the previous checkpoint or the new one,
@@ -190,10 +189,17 @@ def _read_whole(path: str) -> bytearray:
         if available is not None and declared > available[0]:
             raise CheckpointError(f"{path}: its tensors take {byte_count(declared)}, more "
                                   f"than {available[1]}: {byte_count(available[0])}")
-        data += read_at_most(handle, declared - len(data))
-    if len(data) != declared:
-        raise CheckpointError(f"{broken}: the file became shorter while it was read")
-    return data
+        whole = bytearray(declared)  # one buffer, filled in place: no copy while reading
+        whole[:len(data)] = data
+        view, done = memoryview(whole), len(data)
+        while done < declared:
+            got = handle.readinto(view[done:])
+            if not got:
+                view.release()
+                raise CheckpointError(f"{broken}: the file became shorter while it was read")
+            done += got
+        view.release()
+    return whole
 
 
 def _data_bytes(header_text: bytes, broken: str) -> int:
