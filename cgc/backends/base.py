@@ -82,6 +82,8 @@ def host_memory() -> tuple[int, str] | None:
     (ulimit -v) says so; None where the system says nothing."""
     import os
     import resource
+
+    from ..resources import read_regular
     bounds = []
     try:
         bounds.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
@@ -90,7 +92,6 @@ def host_memory() -> tuple[int, str] | None:
         pass
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            from ..resources import read_regular
             text = (read_regular(path, 64) or b"").decode("ascii").strip()
         except (OSError, UnicodeDecodeError):
             continue
