@@ -833,7 +833,7 @@ def _sample(args) -> int:
     backend, _ = chosen
     path = checkpoints.latest(args.checkpoint)
     values, manifest = checkpoints.load(path)
-    identity = manifest["identity"]
+    identity = manifest.get("identity", {})
     if identity.get("data", {}).get("kind", "bytes") != "bytes":
         raise checkpoints.CheckpointError(
             f"{path} was trained on token files: cgc has no tokenizer to turn --prompt into "

@@ -375,11 +375,13 @@ def check_manifest(manifest: dict, path: str) -> None:
     validation = manifest.get("validation_position")
     if validation is not None and not _position(validation):
         refuse("validation_position", validation, f"null or {_POSITION}")
-    if not isinstance(manifest.get("backend"), str):
-        refuse("backend", manifest.get("backend"), "a backend's name")
+    # What the training loop writes is there always; what its caller adds (cgc run: the
+    # backend, the ranks, the identity) is checked where it is there.
+    if "backend" in manifest and not isinstance(manifest["backend"], str):
+        refuse("backend", manifest["backend"], "a backend's name")
     if "ranks" in manifest and not _integer(manifest["ranks"], 1):
         refuse("ranks", manifest["ranks"], "a whole number, 1 or more")
-    identity = manifest.get("identity")
+    identity = manifest.get("identity", {})
     if not isinstance(identity, dict):
         refuse("identity", identity, "an object (the run's identity)")
     for key, (check, wanted) in _IDENTITY.items():
