@@ -1,7 +1,8 @@
 """The training loop, one for every backend: steps, a progress line each, the dump.
 
-A stop request (Ctrl-C in `cgc run`) ends the loop after the step under way; what was
-done is returned as it would be at the end, so the caller can still report and plot it.
+A stop request (Ctrl-C or SIGTERM in `cgc run`) ends the loop after the step under way (a
+validation pass before its next batch, a sample after its token under way); what was done
+is returned as it would be at the end, so the caller can still report and plot it.
 """
 
 from __future__ import annotations
