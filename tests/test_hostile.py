@@ -601,11 +601,30 @@ def test_cache_entries_that_are_no_small_regular_file_are_rebuilt_not_read(tmp_p
             entry.symlink_to("/dev/zero")
         else:
             with open(entry, "wb") as handle:
-                handle.truncate(64 << 30)  # sparse
-    again = subprocess.run([sys.executable, "-m", "cgc", "compile", SCHEDULES / "train.cg",
-                            "-o", tmp_path / "again.cu"], cwd=ROOT, env=environment,
-                           capture_output=True, text=True, timeout=120,
-                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
-                                                                 (4 << 30, 4 << 30)))
-    assert again.returncode == 0, again.stderr[-2000:]
+                handle.truncate(2 << 30)  # sparse, and under the limit: read, not refused
+    # Its peak memory is measured (wait4): reading /dev/zero or the sparse file until the
+    # 4 GB limit's MemoryError, which the cache readers took as a miss, fails this too.
+    again = subprocess.Popen([sys.executable, "-m", "cgc", "compile", SCHEDULES / "train.cg",
+                              "-o", tmp_path / "again.cu"], cwd=ROOT, env=environment,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                   (4 << 30, 4 << 30)))
+    try:
+        _, status, usage = _wait_with_usage(again, timeout=120)
+    finally:
+        again.kill()
+    assert os.waitstatus_to_exitcode(status) == 0, again.stderr.read()[-2000:]
+    assert usage.ru_maxrss < 1 << 20, usage.ru_maxrss  # KiB: under 1 GiB
     assert (tmp_path / "again.cu").read_bytes() == output.read_bytes()
+
+
+def _wait_with_usage(process, timeout: float):
+    """os.wait4 on `process` within `timeout` seconds (a hang fails, it does not block)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return pid, status, usage
+        time.sleep(0.1)
+    raise AssertionError(f"cgc did not finish within {timeout} s")
