@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--prompt", default="\n", metavar="TEXT",
                         help="the text to continue (default: a newline)")
     sample.add_argument("--tokens", type=int, default=200, metavar="N",
-                        help="tokens to write (default 200)")
+                        help="tokens to write (default 200, at most 100,000), each printed "
+                             "as it comes")
     sample.add_argument("--temperature", type=float, default=0.0, metavar="T",
                         help="0 (the default): greedy; above 0: draw from softmax(logits / T)")
     sample.add_argument("--top-k", type=int, metavar="K",
@@ -842,19 +843,17 @@ def _sampler(args, runner, frontend):
 
     def sample() -> str:
         sampler.load(checkpoints.tensors(runner))
-        return decode_bytes(sampler.generate(list(b"\n"), 64))
+        return decode_bytes(sampler.generate(list(b"\n"), 64, stop=_STOP))
 
     return sample
 
 
 def _sample(args) -> int:
     from .backends import checkpoint as checkpoints
-    from .backends.sampling import decode_bytes
-    if args.tokens < 1:
-        raise _UsageError("--tokens must be at least 1")
+    from .backends.sampling import MAX_TOKENS, ByteText
+    if not 1 <= args.tokens <= MAX_TOKENS:
+        raise _UsageError(f"--tokens must be at least 1 and at most {MAX_TOKENS:,}")
     _positive_options(args, ("seed", "temperature"))
-    if args.temperature < 0:
-        raise _UsageError("--temperature must not be negative")
     if args.top_k is not None and args.top_k < 1:
         raise _UsageError("--top-k must be at least 1")
     _readable([args.checkpoint], folders=True)
@@ -873,20 +872,39 @@ def _sample(args) -> int:
             "its tokens (it samples byte-level models)")
     overrides = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
     sampler = _open_sampler(backend, schedule, identity, overrides)
-    prompt = list(args.prompt.encode("utf-8"))
+    # the command line's bytes as given: text that is not UTF-8 comes as surrogate escapes
+    prompt = list(args.prompt.encode("utf-8", "surrogateescape"))
     if not prompt:
         raise _UsageError("--prompt is empty; give at least one character")
     if max(prompt) >= sampler.vocab:
         raise _UsageError(f"--prompt has a byte past the model's vocabulary ({sampler.vocab})")
+    if args.top_k is not None and args.top_k > sampler.vocab:
+        raise _UsageError(f"--top-k {args.top_k} is more than the model's vocabulary "
+                          f"({sampler.vocab} tokens)")
     sampler.load(values)
-    tokens = sampler.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed)
-    sys.stdout.write(args.prompt + decode_bytes(tokens) + "\n")
-    print(f"sampled {_count(args.tokens, 'token')} from {path} (step {manifest.get('step')}) "
+    text = ByteText()
+
+    def emit(token: int) -> None:  # each token as it comes, not the whole text at the end
+        sys.stdout.write(text.add([token]))
+        sys.stdout.flush()
+
+    sys.stdout.write(text.add(prompt))
+    sys.stdout.flush()
+    _STEPPING.set()  # a stop request ends the sample after the token under way
+    try:
+        tokens = sampler.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed,
+                                  stop=_STOP, emit=emit)
+    finally:
+        _STEPPING.clear()
+        sys.stdout.write(text.end() + "\n")
+        sys.stdout.flush()
+    print(f"sampled {_count(len(tokens), 'token')} from {path} (step {manifest['step']}) "
           f"on the {backend} backend, "
           + ("greedy" if args.temperature == 0 else
              f"temperature {args.temperature:g}" + (f", top {args.top_k}" if args.top_k else "")
-             + f", seed {args.seed}"), file=sys.stderr)
-    return EXIT_OK
+             + f", seed {args.seed}") + (" (stopped early)" if _STOP.is_set() else ""),
+          file=sys.stderr)
+    return _stopped_status() if _STOP.is_set() else EXIT_OK
 
 
 # Set by Ctrl-C (SIGINT) while `cgc run` trains (_STEPPING): it stops after the step under

@@ -135,6 +135,7 @@ def open_run(backend_name: str, frontend: Frontend, path: str, config: str | Non
     """FILE's entry, checked and set up on a backend with its first parameters; with
     `whole_step`, only a whole training step (whole_step_problems)."""
     from .backends import backend
+    from .backends.base import memory_problem
     result = checked(frontend, path, entry, config, overrides)
     if whole_step:
         problems = whole_step_problems(frontend, result.program, path)
@@ -143,6 +144,10 @@ def open_run(backend_name: str, frontend: Frontend, path: str, config: str | Non
     problems = backend_problems(result.program, [backend_name])
     if problems:
         raise CompileError(problems)
-    run = backend(backend_name)(result.program, result.plan, seed)
+    run_class = backend(backend_name)
+    too_big = memory_problem(run_class, result.plan)  # before any allocation
+    if too_big is not None:
+        raise CompileError([too_big])
+    run = run_class(result.program, result.plan, seed)
     run.warnings = result.warnings
     return run

@@ -53,5 +53,58 @@ def sync_to_disk(path: str) -> None:
         os.close(descriptor)
 
 
-# The one writer of user outputs is cgc/outputs.py; this is its older name.
-from .outputs import write_file as write_atomically  # noqa: E402
+def open_regular(path) -> tuple:
+    """`path` opened for reading as an unbuffered binary file, with its os.stat_result, if it
+    is a regular file; OSError (EINVAL, 'not a regular file') for a FIFO, a device, a socket
+    or a folder. Opened without blocking, so that a FIFO never hangs the open, and checked on
+    the opened descriptor, so that what is read is what was checked (no swap between a stat
+    and the open)."""
+    import errno
+    import stat
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket is never "
+                                        "read)", os.fspath(path))
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return open(descriptor, "rb", buffering=0, closefd=True), status
+
+
+def read_at_most(handle, count: int) -> bytearray:
+    """Up to `count` bytes from `handle`, fewer only at its end: never more than asked,
+    whatever the file's size says or becomes. Memory goes with what the file holds (its
+    size, then 1 MiB pieces should it grow), not with `count`."""
+    try:
+        size = os.fstat(handle.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        size = 0
+    data = bytearray(min(count, size))
+    view, done = memoryview(data), 0
+    while done < len(data):
+        got = handle.readinto(view[done:])
+        if not got:  # shorter than it said
+            break
+        done += got
+    view.release()
+    del data[done:]
+    while done == len(data) and len(data) < count:  # longer than it said: it grows
+        chunk = handle.read(min(count - len(data), 1 << 20))
+        if not chunk:
+            break
+        data += chunk
+        done = len(data)
+    return data  # a bytearray: no copy of what may be 256 MiB
+
+
+def read_regular(path, limit: int) -> bytearray | None:
+    """A regular file's bytes if it has at most `limit` of them; None if it has more (what
+    is read is bounded by `limit` too, should it grow). OSError as open_regular gives it."""
+    handle, status = open_regular(path)
+    with handle:
+        if status.st_size > limit:
+            return None
+        data = read_at_most(handle, limit + 1)
+    return None if len(data) > limit else data

@@ -307,6 +307,13 @@ nccl_communicators: list = []
 cublaslt: FakeCublasLt | None = None  # set by install
 
 
+DEVICE_BYTES = 16 << 30  # the "device" memory the fake reports (cudaMemGetInfo: free, total)
+
+
+def get_default_memory_pool():
+    return types.SimpleNamespace(free_bytes=lambda: 0)
+
+
 def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None:
     """Makes `import cupy` and `from cupy_backends.cuda.libs import cublas` find this."""
     global images, low, constants, _capture
@@ -318,7 +325,8 @@ def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None
     cublaslt = FakeCublasLt()
     monkeypatch.setattr("cgc.backends.cuda.cublaslt.load", lambda: cublaslt)
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, memcpyAsync=_memcpy,
-                                    memcpyDeviceToDevice=3)
+                                    memcpyDeviceToDevice=3, getDevice=lambda: 0,
+                                    memGetInfo=lambda: (DEVICE_BYTES, DEVICE_BYTES))
     cupy.cuda = types.SimpleNamespace(runtime=runtime, Stream=Stream, Event=Event,
                                       get_elapsed_time=_elapsed,
                                       device=types.SimpleNamespace(get_cublas_handle=lambda: 0))

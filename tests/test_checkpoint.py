@@ -394,3 +394,226 @@ def test_sampling_refuses_a_schedule_that_changes_the_parameters(saved, capsys):
     status, _, err = cgc(capsys, "sample", saved, "--schedule", TRAIN, "--tokens", 2)
     assert status == 1, err
     assert "cannot sample" in err and "writes the bank" in err and "forward-only" in err
+
+
+# ---- what a checkpoint file may be, and every field of its manifest ------------------------
+
+
+def _subprocess_cgc(*arguments, timeout=120, memory=None):
+    """`python -m cgc ARGUMENTS` in a process of its own: a hang fails the test (timeout)
+    rather than blocking it; `memory` limits its address space."""
+    import resource
+    limit = None
+    if memory:
+        def limit():
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    return subprocess.run([sys.executable, "-m", "cgc", *map(str, arguments)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=limit)
+
+
+def _folder_whose_latest_is(saved, tmp_path, make) -> str:
+    """A checkpoint folder with the saved checkpoint and, as its latest, what `make` puts
+    at step-99999999.safetensors."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    shutil.copy(saved, folder / os.path.basename(saved))
+    make(folder / checkpoint.file_name(99999999))
+    return str(folder)
+
+
+@pytest.mark.parametrize("command", ["resume", "sample"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_a_latest_checkpoint_that_is_no_regular_file_is_refused_without_waiting(
+        saved, tmp_path, command, kind):
+    """Once a FIFO in the folder hung --resume and sample (open() waits for a writer), and
+    a link to /dev/zero was read until memory ran out: now each is refused, in one line,
+    before a byte is read (2 GB of address space, a timeout)."""
+    make = {"fifo": os.mkfifo, "dev-zero": lambda path: path.symlink_to("/dev/zero"),
+            "folder": os.mkdir}[kind]
+    folder = _folder_whose_latest_is(saved, tmp_path, make)
+    arguments = (["run", TRAIN, "--backend", "numpy", "--steps", 4, "--resume", folder]
+                 if command == "resume" else ["sample", folder, "--backend", "numpy",
+                                             "--tokens", 2])
+    result = _subprocess_cgc(*arguments, timeout=60, memory=2 << 30)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.startswith("cgc: error: cannot read the checkpoint ")
+    assert "not a regular file" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("how", ["appended", "all-zero"])
+def test_a_huge_sparse_checkpoint_is_refused_unread(saved, tmp_path, how):
+    """8 GiB (sparse): a checkpoint grown past what its header declares, or zeros. Once read
+    whole (in 2 GB of address space: a MemoryError, exit 3); now its size is checked against
+    its header's before the tensors are read."""
+    target = tmp_path / "huge.safetensors"
+    if how == "appended":
+        shutil.copy(saved, target)
+    with open(target, "ab") as handle:
+        handle.truncate(8 << 30)
+    result = _subprocess_cgc("run", TRAIN, "--backend", "numpy", "--steps", 4, "--resume",
+                             target, timeout=60, memory=2 << 30)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "is not a whole cgc checkpoint" in result.stderr
+    assert ("bytes after its tensors" if how == "appended" else "not JSON") in result.stderr
+
+
+def test_a_checkpoint_that_declares_more_than_the_machine_has_is_refused_unread(tmp_path):
+    """A header whose one tensor ends past the machine's memory, in a sparse file of that
+    size: the bytes the header declares are never read."""
+    from cgc.backends.base import host_memory
+    size = host_memory()[0] + (1 << 30)
+    header = json.dumps({"__metadata__": {"cgc": "{}"},
+                         "x": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}})
+    target = tmp_path / "big.safetensors"
+    with open(target, "wb") as handle:
+        handle.write(len(header).to_bytes(8, "little") + header.encode())
+        handle.truncate(8 + len(header) + size)
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoint.load(str(target))
+    assert "its tensors take" in error.value.message and "more than this" in error.value.message
+
+
+def _rewritten(path, target, edit, rehash=True):
+    """The checkpoint at `path` with its manifest edited by `edit`, written to `target`;
+    its manifest's SHA-256 recomputed unless not `rehash` (the tensors untouched)."""
+    data = open(path, "rb").read()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    manifest = json.loads(header["__metadata__"]["cgc"])
+    edit(manifest)
+    if rehash and "manifest_sha256" in manifest:
+        manifest["manifest_sha256"] = checkpoint.manifest_sha256(manifest)
+    header["__metadata__"]["cgc"] = json.dumps(manifest)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes
+    target.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size:])
+    return target
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(manifest):
+        place = manifest
+        for key in keys[:-1]:
+            place = place[key]
+        if value is _DELETE:
+            del place[keys[-1]]
+        else:
+            place[keys[-1]] = value
+    return edit
+
+
+_DELETE = object()
+_BIG = 1 << 200
+
+
+@pytest.mark.parametrize("edit, named", [
+    (_set("step", -5), "step is -5"),
+    (_set("step", "2"), "step is \"2\""),
+    (_set("step", 2.5), "step is 2.5"),
+    (_set("step", True), "step is true"),
+    (_set("step", 3), "a list of 3 numbers"),  # the losses no longer match
+    (_set("step", _DELETE), "step is null"),
+    (_set("losses", "x"), "losses is \"x\""),
+    (_set("losses", [1.0, "a"]), "losses is"),
+    (_set("losses", [1.0]), "a list of 2 numbers"),
+    (_set("losses", None), "losses is null"),
+    (_set("data_position", {"bit_generator": "PCG64"}), "data_position is"),
+    (_set("data_position", "state", "state", -1), "data_position is"),
+    (_set("data_position", "state", "state", _BIG), "data_position is"),
+    (_set("data_position", "state", "inc", 2), "data_position is"),
+    (_set("data_position", "bit_generator", "MT19937"), "data_position is"),
+    (_set("data_position", "has_uint32", 7), "data_position is"),
+    (_set("validation_position", [1]), "validation_position is [1]"),
+    (_set("backend", 5), "backend is 5"),
+    (_set("ranks", 0), "ranks is 0"),
+    (_set("identity", "tiny"), "identity is \"tiny\""),
+    (_set("identity", "seed", -1), "identity.seed is -1"),
+    (_set("identity", "seed", "0"), "identity.seed is \"0\""),
+    (_set("identity", "overrides", ["cgWidth=64"]), "identity.overrides is"),
+    (_set("identity", "learning_rate", {"peak": "x"}), "identity.learning_rate is"),
+    (_set("identity", "learning_rate", "warmup", -2), "identity.learning_rate is"),
+    (_set("identity", "data", "kind", "words"), "identity.data is"),
+    (_set("identity", "entries", "cgFcWeight", "count", "x"), "identity.entries is"),
+    (_set("identity", "constants", [1]), "identity.constants is"),
+    (_set("identity", "config", 3), "identity.config is 3"),
+    (_set("identity", "ranks", 0), "identity.ranks is 0"),
+])
+@pytest.mark.parametrize("command", ["resume", "sample"])
+def test_every_field_of_the_manifest_is_checked(saved, tmp_path, capsys, edit, named, command):
+    """An edited field whose manifest hash was recomputed too: each is a one-line error naming
+    the field, never an internal error (exit 3) nor a run "resumed at step -5"."""
+    target = _rewritten(saved, tmp_path / "edited.safetensors", edit)
+    arguments = (["run", TRAIN, "--backend", "numpy", "--steps", 4, "--resume", target]
+                 if command == "resume" else ["sample", target, "--backend", "numpy",
+                                             "--tokens", 2])
+    status, out, err = cgc(capsys, *arguments)
+    assert status == 1, err
+    assert err.startswith(f"cgc: error: {target}: the manifest's ") and named in err, err
+    assert err.count("\n") <= 2 and "internal error" not in err and "resumed" not in err
+
+
+@pytest.mark.parametrize("edit", [_set("step", 1), _set("losses", [5.0, 5.0]),
+                                  _set("identity", "seed", 1),
+                                  _set("data_position", "state", "state", 12345),
+                                  _set("backend", "cupy"), _set("novel", 1)])
+def test_an_edited_manifest_is_told_by_its_hash(saved, tmp_path, capsys, edit):
+    """The manifest is covered by its SHA-256: a field edited and its value valid (step 1 once
+    resumed silently from step 1, with the parameters of step 2) is a damaged file."""
+    target = _rewritten(saved, tmp_path / "edited.safetensors", edit, rehash=False)
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 4,
+                         "--resume", target)
+    assert status == 1, err
+    assert "its manifest does not have the SHA-256 it records" in err, err
+
+
+def test_a_format_1_checkpoint_still_resumes(saved, tmp_path, capsys):
+    """cgc-checkpoint-1 (no manifest hash): still read, its fields checked the same way."""
+    def older(manifest):
+        manifest["format"] = "cgc-checkpoint-1"
+        del manifest["manifest_sha256"]
+    target = _rewritten(saved, tmp_path / "old.safetensors", older, rehash=False)
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 3,
+                         "--resume", target)
+    assert status == 0 and "at step 2" in err, err
+    bad = _rewritten(saved, tmp_path / "old-bad.safetensors",
+                     lambda m: (older(m), m.update(step=-5)), rehash=False)
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 3,
+                         "--resume", bad)
+    assert status == 1 and "the manifest's step is -5" in err, err
+    other = _rewritten(saved, tmp_path / "future.safetensors", _set("format", "cgc-checkpoint-9"))
+    status, _, err = cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 3,
+                         "--resume", other)
+    assert status == 1 and "its format is \"cgc-checkpoint-9\"" in err, err
+
+
+# ---- stopping during a validation pass ----------------------------------------------------
+
+
+def test_sigterm_during_a_long_validation_stops_within_a_batch(tmp_path):
+    """--val-steps 10**9: once SIGTERM waited for the whole pass (11 minutes and more); now
+    the pass stops before its next batch, the step is checkpointed and the run ends 143."""
+    import time
+    folder = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", TRAIN, "--backend", "numpy", "--steps", "5",
+         "--val-every", "1", "--val-steps", "1000000000", "--checkpoint-dir", str(folder)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = process.stdout.readline()  # step 1's line: its validation pass has begun
+        assert line.startswith("step 1/5"), process.stderr.read()
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = process.communicate(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        process.kill()
+    assert process.returncode == 143, err
+    assert waited < 30, waited  # a batch takes some 0.1 s here
+    assert "validation loss" not in out  # the pass was not finished, so not reported
+    _, manifest = checkpoint.load(checkpoint.latest(str(folder)))
+    assert manifest["step"] == 1 and "Traceback" not in err

@@ -552,3 +552,79 @@ def test_a_fifo_on_the_command_line_is_refused_without_waiting(tmp_path):
     worker.start()
     worker.join(10)
     assert result == [2], "cgc waited on a FIFO named on the command line"
+
+
+def test_a_step_past_the_memory_is_refused_before_allocating():
+    """gpt2's memory plan (some 5.5 GiB) in 2 GiB of address space: once NumPy's "Unable to
+    allocate" (exit 3) after the checking; now refused before any allocation, with both
+    figures (backends/base.py: memory_problem)."""
+    result = cgc("run", SCHEDULES / "train.cg", "--backend", "numpy", "--steps", "1",
+                 "--config", "gpt2", timeout=120, memory=2 << 30)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert re.match(r"cgc: error: the step needs [\d,]+ bytes \(5\.\d\d GiB\) \(its memory "
+                    r"plan's banks, step buffers and arena, as cgc check --memory shows them\), "
+                    r"more than this process's address-space limit \(ulimit -v\): "
+                    r"2,147,483,648 bytes \(2\.00 GiB\)\n", result.stderr), result.stderr[-2000:]
+
+
+def test_a_fifo_as_a_dump_folders_run_json_is_not_waited_for(tmp_path):
+    """--dump reads the folder's run.json to tell an earlier dump: once a FIFO there hung
+    the run before its first step; now it is no dump, and the folder is refused."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    os.mkfifo(folder / "run.json")
+    result = cgc("run", SCHEDULES / "train.cg", "--backend", "numpy", "--steps", "1",
+                 "--dump", folder, timeout=60)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "the folder holds files that are not a cgc dump" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_cache_entries_that_are_no_small_regular_file_are_rebuilt_not_read(tmp_path, kind):
+    """The parser's tables and Jinja's compiled templates, cached under $XDG_CACHE_HOME/cgc:
+    once a FIFO in their place hung every command (Jinja's and the parser's reads open
+    whatever has the name) and /dev/zero was read whole; now each is a miss, rebuilt."""
+    environment = {**ENV, "XDG_CACHE_HOME": str(tmp_path)}
+    output = tmp_path / "train.cu"
+    first = subprocess.run([sys.executable, "-m", "cgc", "compile", SCHEDULES / "train.cg",
+                            "-o", output], cwd=ROOT, env=environment, capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    entries = sorted((tmp_path / "cgc").glob("parser-*.json")) + \
+        sorted((tmp_path / "cgc" / "jinja").glob("*.cache"))
+    assert len(entries) > 2
+    for entry in entries:
+        entry.unlink()
+        if kind == "fifo":
+            os.mkfifo(entry)
+        elif kind == "dev-zero":
+            entry.symlink_to("/dev/zero")
+        else:
+            with open(entry, "wb") as handle:
+                handle.truncate(2 << 30)  # sparse, and under the limit: read, not refused
+    # Its peak memory is measured (wait4): reading /dev/zero or the sparse file until the
+    # 4 GB limit's MemoryError, which the cache readers took as a miss, fails this too.
+    again = subprocess.Popen([sys.executable, "-m", "cgc", "compile", SCHEDULES / "train.cg",
+                              "-o", tmp_path / "again.cu"], cwd=ROOT, env=environment,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                   (4 << 30, 4 << 30)))
+    try:
+        _, status, usage = _wait_with_usage(again, timeout=120)
+    finally:
+        again.kill()
+    assert os.waitstatus_to_exitcode(status) == 0, again.stderr.read()[-2000:]
+    assert usage.ru_maxrss < 1 << 20, usage.ru_maxrss  # KiB: under 1 GiB
+    assert (tmp_path / "again.cu").read_bytes() == output.read_bytes()
+
+
+def _wait_with_usage(process, timeout: float):
+    """os.wait4 on `process` within `timeout` seconds (a hang fails, it does not block)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return pid, status, usage
+        time.sleep(0.1)
+    raise AssertionError(f"cgc did not finish within {timeout} s")

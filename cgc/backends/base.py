@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checking.memory import MemoryPlan
+from ..checking.memory import _bytes as byte_count  # 1,234 bytes (1.21 KiB)
 from ..core.diagnostics import Diagnostic
 from ..core.ir import Program
 from .parallel import Communicator, SingleRank
@@ -75,6 +76,45 @@ def check_tokens(ids: np.ndarray, targets: np.ndarray, vocab: int | None) -> Non
                         f"0 .. {vocab - 1} (or -1, ignored)")
 
 
+def host_memory() -> tuple[int, str] | None:
+    """The bytes this process can have in host memory, and what bounds them: the machine's
+    physical memory, or less where a cgroup (a container's limit) or the address-space limit
+    (ulimit -v) says so; None where the system says nothing."""
+    import os
+    import resource
+
+    from ..resources import read_regular
+    bounds = []
+    try:
+        bounds.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                       "this machine's physical memory"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = (read_regular(path, 64) or b"").decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit():
+            bounds.append((int(text), f"this container's memory limit ({path})"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        bounds.append((soft, "this process's address-space limit (ulimit -v)"))
+    return min(bounds) if bounds else None
+
+
+def memory_problem(run_class, plan: MemoryPlan) -> Diagnostic | None:
+    """An error if the step's memory plan (banks, step buffers and arena: allocated once,
+    before the first step) is more than the backend's memory (Run.memory_limit), with both
+    figures; checked before anything is allocated, not told by the allocator's failure."""
+    limit = run_class.memory_limit()
+    if limit is None or plan.total_bytes <= limit[0]:
+        return None
+    return Diagnostic("error", f"the step needs {byte_count(plan.total_bytes)} (its memory plan's "
+                      f"banks, step buffers and arena, as cgc check --memory shows them), more "
+                      f"than {limit[1]}: {byte_count(limit[0])}", None)
+
+
 class Unavailable(Exception):
     """The backend cannot run here; the message says why and what to do, in one sentence."""
 
@@ -104,6 +144,12 @@ class Run(ABC):
     def problems(program: Program) -> list[Diagnostic]:
         """What the backend lacks to run this program (an image it has no kernel for)."""
         return []
+
+    @staticmethod
+    def memory_limit() -> tuple[int, str] | None:
+        """The bytes a run's memory plan may take here, and what they are (None: unknown).
+        Host memory by default; a GPU backend says its device's."""
+        return host_memory()
 
     @abstractmethod
     def store(self, label: str, values) -> None:

@@ -26,14 +26,14 @@ read up to what is still missing, never whole and then cut.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ..resources import open_regular, read_at_most
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
 # The shipped corpus's SHA-256: checked when it is read, so that a copy changed on the way
@@ -58,37 +58,12 @@ def sha256_of(corpus: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(corpus, dtype=np.uint8).data).hexdigest()
 
 
-def _not_regular(path: Path) -> OSError:
-    return OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket is never "
-                                 "read)", os.fspath(path))
-
-
 def _read_regular(path: Path, wanted: int) -> bytearray:
     """At most `wanted` bytes of a regular file; anything else raises OSError before a read
-    (opened without blocking, so a FIFO cannot hang the run, and checked again once open)."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise _not_regular(path)
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with open(descriptor, "rb", buffering=0, closefd=True) as handle:
-        status = os.fstat(descriptor)
-        if not stat.S_ISREG(status.st_mode):
-            raise _not_regular(path)
-        data = bytearray(min(wanted, status.st_size))
-        view, done = memoryview(data), 0
-        while done < len(data):
-            count = handle.readinto(view[done:])
-            if not count:  # shorter than it said
-                del view
-                del data[done:]
-                return data
-            done += count
-        del view
-        while len(data) < wanted:  # longer than it said: it grows as we read
-            chunk = handle.read(min(wanted - len(data), 1 << 20))
-            if not chunk:
-                break
-            data += chunk
-        return data
+    (resources.open_regular: opened without blocking, checked on the descriptor)."""
+    handle, _ = open_regular(path)
+    with handle:
+        return read_at_most(handle, wanted)
 
 
 def load_corpus(paths: list[str] | None = None, limit: int | None = None) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The training loop, one for every backend: steps, a progress line each, the dump.
 
-A stop request (Ctrl-C in `cgc run`) ends the loop after the step under way; what was
-done is returned as it would be at the end, so the caller can still report and plot it.
+A stop request (Ctrl-C or SIGTERM in `cgc run`) ends the loop after the step under way (a
+validation pass before its next batch, a sample after its token under way); what was done
+is returned as it would be at the end, so the caller can still report and plot it.
 """
 
 from __future__ import annotations
@@ -137,10 +138,25 @@ class Validation:
     steps: int  # batches averaged per validation
 
 
-def validation_loss(run: Run, validation: Validation) -> float:
+def stop_requested(run: Run, stop: threading.Event | None) -> bool:
+    """Whether to stop now: the stop request (Ctrl-C, SIGTERM), agreed by every rank of a
+    data-parallel run (a rank that stopped alone would leave the others in a collective)."""
+    stopping = stop is not None and stop.is_set()
+    if stop is not None and run.communicator.size > 1:
+        stopping = run.communicator.average_scalar(1.0 if stopping else 0.0) > 0.0
+    return stopping
+
+
+def validation_loss(run: Run, validation: Validation,
+                    stop: threading.Event | None = None) -> float | None:
     """The mean loss over `steps` held-out batches (Run.evaluate: the parameters, moments
-    and step counter are as before)."""
-    losses = [run.evaluate(*validation.batches.next()) for _ in range(validation.steps)]
+    and step counter are as before); None if a stop request came before the last batch (it
+    is checked before each: a pass of any length stops within one batch)."""
+    losses = []
+    for _ in range(validation.steps):
+        if stop_requested(run, stop):
+            return None
+        losses.append(run.evaluate(*validation.batches.next()))
     return float(np.mean(losses))
 
 
@@ -191,10 +207,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         run.communicator.size == 1
     step = start
     for step in range(start + 1, steps + 1):
-        stopping = stop is not None and stop.is_set()
-        if stop is not None and run.communicator.size > 1:  # every rank stops after one step
-            stopping = run.communicator.average_scalar(1.0 if stopping else 0.0) > 0.0
-        if stopping:
+        if stop_requested(run, stop):  # every rank stops after the same step
             result.stopped = True
             step -= 1
             break
@@ -221,7 +234,12 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 out.write("\n")
             break
         if validation and validation.every and (step % validation.every == 0 or step == steps):
-            loss = validation_loss(run, validation)
+            position = validation.batches.position()
+            loss = validation_loss(run, validation, stop)
+            if loss is None:  # stopped during the pass: the step is done, its pass is not
+                validation.batches.restore(position)  # the checkpoint's: before the pass
+                result.stopped = True
+                break
             result.validation.append((step, loss))
             _log(log, {"kind": "validation", "step": step, "loss": loss})
             out.write(f"step {step}: validation loss {loss:.4f} "
@@ -281,12 +299,23 @@ class DumpError(OutputError):
     """A dump folder cgc will not write over: told as an error (exit 1), before the steps."""
 
 
-def _is_dump(folder: str) -> bool:
+_RUN_JSON_LIMIT = 64 * 1024 * 1024  # a dump's run.json takes kilobytes: past this, no dump
+
+
+def _run_json(folder: str):
+    """A dump folder's run.json, read only as a regular file of a sane size (a FIFO there
+    is not waited on); None where there is none, or it is not that."""
+    from ..resources import read_regular
     try:
-        with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
-            return json.load(handle).get("format") == DUMP_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+        data = read_regular(os.path.join(folder, "run.json"), _RUN_JSON_LIMIT)
+        return json.loads(data) if data is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def _is_dump(folder: str) -> bool:
+    manifest = _run_json(folder)
+    return isinstance(manifest, dict) and manifest.get("format") == DUMP_FORMAT
 
 
 def check_dump_folder(folder: str, run: Run | None = None, replace: bool = True) -> None:
@@ -310,8 +339,7 @@ def check_dump_folder(folder: str, run: Run | None = None, replace: bool = True)
                         "earlier dump: give a new folder, or an empty one")
     if empty or run is None or replace:
         return
-    with open(os.path.join(folder, "run.json"), encoding="utf-8") as handle:
-        earlier = json.load(handle)
+    earlier = _run_json(folder)
     program = run.program
     now = {"config": program.config, "seed": run.seed,
            "constants": {name: (value if isinstance(value, (int, float)) else float(value))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from ..core.diagnostics import Note, Reporter, did_you_mean
-from ..resources import cache_dir, grammar_path
+from ..resources import cache_dir, grammar_path, read_regular
 from .syntax import (
     Apply, Arrow, Clause, Declaration, Floating, Import, Integer, Lambda, Module, Name,
     Natural, Source, Span,
@@ -236,12 +236,21 @@ def _cache_file(grammar: str) -> Path | None:
         return None
 
 
+# The cached tables take 30 KB; a file past this bound is no cache cgc wrote (and is not read).
+_CACHE_LIMIT = 16 * 1024 * 1024
+
+
 def _read_cache(path: Path) -> _Parser | None:
-    """The parser made from the cached tables, or None (missing, unreadable, damaged)."""
+    """The parser made from the cached tables, or None (missing, unreadable, damaged, not a
+    regular file, or past _CACHE_LIMIT: a FIFO or /dev/zero there is never waited on or read
+    whole)."""
     import json
 
     try:
-        tables = json.loads(path.read_bytes())
+        data = read_regular(path, _CACHE_LIMIT)
+        if data is None:
+            return None
+        tables = json.loads(data)
         if tables.pop("key") != path.stem or tables["format"] != _TABLES_FORMAT:
             return None
         return _Parser(tables)

@@ -98,6 +98,17 @@ class CupyRun(Run):
     def problems(program):
         return image_problems(program)
 
+    @staticmethod
+    def memory_limit() -> tuple[int, str] | None:
+        """The GPU's free memory (and what CuPy's pool holds free for reuse), less cuBLASLt's
+        workspace, which the run allocates beside the plan."""
+        import cupy
+        free, total = cupy.cuda.runtime.memGetInfo()
+        free += cupy.get_default_memory_pool().free_bytes()
+        return (max(0, free - CUBLASLT_WORKSPACE_BYTES),
+                f"the free memory of GPU {cupy.cuda.runtime.getDevice()} "
+                f"({total / 2 ** 30:.2f} GiB in all)")
+
     # ---- memory ------------------------------------------------------------------
 
     def address(self, storage, offset: int = 0) -> int:

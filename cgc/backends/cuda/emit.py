@@ -23,7 +23,7 @@ from ...core.diagnostics import Diagnostic, Note
 from ...core.elements import ELEMENTS, c_type, element_bytes
 from ...core.ir import Launch, PhaseRegion, Program, Repeat, View
 from ...core.roles import KERNEL_CONSTANTS, TRAINING_ROLES
-from ...resources import cache_dir, data_dir
+from ...resources import cache_dir, data_dir, read_regular
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,26 @@ def _bytecode_cache():
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(str(folder))
+    return _BoundedBytecodeCache(str(folder))
+
+
+class _BoundedBytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Jinja's file cache, reading only a regular file of a sane size (Jinja's own opens
+    whatever has the name: a FIFO there would hang every compile, /dev/zero be read whole);
+    anything else, or a damaged entry, is a miss and the template is compiled again."""
+
+    LIMIT = 16 * 1024 * 1024  # an entry takes some 30 KB
+
+    def load_bytecode(self, bucket) -> None:
+        import io
+        try:
+            data = read_regular(self._get_cache_filename(bucket), self.LIMIT)
+            if data is not None:
+                bucket.load_bytecode(io.BytesIO(data))
+                return
+        except Exception:  # noqa: BLE001 (an unreadable or damaged cache entry: rebuild)
+            pass
+        bucket.reset()
 
 
 def template_path(image: str) -> str:
