@@ -65,10 +65,28 @@ def _emit(schedule: str, config: str, output: Path) -> Path:
     return output
 
 
+# Two steps of a schedule that is a part of a step (backward.cg) on the numpy backend, dumped:
+# `cgc run` trains only whole steps, but the library runs any checked schedule.
+_PART_DUMP = """
+import io, sys
+from cgc.backends.data import Batches, load_corpus
+from cgc.backends.training import train
+from cgc.pipeline import analyse, open_run
+path, config, folder = sys.argv[1:4]
+run = open_run("numpy", analyse([path]), path, config, {}, seed=0)
+batches = Batches(load_corpus(None), run.constants["cgBatch"], run.constants["cgContext"], 0)
+train(run, batches, 2, out=io.StringIO(), dump=folder)
+"""
+
+
 def _dump(schedule: str, config: str, folder: Path) -> list[float]:
-    done = _run([sys.executable, "-m", "cgc", "run", str(ROOT / "schedules" / f"{schedule}.cg"),
-                 "--backend", "numpy", "--config", config, "--steps", "2", "--dump", str(folder)],
-                cwd=ROOT)
+    path = str(ROOT / "schedules" / f"{schedule}.cg")
+    if schedule == "train":
+        command = [sys.executable, "-m", "cgc", "run", path, "--backend", "numpy", "--config", config,
+                   "--steps", "2", "--dump", str(folder)]
+    else:
+        command = [sys.executable, "-c", _PART_DUMP, path, config, str(folder)]
+    done = _run(command, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"cgc run --dump failed:\n{done.stderr}")
     return json.loads((folder / "run.json").read_text())["losses"]
