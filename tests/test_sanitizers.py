@@ -56,9 +56,12 @@ def test_the_step_runs_clean_under_address_and_undefined_behaviour_sanitizers(co
 # Each a template broken on purpose: (template, the line as written, the broken line, what
 # the report must say).
 BREAKAGES = {
+    # The row after the last lands past the arena's last slot (the last layer's statistics),
+    # where ASan's poison begins: a slip into a neighbouring slot of the memory plan is not
+    # poisoned (every slot is unpoisoned once, whatever its lifetime), so the breakage is one
+    # whose last write leaves the allocation.
     "an index off by one row": (
-        "cast_down", "store8(output + first, load8(input + first));",
-        "store8(output + first + 8, load8(input + first));",
+        "layer_norm", "statistics[2 * row] = mean;", "statistics[2 * (row + 1)] = mean;",
         r"AddressSanitizer: (use-after-poison|heap-buffer-overflow)"),
     "a bound one too large": (
         "layer_norm", "statistics[2 * row + 1] = rstd;", "statistics[2 * row + 2] = rstd;",
