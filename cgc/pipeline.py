@@ -13,6 +13,7 @@ from .checking.memory import MemoryPlan, plan_memory
 import os
 
 from .core.diagnostics import CompileError, Diagnostic, Note, Reporter
+from .resources import read_regular
 from .core.ir import Program
 from .frontend.api import Frontend, analyse, evaluate, paused_gc, parse_override
 
@@ -76,9 +77,11 @@ def whole_steps_using(path: str) -> list:
         if os.path.realpath(candidate) == key:
             continue
         try:
-            with open(candidate, "rb") as handle:
-                if b"step" not in handle.read(1 << 20):  # no roles clause naming a step
-                    continue
+            # a regular file only (a FIFO named *.cg would hang the open), and one that
+            # names a step somewhere: the others need no front end
+            text = read_regular(candidate, 1 << 20)
+            if text is None or b"step" not in text:
+                continue
             frontend = analyse([candidate])
         except (OSError, CompileError):
             continue

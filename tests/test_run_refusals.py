@@ -123,3 +123,16 @@ def test_resume_with_the_same_split_and_other_validation_lengths_goes_on(tmp_pat
                            "--resume", folder, "--val-every", "1", "--val-steps", "2")
     assert status == 0, err
     assert "resumed from" in err and "step 3/3" in out
+
+
+def test_a_fifo_beside_a_part_of_a_step_does_not_hang_the_search_for_whole_steps(tmp_path,
+                                                                                  capsys):
+    """The refusal looks for whole steps in the `.cg` files beside the schedule: a FIFO among
+    them is passed over, never opened for a read that would wait for a writer."""
+    import os
+    for source in SCHEDULES.glob("*.cg"):
+        (tmp_path / source.name).write_text(source.read_text())
+    os.mkfifo(tmp_path / "a_fifo.cg")
+    status, _, err = cgc(capsys, "run", tmp_path / "backward.cg", "--steps", "1")
+    assert status == 1
+    assert f"is a whole step that uses it: cgc run {tmp_path / 'train.cg'}" in err
