@@ -165,7 +165,8 @@ def _values() -> np.ndarray:
 def test_functions_are_float64s_correctly_rounded_to_float32(name):
     """A million values, each the float32 nearest NumPy's float64 function (an error below
     2^-52, so their float32 roundings can differ only within 2^-28 ulp of a midpoint); the
-    special values as IEEE's."""
+    special values as IEEE's, every NaN the one quiet NaN (NumPy's own NaN signs vary with
+    its SIMD path, portable's may not)."""
     x = _values()
     if name == "log":
         x = np.abs(x)
@@ -177,7 +178,9 @@ def test_functions_are_float64s_correctly_rounded_to_float32(name):
         expected = getattr(np, name)(special.astype(np.float64)).astype(F32)
     got = getattr(portable, name)(special)
     assert np.array_equal(got, expected, equal_nan=True)
-    assert np.array_equal(np.signbit(got), np.signbit(expected))
+    number = ~np.isnan(got)
+    assert np.array_equal(np.signbit(got[number]), np.signbit(expected[number]))
+    assert set(got[~number].view(np.uint32).tolist()) <= {0x7FC00000}
 
 
 def test_cos_and_sin_of_half_turns_are_correctly_rounded():
