@@ -2,6 +2,7 @@
 
 import os as _os
 import sys as _sys
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -17,3 +18,37 @@ if "numpy" not in _sys.modules and not any(
         _os.environ.get(name) for name in
         ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")):
     _os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+# The Python API (cgc/api.py, docs/api.md), loaded on first use: `import cgc` and the
+# commands that need no run (`cgc compile`) load neither NumPy nor the backends.
+__all__ = ["CompileError", "Diagnostic", "OptionError", "RunError", "Schedule", "Sampling",
+           "TrainingOptions", "TrainingRun", "StepRecord", "Training", "load",
+           "open_training", "open_sampler", "__version__"]
+
+_HOMES = {
+    "CompileError": "cgc.core.diagnostics", "Diagnostic": "cgc.core.diagnostics",
+    "OptionError": "cgc.core.diagnostics", "RunError": "cgc.core.diagnostics",
+    "Schedule": "cgc.api", "Sampling": "cgc.api", "load": "cgc.api",
+    "open_training": "cgc.api", "open_sampler": "cgc.api",
+    "TrainingOptions": "cgc.training.run", "TrainingRun": "cgc.training.run",
+    "StepRecord": "cgc.training.loop", "Training": "cgc.training.loop",
+}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'cgc' has no attribute '{name}'")
+    import importlib
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if _TYPE_CHECKING:  # for type checkers and editors: the names above, statically
+    from .api import Sampling, Schedule, load, open_sampler, open_training  # noqa: F401
+    from .core.diagnostics import CompileError, Diagnostic, OptionError, RunError  # noqa: F401
+    from .training.loop import StepRecord, Training  # noqa: F401
+    from .training.run import TrainingOptions, TrainingRun  # noqa: F401

@@ -13,11 +13,12 @@ import threading
 import time
 import traceback
 
-from . import __version__
+from . import __version__, api
 from .backends import REGISTRY
-from .core.diagnostics import CompileError, render_all
+from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
 from .outputs import Refused, WriteFailed
-from .pipeline import Frontend, analyse, backend_problems, check, evaluate, parse_override
+from .resources import install_hint
+from .pipeline import Frontend, analyse, backend_problems, check, evaluate
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
@@ -32,12 +33,9 @@ disk refused), 2 usage errors (an unknown command or option, a bad value, a FILE
 be read, an output that must not be written), 130 stopped by Ctrl-C, 143 stopped by SIGTERM."""
 
 
-class _UsageError(Exception):
-    """A command line cgc cannot act on: exit 2, the usage and the reason."""
-
-
-class _PathError(_UsageError):
-    """A path on the command line that cannot be read (or written): exit 2, one line."""
+# A command line cgc cannot act on: exit 2, the usage and the reason; a path that cannot
+# be read (or written): exit 2, one line. The library raises them too (cgc/api.py).
+_UsageError, _PathError = OptionError, PathError
 
 
 def _count(count: int, word: str, plural: str | None = None) -> str:
@@ -92,6 +90,10 @@ def _add_program_options(parser: argparse.ArgumentParser, several_configs: bool)
                             help="the configuration (default: the first one declared)")
     parser.add_argument("--set", metavar="CONSTANT=VALUE", action="append", default=[],
                         help="override a model constant, e.g. --set cgLayers=96 (repeatable)")
+    parser.add_argument("--kernels", metavar="DIR", action="append", default=[],
+                        help="a folder of your own kernel images: SNAKE_NAME.cu.j2 templates "
+                             "and a reference.py whose KERNELS table the numpy backend runs "
+                             "(repeatable; docs/tutorial.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cgc {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_check_parser, _ir_parser, _compile_parser, _fmt_parser, _doc_parser,
+                _run_parser, _sample_parser):
+        add(commands)
+    return parser
 
+
+def _check_parser(commands) -> None:
+    """`cgc check`."""
     checker = commands.add_parser(
         "check", help="prove schedules safe: types, slots, extents, permissions, aliasing",
         description="Parse, resolve and type-check FILE (and what it imports), evaluate its "
@@ -117,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "arena slots with offsets and sizes (shared when their "
                               "lifetimes never overlap), total and peak bytes")
 
+
+def _ir_parser(commands) -> None:
+    """`cgc ir`."""
     ir = commands.add_parser(
         "ir", help="print the launch program of a schedule",
         description="Print the evaluated launch program of FILE's entry schedule: one line per "
@@ -128,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("-o", "--output", metavar="PATH",
                     help="write the text here, not to stdout (- for stdout)")
 
+
+def _compile_parser(commands) -> None:
+    """`cgc compile`."""
     compiler = commands.add_parser(
         "compile", help="emit one CUDA file (kernels and host program) for a schedule",
         description="Check FILE and emit its entry schedule as one .cu file: the kernels "
@@ -145,8 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "its messages at the template lines they come from")
     compiler.add_argument("--report", action="store_true",
                           help="print each kernel's registers, shared memory and spills as "
-                               "ptxas reports them (needs nvcc: pip install 'cgc[cuda-tools]')")
+                               f"ptxas reports them (needs nvcc: {install_hint('cuda-tools')})")
 
+
+def _fmt_parser(commands) -> None:
+    """`cgc fmt`."""
     formatter = commands.add_parser(
         "fmt", help="lay schedules out in the one canonical way",
         description="Rewrite each FILE (or every .cg file under a folder) in the canonical "
@@ -158,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="change nothing; list the files that would change and exit 1 "
                                 "if there are any")
 
+
+def _doc_parser(commands) -> None:
+    """`cgc doc`."""
     doc = commands.add_parser(
         "doc", help="write HTML pages of schedules, every name linked to its declaration",
         description="Write static HTML (no network, no scripts): one page per .cg file with "
@@ -168,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("-o", "--output", metavar="OUT_DIR", required=True,
                      help="the folder to write the pages into")
 
+
+def _run_parser(commands) -> None:
+    """`cgc run`: the schedule, the backend, the data; then the option groups."""
     run = commands.add_parser(
         "run", help="run training steps of a schedule",
         description="Check FILE, then run its entry schedule as training steps. The numpy "
@@ -176,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "extent and its buffer) on the CPU; it is the ground truth the GPU is "
                     "compared with. Tokens are bytes (the tiny configuration's vocabulary is "
                     "256) of the --data files, or by default of the corpus shipped with cgc "
-                    "(cgc/backends/corpus.txt: cgc's own Python and Markdown sources, frozen; the "
+                    "(cgc/training/corpus.txt: cgc's own Python and Markdown sources, frozen; the "
                     "same bytes on every machine).")
     run.add_argument("file", metavar="FILE", help="a .cg schedule file (schedules/train.cg: "
                                                   "the whole step)")
@@ -194,7 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data", nargs="+", metavar="PATH",
                      help="text files or folders to take byte tokens from, or llm.c token "
                           "files (.bin: uint16 tokens after a 256-int32 header); default: the "
-                          "corpus shipped with cgc, cgc/backends/corpus.txt")
+                          "corpus shipped with cgc, cgc/training/corpus.txt")
+    _run_rate_options(run)
+    _run_keep_options(run)
+    _run_output_options(run)
+
+
+def _run_rate_options(run) -> None:
+    """`cgc run`'s learning-rate schedule."""
     rates = run.add_argument_group(
         "learning rate", "linear warm-up to --lr over --warmup steps, then a cosine decay to "
                          "--lr-min at step --decay-steps; written into a device buffer each step "
@@ -207,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     rates.add_argument("--warmup", type=int, metavar="N", help="warm-up steps (default 0)")
     rates.add_argument("--decay-steps", type=int, metavar="N",
                        help="the step at which the decay reaches --lr-min (default: --steps)")
+
+
+def _run_keep_options(run) -> None:
+    """`cgc run`'s checkpoints, log, validation and samples."""
     keep = run.add_argument_group("checkpoints and logs")
     keep.add_argument("--checkpoint-dir", metavar="DIR",
                       help="write checkpoints here (step-NNNNNNNN.safetensors, "
@@ -228,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     held.add_argument("--sample-every", type=int, default=0, metavar="N",
                       help="every N steps, print a greedy sample from the model "
                            "(schedules/sample.cg)")
+
+
+def _run_output_options(run) -> None:
+    """`cgc run`'s dump, trace, plot and ranks."""
     run.add_argument("--dump", metavar="DIR",
                      help="write the run for replay: configuration, tokens, every entry before "
                           "and after the first step, its gradients, the losses "
@@ -252,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "share them, each waiting its turn: for trying data parallel on a "
                           "small machine)")
 
+
+def _sample_parser(commands) -> None:
+    """`cgc sample`."""
     sample = commands.add_parser(
         "sample", help="write text with a trained model (a checkpoint of cgc run)",
         description="Load CHECKPOINT's parameters into a forward-only schedule (by default "
@@ -277,18 +319,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the forward-only schedule (default: cgc's schedules/sample.cg)")
     sample.add_argument("--backend", choices=("auto", *REGISTRY), default="auto",
                         help="where to run (as for cgc run)")
-    return parser
-
-
-def _overrides(frontend: Frontend, texts: list[str]) -> dict[str, object]:
-    overrides = {}
-    for text in texts:
-        try:
-            name, value = parse_override(frontend, text)
-        except ValueError as error:
-            raise _UsageError(str(error)) from None
-        overrides[name] = value
-    return overrides
 
 
 def _configs(frontend: Frontend, asked) -> list[str]:
@@ -301,7 +331,7 @@ def _configs(frontend: Frontend, asked) -> list[str]:
 def _check(args) -> int:
     files = _cg_files(args.files)
     frontend = analyse(files)
-    overrides = _overrides(frontend, args.set)
+    overrides = api.overrides_of(frontend, args.set)
     configs = _configs(frontend, args.config)
     warnings = list(frontend.warnings)
     for path in files:
@@ -310,7 +340,7 @@ def _check(args) -> int:
             continue
         launches = {}
         for config in configs:
-            program = evaluate(frontend, path, args.entry, config, overrides)
+            program = evaluate(frontend, path, args.entry, config, overrides, args.kernels)
             found = program.warnings + check(program)
             problems = backend_problems(program)
             if problems:
@@ -341,10 +371,10 @@ def _checked_program(args, output_for=None):
     _readable([args.file])
     _writable(args.output)
     frontend = analyse([args.file])
-    overrides = _overrides(frontend, args.set)
+    overrides = api.overrides_of(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     _outputs_not_inputs(frontend, {"-o": output_for(config) if output_for else args.output})
-    program = evaluate(frontend, args.file, args.entry, config, overrides)
+    program = evaluate(frontend, args.file, args.entry, config, overrides, args.kernels)
     warnings = frontend.warnings + program.warnings + check(program)
     if warnings:
         print(render_all(warnings), file=sys.stderr)
@@ -484,101 +514,76 @@ def _choose_backend(name: str) -> tuple[str, str] | None:
         return None
 
 
-def _positive_options(args, names) -> None:
-    for name in names:
-        value = getattr(args, name.replace("-", "_"))
-        if value is not None and (value < 0 or not math.isfinite(value)):
-            raise _UsageError(f"--{name} must be a finite number, not negative")
-
-
-def _resumed(args):
-    """The checkpoint --resume names, its tensors and manifest; the options a user did not
-    give take the checkpoint's values."""
-    from .backends import checkpoint
-    path = checkpoint.latest(args.resume)
-    values, manifest = checkpoint.load(path)
-    identity = manifest.get("identity", {})
-    given = {"config": args.config, "seed": args.seed}
-    for option, value in given.items():
-        if value is None:
-            setattr(args, option, identity.get(option))
-    if not args.set:
-        args.set = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
-    rate = identity.get("learning_rate", {})
-    for option, key in (("lr", "peak"), ("lr_min", "floor"), ("warmup", "warmup"),
-                        ("decay_steps", "decay_steps")):
-        if getattr(args, option) is None:
-            setattr(args, option, rate.get(key))
-    return path, values, manifest
-
-
-def _identity(args, frontend, program, corpus, batches_seed, rate, data_sha256,
-              data_kind, ranks: int = 1) -> dict:
-    """What must be the same for a run to continue from a checkpoint (the ranks too: each
-    takes its share of a step's windows, so another count is another run; and the held-out
-    split: it changes which documents train)."""
-    from .backends.checkpoint import carried_buffers
-    from .backends.data import HELD_OUT_EVERY
-    held_out = bool(args.val_every)
-    import hashlib
-    root = os.path.dirname(os.path.abspath(args.file))
-    sources = {}
-    for module in frontend.modules:
-        with open(module.path, "rb") as handle:
-            sources[os.path.relpath(os.path.abspath(module.path), root)] = \
-                hashlib.sha256(handle.read()).hexdigest()
-    constants = {name: (value if isinstance(value, (int, float, str)) else float(value))
-                 for name, value in sorted(program.constants.items())}
-    return {
-        "schedule": {"entry": program.entry, "sources": sources},
-        "config": program.config, "low": program.low,
-        "overrides": {t.split("=", 1)[0]: t.split("=", 1)[1] for t in args.set},
-        "constants": constants,
-        "roles": {role: value for role, value in sorted(program.roles.items())},
-        "entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
-                             "init": e.init, "std": e.std} for e in program.entries},
-        "carried": carried_buffers(program),
-        "seed": batches_seed,
-        "data": {"sha256": data_sha256, "tokens": int(corpus.size), "kind": data_kind,
-                 # validation holds documents out of training: another split, other data
-                 "held_out": (f"1 in {HELD_OUT_EVERY} documents (--val-every)" if held_out
-                              else "none (no --val-every)")},
-        "learning_rate": rate.manifest(),
-        "ranks": ranks,
-    }
-
-
 def _launch_ranks(args) -> int:
     """`cgc run --ranks N`: what every rank would refuse is refused here, before mpirun
     starts (a schedule that is not a data-parallel whole step, more ranks than cores)."""
-    from .backends import parallel
-    from .pipeline import checked, collective_problems, whole_step_problems
+    from .backends.parallel import CommunicatorError
+    from .pipeline import collective_problems, whole_step_problems
+    from .training import ranks
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if args.ranks > (cores or 1) and not args.oversubscribe:
         raise _UsageError(f"--ranks {args.ranks} is more ranks than this machine's {cores} "
                           "cores: each rank would wait for a core; give --oversubscribe to "
                           "run them anyway")
     _readable([args.file])
-    frontend = analyse([args.file])
-    config = _configs(frontend, [args.config] if args.config else None)[0]
-    program = checked(frontend, args.file, args.entry, config,
-                      _overrides(frontend, args.set)).program
-    problems = whole_step_problems(frontend, program, args.file) or \
-        collective_problems(frontend, program, args.ranks)
+    schedule = api.load(args.file, config=args.config, entry=args.entry, overrides=args.set,
+                        kernels=args.kernels)
+    problems = whole_step_problems(schedule.frontend, schedule.program, args.file) or \
+        collective_problems(schedule.frontend, schedule.program, args.ranks)
     if problems:
         raise CompileError(problems)
     try:
-        return parallel.launch_ranks(args.ranks, parallel.without_ranks(args.argv))
-    except parallel.CommunicatorError as error:
+        return ranks.launch_ranks(args.ranks, ranks.without_ranks(args.argv))
+    except CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
 
 
+def _training_options(args):
+    """`cgc run`'s options as the library's TrainingOptions (checked: OptionError)."""
+    from .training.run import TrainingOptions
+    options = TrainingOptions(
+        steps=args.steps, seed=args.seed, data=args.data, lr=args.lr, lr_min=args.lr_min,
+        warmup=args.warmup, decay_steps=args.decay_steps, val_every=args.val_every,
+        val_steps=args.val_steps, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, overrides=list(args.set), config=args.config,
+        kernels=list(args.kernels))
+    options.check()
+    if args.sample_every is not None and args.sample_every < 0:
+        raise _UsageError("--sample-every must be a finite number, not negative")
+    return options
+
+
+def _run_outputs(args) -> None:
+    """Every path `cgc run` reads can be read and every output may be written, and the
+    checkpoint folder is made: all before any work, so that a bad one is told at once."""
+    from .outputs import check_command
+    _readable([args.file])
+    _readable(args.data or (), folders=True)
+    if args.resume:
+        _readable([args.resume], folders=True)
+    check_command({"--log": args.log, "--plot": args.plot, "--trace": args.trace}, (),
+                  {"--dump": args.dump}, {"--checkpoint-dir": args.checkpoint_dir})
+    if args.checkpoint_dir:
+        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+            raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
+        try:
+            os.makedirs(args.checkpoint_dir, exist_ok=True)
+        except OSError as error:
+            raise _PathError(f"cannot write {args.checkpoint_dir}: "
+                             f"{error.strerror or error}") from None
+    frontend = analyse([args.file])  # an output that is one of the run's inputs: refused
+    _outputs_not_inputs(frontend, {"--log": args.log, "--plot": args.plot, "--trace": args.trace},
+                        [*(args.data or ()), args.resume,
+                         api.sample_schedule() if args.sample_every else None],
+                        {"--dump": args.dump})
+
+
 def _run(args) -> int:
-    from .backends.base import DataError, RunFault
-    if args.steps < 1:
-        raise _UsageError("--steps must be at least 1")
+    """`cgc run`: the library's training run (cgc/training/run.py), opened, trained with a
+    progress line a step, and reported."""
     from .backends import parallel
+    options = _training_options(args)
     if args.ranks is not None and args.ranks < 1:
         raise _UsageError("--ranks must be at least 1")
     if args.ranks is not None and args.ranks > 1 and parallel.launched_size() <= 1:
@@ -590,143 +595,50 @@ def _run(args) -> int:
         return EXIT_DIAGNOSTICS
     if args.ranks is not None and args.ranks != communicator.size:
         raise _UsageError(f"--ranks {args.ranks}, but mpirun started {communicator.size}")
-    _positive_options(args, ("checkpoint-every", "val-every", "val-steps", "sample-every",
-                             "warmup", "lr", "lr-min", "decay-steps", "seed"))
-    for name in ("lr", "lr_min"):  # the device reads the rate as a float32
-        value = getattr(args, name)
-        if value is not None and value > 3.4e38:
-            raise _UsageError(f"--{name.replace('_', '-')} {value} is past float32's range")
-    if args.checkpoint_every and not args.checkpoint_dir:
-        raise _UsageError("--checkpoint-every needs --checkpoint-dir DIR")
-    if args.val_every and args.val_steps < 1:
-        raise _UsageError("--val-steps must be at least 1")
-    _readable([args.file])
-    _readable(args.data or (), folders=True)
-    if args.resume:
-        _readable([args.resume], folders=True)
-    from .outputs import check_command  # before the checkpoint folder is made
-    outputs = {"--log": args.log, "--plot": args.plot, "--trace": args.trace}
-    check_command(outputs, (), {"--dump": args.dump}, {"--checkpoint-dir": args.checkpoint_dir})
-    if args.checkpoint_dir:  # made before any work, so that a bad one is told at once
-        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
-            raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
-        try:
-            os.makedirs(args.checkpoint_dir, exist_ok=True)
-        except OSError as error:
-            raise _PathError(f"cannot write {args.checkpoint_dir}: "
-                             f"{error.strerror or error}") from None
+    _run_outputs(args)
     chosen = _choose_backend(args.backend)
     if chosen is None:
         return EXIT_DIAGNOSTICS
-    backend, why = chosen
-    from .backends import checkpoint as checkpoints
-    from .backends.data import Batches, describe, load_tokens, split_documents
-    from .backends.training import Checkpointing, LearningRate, Validation, summary, train
-    from .pipeline import collective_problems, open_run
-    frontend = analyse([args.file])
-    _outputs_not_inputs(frontend, outputs, [*(args.data or ()), args.resume,
-                                            _sample_schedule(None) if args.sample_every else None],
-                        {"--dump": args.dump})
-    resumed = _resumed(args) if args.resume else None
-    seed = args.seed if args.seed is not None else 0
-    overrides = _overrides(frontend, args.set)
-    config = _configs(frontend, [args.config] if args.config else None)[0]
     try:
-        runner = open_run(backend, frontend, args.file, config, overrides, seed, args.entry,
-                          whole_step=True)
-    except RunFault as error:
-        print(f"cgc: error: the {backend} backend cannot run {args.file}: {error}",
-              file=sys.stderr)
-        return EXIT_DIAGNOSTICS
-    runner.communicator = communicator
-    if runner.warnings and communicator.lead:
-        print(render_all(runner.warnings), file=sys.stderr)
-    program = runner.program
-    problems = collective_problems(frontend, program, communicator.size)
-    if problems:
-        if communicator.lead:  # said once; every rank stops
-            print(render_all(problems), file=sys.stderr)
-        return EXIT_DIAGNOSTICS
-    try:
-        batch, context, vocab = (int(program.role(r)) for r in ("batch", "context", "vocab"))
-        program.role("ids"), program.role("targets"), program.role("loss")
-    except KeyError as error:
-        print(f"cgc: error: {args.file} cannot be trained: {error.args[0]}", file=sys.stderr)
-        return EXIT_DIAGNOSTICS
-    try:
-        tokens = load_tokens(args.data, vocab)
-        training_tokens, held_out = split_documents(tokens, held_out=bool(args.val_every))
-        batches = Batches(training_tokens, batch * communicator.size, context, seed)
-        if communicator.size > 1:  # this rank's share of the step's windows
-            batches = parallel.ShardedBatches(batches, communicator.rank, communicator.size)
-        validation = (Validation(Batches(held_out, batch, context, seed + 1), args.val_every,
-                                 args.val_steps) if args.val_every else None)
-    except OSError as error:  # a file inside a --data folder
-        raise _PathError(f"cannot read {error.filename}: {error.strerror or error}") from None
-    except ValueError as error:
-        print(f"cgc: error: cannot use the training data: {error}", file=sys.stderr)
-        return EXIT_DIAGNOSTICS
-    peak = args.lr if args.lr is not None else program.roles.get("peakLearningRate")
-    if peak is None:
-        raise _UsageError(f"{args.file} declares no peakLearningRate role: give --lr")
-    floor = float(args.lr_min if args.lr_min is not None else peak)
-    if floor > float(peak):
-        source = ("--lr, or the checkpoint's" if resumed else "--lr") if args.lr is not None \
-            else f"{args.file}'s peakLearningRate role"
-        raise _UsageError(f"--lr-min {floor:g} is above the peak rate {float(peak):g} "
-                          f"({source}): the decay only lowers it")
-    # no decay (floor = peak): the rates do not depend on --steps, so a run may go on longer
-    rate = LearningRate(float(peak), floor, int(args.warmup or 0),
-                        (args.decay_steps or args.steps) if floor != float(peak) else 0)
-    identity = _identity(args, frontend, program, tokens.tokens, seed, rate, tokens.sha256,
-                         tokens.kind, communicator.size)
-    start, history = 0, []
-    if resumed:
-        path, values, manifest = resumed
-        saved = manifest.get("identity", {})
-        differs = checkpoints.differences(saved, identity)
-        if differs:
-            raise checkpoints.CheckpointError(
-                f"--resume {path}: this run differs from the checkpoint's: " + "; ".join(differs))
-        checkpoints.check_tensors(program, values, path)
-        start, history = int(manifest["step"]), list(manifest.get("losses", []))
-        if start >= args.steps:
-            raise _UsageError(f"--resume {path}: the checkpoint is at step {start}; --steps "
-                              f"must be more to continue")
-        checkpoints.restore(runner, values)
-        batches.restore(manifest["data_position"])
-        if validation and manifest.get("validation_position"):
-            validation.batches.restore(manifest["validation_position"])
+        training = api.open_training(args.file, chosen[0], resume=args.resume,
+                                     entry=args.entry, communicator=communicator,
+                                     options=options)
+    except CompileError:
         if communicator.lead:
-            print(f"resumed from {path} at step {start}", file=sys.stderr)
-    ranks = ("" if communicator.size == 1 else
-             f"; {communicator.size} ranks, {batch} of {batch * communicator.size} sequences "
-             "a step each")
-    if communicator.lead:
-        print(f"{args.file}: {program.entry}, config {config} (low = {program.low}), "
-              f"{backend} backend ({why}); {tokens.describe()} of {describe(args.data)}"
-              f"{ranks}", file=sys.stderr)
+            raise
+        return EXIT_DIAGNOSTICS  # every rank sees the same schedule: rank 0 says it, once
+    training.backend_reason = chosen[1]
+    lead = communicator.lead
+    if training.run.warnings and lead:
+        print(render_all(training.run.warnings), file=sys.stderr)
+    if lead:
+        if training.resumed:
+            print(f"resumed from {training.resumed.path} at step {training.step_number}",
+                  file=sys.stderr)
+        print(training.describe(), file=sys.stderr)
     else:  # rank 0 alone prints, dumps, traces, plots, logs, samples and checkpoints
-        args.dump = args.trace = args.plot = args.log = args.checkpoint_dir = None
+        args.dump = args.trace = args.plot = args.log = None
         args.sample_every = 0
-    checkpointing = (Checkpointing(args.checkpoint_dir, args.checkpoint_every,
-                                   {"identity": identity, "backend": backend,
-                                    "ranks": communicator.size})
-                     if args.checkpoint_dir else None)
-    sampler = _sampler(args, runner, frontend) if args.sample_every else None
-    timings: list | None = [] if args.trace else None
+        training.checkpointing = None
+    return _train(args, training)
+
+
+def _train(args, training) -> int:
+    """The steps, then what `cgc run` reports of them; the exit status."""
+    from .backends.base import DataError, RunFault
+    from .backends.parallel import CommunicatorError
+    from .training.ranks import quiet_unless_lead
+    start, timings = training.step_number, ([] if args.trace else None)
     log = None
     if args.log:  # written as it goes, by cgc/outputs.py's rules; appended to on --resume
         from .outputs import Stream
-        log = Stream(args.log, append=bool(resumed), what="the log")
+        log = Stream(args.log, append=bool(training.resumed), what="the log")
     _STEPPING.set()
     try:
-        training = train(runner, batches, args.steps, parallel.quiet_unless_lead(communicator),
-                         dump=args.dump, trace=timings, stop=_STOP, learning_rate=rate,
-                         start=start, history=history, log=log, checkpointing=checkpointing,
-                         validation=validation, sample=sampler,
-                         sample_every=args.sample_every, replace_dump=args.replace_dump)
-    except parallel.CommunicatorError as error:
+        result = training.train(out=quiet_unless_lead(training.communicator), stop=_STOP,
+                                dump=args.dump, trace=timings, log=log,
+                                sample_every=args.sample_every, replace_dump=args.replace_dump)
+    except CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     except OSError as error:  # the dump's files (checkpoints and the log say their own)
@@ -737,16 +649,7 @@ def _run(args) -> int:
               file=sys.stderr)
         return EXIT_DIAGNOSTICS
     except RunFault as error:
-        if error.span is not None:  # a diagnostic at the launch, with the calls to it
-            from .core.diagnostics import Diagnostic, Note
-            notes = tuple(Note("required from the call here", span)
-                          for span in reversed(error.trace))
-            print(render_all([Diagnostic("error", f"the step failed on the {backend} "
-                                                  f"backend: {error}", error.span, notes)]),
-                  file=sys.stderr)
-        else:
-            print(f"cgc: error: the step failed on the {backend} backend: {error}",
-                  file=sys.stderr)
+        print(_step_failure(training.run.name, error), file=sys.stderr)
         return EXIT_DIAGNOSTICS
     finally:
         _STEPPING.clear()
@@ -755,136 +658,95 @@ def _run(args) -> int:
                 log.close()
             except OSError:
                 pass  # the write that failed has said so
-    if args.dump and len(training.losses) > start:
+    _report(args, training, result, start, timings)
+    return _training_status(training, result)
+
+
+def _step_failure(backend: str, error) -> str:
+    """A failed step as a diagnostic at its launch, with the calls to it, where the backend
+    knows them; one line where not."""
+    if error.span is None:
+        return f"cgc: error: the step failed on the {backend} backend: {error}"
+    from .core.diagnostics import Diagnostic, Note
+    notes = tuple(Note("required from the call here", span) for span in reversed(error.trace))
+    return render_all([Diagnostic("error", f"the step failed on the {backend} backend: {error}",
+                                  error.span, notes)])
+
+
+def _report(args, training, result, start: int, timings) -> None:
+    """What a run wrote (dump, checkpoint, trace, plot), then its one-line summary."""
+    from .training.loop import summary
+    if args.dump and len(result.losses) > start:
         print(f"dumped the run to {args.dump}", file=sys.stderr)
-    if training.checkpoint:
-        print(f"wrote the checkpoint {training.checkpoint}", file=sys.stderr)
+    if result.checkpoint:
+        print(f"wrote the checkpoint {result.checkpoint}", file=sys.stderr)
     if args.trace and timings:
         from .tools.trace import write_trace
-        write_trace(args.trace, timings, backend)  # WriteFailed: one line, exit 1
+        write_trace(args.trace, timings, training.run.name)  # WriteFailed: one line, exit 1
         print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
-    if args.plot and training.losses:
+    if args.plot and result.losses:
         from .tools.plot import write_loss_plot
-        write_loss_plot(args.plot, training.losses)
+        write_loss_plot(args.plot, result.losses)
         print(f"drew the loss curve in {args.plot}", file=sys.stderr)
-    if communicator.lead:
-        print(summary(training) + ("" if communicator.size == 1
-                                   else f" on {communicator.size} ranks"))
-    if training.diverged is not None:
-        if communicator.lead:  # every rank sees it (the loss is their mean): one says so
-            print(f"cgc: error: step {training.diverged} made the loss, the gradient norm or "
+    size = training.communicator.size
+    if training.communicator.lead:
+        print(summary(result) + ("" if size == 1 else f" on {size} ranks"))
+
+
+def _training_status(training, result) -> int:
+    if result.diverged is not None:
+        if training.communicator.lead:  # every rank sees it (the loss is their mean)
+            rate = training.learning_rate.at(result.diverged)
+            print(f"cgc: error: step {result.diverged} made the loss, the gradient norm or "
                   "the validation loss a number that is not finite: training diverged, so "
                   "it stopped there and wrote no checkpoint of it (learning rate "
-                  f"{rate.at(training.diverged):.4g}: a lower --lr or a --warmup may help)",
-                  file=sys.stderr)
+                  f"{rate:.4g}: a lower --lr or a --warmup may help)", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    return _stopped_status() if training.stopped else EXIT_OK
-
-
-def _sample_schedule(asked: str | None) -> str:
-    if asked:
-        return asked
-    from .resources import data_dir
-    try:
-        return str(data_dir("schedules") / "sample.cg")
-    except FileNotFoundError:
-        raise _UsageError("cgc is installed without its schedules/ folder: give --schedule "
-                          "FILE") from None
-
-
-def _open_sampler(backend: str, schedule: str, identity: dict, overrides_text: list[str]):
-    """The forward-only schedule in the checkpoint's configuration, as a Sampler; an error
-    naming what differs where its model is not the checkpoint's."""
-    from .backends import checkpoint as checkpoints
-    from .backends.sampling import Sampler
-    from .pipeline import open_run
-    frontend = analyse([schedule])
-    overrides = _overrides(frontend, overrides_text)
-    config = _configs(frontend, [identity["config"]] if identity.get("config") else None)[0]
-    run = open_run(backend, frontend, schedule, config, overrides, 0)
-    program = run.program
-    try:
-        program.role("logits")
-    except KeyError as error:
-        raise checkpoints.CheckpointError(f"{schedule} cannot sample: {error.args[0]}") from None
-    for launch, _, _ in program.launches():  # forward only: the model must not change
-        for binding in launch.pointers:
-            parameter = launch.image.pointers.get(binding.index)
-            if parameter is not None and parameter.access != "read" and \
-                    binding.view.storage.kind == "bank":
-                raise checkpoints.CheckpointError(
-                    f"{schedule} cannot sample: its schedule '{program.entry}' writes the bank "
-                    f"'{binding.view.storage.label}' (through '{launch.image.name}'), and "
-                    "sampling runs a forward-only schedule, one that changes no parameter "
-                    "(schedules/sample.cg)")
-    mine = {"entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
-                                 "init": e.init, "std": e.std} for e in program.entries},
-            "vocab": program.roles.get("vocab"), "low": program.low}
-    theirs = {"entries": identity.get("entries"), "vocab": identity.get("roles", {}).get("vocab"),
-              "low": identity.get("low")}
-    differs = checkpoints.differences(theirs, mine)
-    if differs:
-        raise checkpoints.CheckpointError(f"{schedule} is not the checkpoint's model: "
-                                          + "; ".join(differs))
-    return Sampler(run)
-
-
-def _sampler(args, runner, frontend):
-    """For --sample-every: a greedy continuation of a newline, 64 tokens, from the parameters
-    the training run has now."""
-    from .backends import checkpoint as checkpoints
-    from .backends.sampling import decode_bytes
-    identity = {"config": runner.program.config, "low": runner.program.low,
-                "entries": {e.name: {"count": e.count, "items": e.stack, "matrix": e.matrix,
-                                     "init": e.init, "std": e.std}
-                            for e in runner.program.entries},
-                "roles": {"vocab": runner.program.roles.get("vocab")}}
-    sampler = _open_sampler(runner.name, _sample_schedule(None), identity, args.set)
-
-    def sample() -> str:
-        sampler.load(checkpoints.tensors(runner))
-        return decode_bytes(sampler.generate(list(b"\n"), 64, stop=_STOP))
-
-    return sample
+    return _stopped_status() if result.stopped else EXIT_OK
 
 
 def _sample(args) -> int:
-    from .backends import checkpoint as checkpoints
-    from .backends.sampling import MAX_TOKENS, ByteText
+    """`cgc sample`: a checkpoint's model continues --prompt, each token as it comes."""
+    from .training.sampling import MAX_TOKENS
     if not 1 <= args.tokens <= MAX_TOKENS:
         raise _UsageError(f"--tokens must be at least 1 and at most {MAX_TOKENS:,}")
-    _positive_options(args, ("seed", "temperature"))
+    for name in ("seed", "temperature"):
+        value = getattr(args, name)
+        if value is not None and (value < 0 or not math.isfinite(value)):
+            raise _UsageError(f"--{name} must be a finite number, not negative")
     if args.top_k is not None and args.top_k < 1:
         raise _UsageError("--top-k must be at least 1")
     _readable([args.checkpoint], folders=True)
-    schedule = _sample_schedule(args.schedule)
-    _readable([schedule])
+    _readable([api.sample_schedule(args.schedule)])
     chosen = _choose_backend(args.backend)
     if chosen is None:
         return EXIT_DIAGNOSTICS
-    backend, _ = chosen
-    path = checkpoints.latest(args.checkpoint)
-    values, manifest = checkpoints.load(path)
-    identity = manifest.get("identity", {})
-    if identity.get("data", {}).get("kind", "bytes") != "bytes":
-        raise checkpoints.CheckpointError(
-            f"{path} was trained on token files: cgc has no tokenizer to turn --prompt into "
-            "its tokens (it samples byte-level models)")
-    overrides = [f"{name}={value}" for name, value in identity.get("overrides", {}).items()]
-    sampler = _open_sampler(backend, schedule, identity, overrides)
+    sampling = api.open_sampler(args.checkpoint, chosen[0], args.schedule)
     # the command line's bytes as given: text that is not UTF-8 comes as surrogate escapes
     prompt = list(args.prompt.encode("utf-8", "surrogateescape"))
     if not prompt:
         raise _UsageError("--prompt is empty; give at least one character")
-    if max(prompt) >= sampler.vocab:
-        raise _UsageError(f"--prompt has a byte past the model's vocabulary ({sampler.vocab})")
-    if args.top_k is not None and args.top_k > sampler.vocab:
+    if max(prompt) >= sampling.vocab:
+        raise _UsageError(f"--prompt has a byte past the model's vocabulary ({sampling.vocab})")
+    if args.top_k is not None and args.top_k > sampling.vocab:
         raise _UsageError(f"--top-k {args.top_k} is more than the model's vocabulary "
-                          f"({sampler.vocab} tokens)")
-    sampler.load(values)
+                          f"({sampling.vocab} tokens)")
+    tokens = _stream_sample(args, sampling, prompt)
+    print(f"sampled {_count(len(tokens), 'token')} from {sampling.path} "
+          f"(step {sampling.manifest['step']}) on the {chosen[0]} backend, "
+          + ("greedy" if args.temperature == 0 else
+             f"temperature {args.temperature:g}" + (f", top {args.top_k}" if args.top_k else "")
+             + f", seed {args.seed}") + (" (stopped early)" if _STOP.is_set() else ""),
+          file=sys.stderr)
+    return _stopped_status() if _STOP.is_set() else EXIT_OK
+
+
+def _stream_sample(args, sampling, prompt: list[int]) -> list[int]:
+    """The prompt, then each token as it comes (not the whole text at the end)."""
+    from .training.sampling import ByteText
     text = ByteText()
 
-    def emit(token: int) -> None:  # each token as it comes, not the whole text at the end
+    def emit(token: int) -> None:
         sys.stdout.write(text.add([token]))
         sys.stdout.flush()
 
@@ -892,19 +754,12 @@ def _sample(args) -> int:
     sys.stdout.flush()
     _STEPPING.set()  # a stop request ends the sample after the token under way
     try:
-        tokens = sampler.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed,
-                                  stop=_STOP, emit=emit)
+        return sampling.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed,
+                                 stop=_STOP, emit=emit)
     finally:
         _STEPPING.clear()
         sys.stdout.write(text.end() + "\n")
         sys.stdout.flush()
-    print(f"sampled {_count(len(tokens), 'token')} from {path} (step {manifest['step']}) "
-          f"on the {backend} backend, "
-          + ("greedy" if args.temperature == 0 else
-             f"temperature {args.temperature:g}" + (f", top {args.top_k}" if args.top_k else "")
-             + f", seed {args.seed}") + (" (stopped early)" if _STOP.is_set() else ""),
-          file=sys.stderr)
-    return _stopped_status() if _STOP.is_set() else EXIT_OK
 
 
 # Set by Ctrl-C (SIGINT) while `cgc run` trains (_STEPPING): it stops after the step under
@@ -942,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 finished.wait(0.1)
             except KeyboardInterrupt:
-                from .backends.parallel import forward_stop
+                from .training.ranks import forward_stop
                 if forward_stop():  # --ranks: the ranks stop after a step; wait for them
                     forwarded = True
                     continue
@@ -987,7 +842,7 @@ def _take_sigterm():
         _STOP_SIGNAL[0] = signal.SIGTERM
         raise KeyboardInterrupt
 
-    from .backends.parallel import STOP_SIGNAL  # what mpirun forwards to a rank, as SIGTERM
+    from .training.ranks import STOP_SIGNAL  # what mpirun forwards to a rank, as SIGTERM
     return {number: signal.signal(number, stop) for number in (signal.SIGTERM, STOP_SIGNAL)}
 
 
@@ -1054,6 +909,9 @@ def _main(argv: list[str] | None) -> int:
         except BrokenPipeError:  # the reader went away (`| head`): the status still holds
             _silence_broken_pipes()
         return status
+    except RunError as error:  # a run that cannot start or go on: one line
+        print(f"cgc: error: {error}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     except _UsageError as error:
         if not isinstance(error, _PathError):  # a path's problem is told in one line
             _subparsers(parser).choices[args.command].print_usage(sys.stderr)

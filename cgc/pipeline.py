@@ -15,10 +15,38 @@ import os
 from .core.diagnostics import CompileError, Diagnostic, Note, Reporter
 from .resources import read_regular
 from .core.ir import Program
-from .frontend.api import Frontend, analyse, evaluate, paused_gc, parse_override
+from .frontend.api import Frontend, analyse, paused_gc, parse_override
+from .frontend.api import evaluate as evaluate_schedule
 
 __all__ = ["Checked", "Frontend", "analyse", "backend_problems", "check", "checked", "evaluate",
-           "collective_problems", "open_run", "parse_override", "whole_step_problems"]
+           "collective_problems", "kernel_folders", "open_run", "parse_override",
+           "whole_step_problems"]
+
+
+def kernel_folders(paths) -> tuple[str, ...]:
+    """The folders of the user's own kernels (`--kernels DIR`), absolute and each once;
+    PathError for one that is no readable folder."""
+    from .core.diagnostics import PathError
+    found = []
+    for path in paths or ():
+        path = os.fspath(path)
+        if not os.path.isdir(path) or not os.access(path, os.R_OK | os.X_OK):
+            raise PathError(f"cannot read the kernels folder {path}: "
+                            + ("not a folder" if os.path.exists(path) else
+                               "No such file or directory"))
+        folder = os.path.abspath(path)
+        if folder not in found:
+            found.append(folder)
+    return tuple(found)
+
+
+def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: str | None = None,
+             overrides: dict | None = None, kernels=()) -> Program:
+    """The launch program of `entry` (default: the file's last schedule) in `config`, with
+    the folders of the user's own kernels it may launch (`kernels`)."""
+    program = evaluate_schedule(frontend, path, entry, config, overrides)
+    program.kernel_folders = kernel_folders(kernels)
+    return program
 
 
 def check(program: Program) -> list:
@@ -40,8 +68,8 @@ class Checked:
 
 
 def checked(frontend: Frontend, path: str, entry: str | None = None, config: str | None = None,
-            overrides: dict | None = None) -> Checked:
-    program = evaluate(frontend, path, entry, config, overrides)
+            overrides: dict | None = None, kernels=()) -> Checked:
+    program = evaluate(frontend, path, entry, config, overrides, kernels)
     warnings = program.warnings + check(program)
     return Checked(program, plan_memory(program), warnings)
 
@@ -134,12 +162,12 @@ def collective_problems(frontend: Frontend, program: Program, ranks: int) -> lis
 
 def open_run(backend_name: str, frontend: Frontend, path: str, config: str | None = None,
              overrides: dict | None = None, seed: int = 0, entry: str | None = None,
-             whole_step: bool = False):
+             whole_step: bool = False, kernels=()):
     """FILE's entry, checked and set up on a backend with its first parameters; with
     `whole_step`, only a whole training step (whole_step_problems)."""
     from .backends import backend
     from .backends.base import memory_problem
-    result = checked(frontend, path, entry, config, overrides)
+    result = checked(frontend, path, entry, config, overrides, kernels)
     if whole_step:
         problems = whole_step_problems(frontend, result.program, path)
         if problems:

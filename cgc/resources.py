@@ -7,6 +7,18 @@ from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
 
+# The name pip installs cgc by: `cgc` on PyPI is another project (a card-games converter),
+# so a hint that named `cgc` with an extra would fetch it. The import and the command
+# stay `cgc`.
+DISTRIBUTION = "cgc-compiler"
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs cgc with one of its extras (pyproject.toml), from the
+    package index and from a checkout of cgc's source."""
+    return (f"pip install '{DISTRIBUTION}[{extra}]' (in a checkout of cgc: "
+            f"pip install '.[{extra}]')")
+
 
 def data_dir(name: str) -> Path:
     """`grammar` or `templates`: installed beside the modules, or at the checkout's top.

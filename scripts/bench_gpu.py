@@ -24,8 +24,8 @@ from cgc.backends.cuda.backend import H200_PEAK_FLOPS as PEAK  # noqa: E402
 
 
 def bench_cgc(steps: int, warmup: int):
-    from cgc.backends.data import Batches, load_corpus
-    from cgc.backends.training import model_flops_per_token
+    from cgc.training.data import Batches, load_corpus
+    from cgc.training.loop import model_flops_per_token
     from cgc.pipeline import analyse, open_run
     path = os.path.join(ROOT, "schedules", "train.cg")
     run = open_run("cupy", analyse([path]), path, "gpt2", {}, 0)

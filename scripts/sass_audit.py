@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The SASS audit: every kernel of a schedule's emitted CUDA, read from its machine code.
 
-Builds the emitted file for sm_90 with nvcc (CUDA's wheels: `pip install 'cgc[cuda-tools]'`),
+Builds the emitted file for sm_90 with nvcc (CUDA's wheels: the `cuda-tools` extra),
 disassembles the cubin with nvdisasm, reads each kernel's resources with cuobjdump, and
 prints per kernel: registers, shared memory (static, and dynamic as the host program
 launches it), blocks per SM on an H200 and what limits them, tensor-core instructions
@@ -38,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from cgc.resources import install_hint  # noqa: E402
 from cgc.backends.cuda.toolchain import (ARCHITECTURE, LANGUAGE, ToolchainMissing,  # noqa: E402
                                          cuda_root, include_flags, nvcc)
 
@@ -315,7 +316,7 @@ def tool(name: str) -> Path:
         pass
     found = shutil.which(name)
     if found is None:
-        raise ToolchainMissing(f"{name} is not installed: pip install 'cgc[cuda-tools]'")
+        raise ToolchainMissing(f"{name} is not installed: {install_hint('cuda-tools')}")
     return Path(found)
 
 
@@ -337,7 +338,7 @@ def check_versions() -> None:
         if found < compiler:
             raise ToolchainMissing(
                 f"{name} {found[0]}.{found[1]} is older than nvcc {compiler[0]}.{compiler[1]} "
-                f"and may misread its cubins: pip install -U 'cgc[cuda-tools]'")
+                f"and may misread its cubins: {install_hint('cuda-tools')}, with -U")
 
 
 def cache_folder() -> Path:

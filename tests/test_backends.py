@@ -13,9 +13,9 @@ import pytest
 from cgc.backends import REGISTRY, backend, choose
 from cgc.backends.base import Run
 from cgc.backends.cuda.emit import emit_program, image_problems
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.backends.numpy.reference import KERNELS
-from cgc.backends.training import train
+from cgc.training.loop import train
 from cgc.checking.memory import plan_memory
 from cgc.cli import main
 from cgc.core.diagnostics import CompileError, render_all

@@ -1,4 +1,4 @@
-"""Checkpoints (cgc/backends/checkpoint.py, docs/checkpoint-format.md): a resumed run is the
+"""Checkpoints (cgc/training/checkpoint.py, docs/checkpoint-format.md): a resumed run is the
 run that never stopped, byte for byte; a killed writer never leaves a checkpoint that does
 not load; a checkpoint of another run, or a broken file, is a one-line error."""
 
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from cgc.backends import checkpoint
+from cgc.training import checkpoint
 from cgc.cli import main
 
 from conftest import ROOT, SCHEDULES
@@ -347,8 +347,8 @@ def test_the_cupy_backend_takes_each_rate_through_its_graph_and_resumes_bit_iden
     import io
 
     import fake_cupy
-    from cgc.backends.data import Batches, load_corpus
-    from cgc.backends.training import Checkpointing, LearningRate, train
+    from cgc.training.data import Batches, load_corpus
+    from cgc.training.loop import Checkpointing, LearningRate, train
     from cgc.frontend.api import analyse
     from cgc.pipeline import open_run
     frontend = analyse([TRAIN])

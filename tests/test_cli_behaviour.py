@@ -163,10 +163,11 @@ def test_report_names_a_missing_cuda_header_and_the_extra(tmp_path, monkeypatch,
     errors = [line for line in err.splitlines() if line.startswith("cgc: error:")]
     # the first header the emitted file includes that the folder lacks (cuBLASLt's)
     assert errors == ["cgc: error: nvcc (/opt/cuda/bin/nvcc) does not find CUDA's header "
-                      "cublasLt.h: pip install 'cgc[cuda-tools]' installs it, with an nvcc "
-                      "that finds it"]
+                      "cublasLt.h: pip install 'cgc-compiler[cuda-tools]' (in a checkout of "
+                      "cgc: pip install '.[cuda-tools]') installs it, with an nvcc that "
+                      "finds it"]
     assert "#include" not in err and "fatal error" not in err
-    assert "cgc[cuda-tools]" in Path(ROOT / "pyproject.toml").read_text()  # the extra exists
+    assert "cgc-compiler[cuda-tools]" in Path(ROOT / "pyproject.toml").read_text()  # it exists
 
 
 def test_a_compiler_that_cannot_open_a_header_is_told_the_same_way(tmp_path, monkeypatch):
@@ -178,7 +179,7 @@ def test_a_compiler_that_cannot_open_a_header_is_told_the_same_way(tmp_path, mon
     monkeypatch.setattr(toolchain, "nvcc", lambda: fake)
     monkeypatch.setattr(toolchain, "include_dirs", lambda compiler: [])
     with pytest.raises(toolchain.ToolchainMissing, match=r"cublas_v2\.h: pip install "
-                                                         r"'cgc\[cuda-tools\]'"):
+                                                         r"'cgc-compiler\[cuda-tools\]'"):
         toolchain.ptxas_report("int x;\n")
     assert toolchain.missing_header('x.cu(3): catastrophic error: cannot open source file '
                                     '"cuda_bf16.h"') == "cuda_bf16.h"
@@ -206,7 +207,7 @@ def test_report_with_a_system_nvcc_that_lacks_cublas(tmp_path, monkeypatch, caps
     assert main(["compile", str(SCHEDULES / "library.cg"), "-o", str(out), "--report"]) == 1
     err = capsys.readouterr().err
     assert f"cgc: error: nvcc ({found}) does not find CUDA's header cublasLt.h: " \
-           "pip install 'cgc[cuda-tools]'" in err
+           "pip install 'cgc-compiler[cuda-tools]'" in err
     assert "fatal error" not in err and "compilation terminated" not in err
 
 

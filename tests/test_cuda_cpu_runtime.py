@@ -69,8 +69,8 @@ def _emit(schedule: str, config: str, output: Path) -> Path:
 # `cgc run` trains only whole steps, but the library runs any checked schedule.
 _PART_DUMP = """
 import io, sys
-from cgc.backends.data import Batches, load_corpus
-from cgc.backends.training import train
+from cgc.training.data import Batches, load_corpus
+from cgc.training.loop import train
 from cgc.pipeline import analyse, open_run
 path, config, folder = sys.argv[1:4]
 run = open_run("numpy", analyse([path]), path, config, {}, seed=0)

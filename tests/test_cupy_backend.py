@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fake_cupy
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.backends.numpy import portable
 from cgc.core.elements import concrete
 from cgc.frontend.api import analyse
@@ -174,7 +174,7 @@ def test_the_training_loop_dumps_and_traces_a_cupy_run_as_it_does_a_numpy_one(
     import io
     import json
 
-    from cgc.backends.training import train
+    from cgc.training.loop import train
     frontend = analyse([PATH])
     reference = open_run("numpy", frontend, PATH, "tiny32", {}, seed=4)
     fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
@@ -215,5 +215,5 @@ def test_a_missing_cublaslt_is_said_not_raised(monkeypatch):
     monkeypatch.setattr(cublaslt, "load", REAL_LOAD)  # the real loader, finding nothing
     monkeypatch.setattr(cublaslt, "_library_paths", lambda: ["/nowhere/libcublasLt.so.13"])
     reason = backend.unavailable_reason()
-    assert reason is not None and "pip install 'cgc[cuda]'" in reason \
+    assert reason is not None and "pip install 'cgc-compiler[cuda]'" in reason \
         and "/nowhere/libcublasLt.so.13" in reason

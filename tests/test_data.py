@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from cgc.backends.data import (END_OF_TEXT, LLM_C_HEADER_INTS, LLM_C_MAGIC, Batches,
+from cgc.training.data import (END_OF_TEXT, LLM_C_HEADER_INTS, LLM_C_MAGIC, Batches,
                                load_tokens, read_token_file, split_documents,
                                write_token_file)
 from cgc.backends.numerics import from_bfloat16_bits, to_bfloat16_bits
-from cgc.backends.training import LearningRate
+from cgc.training.loop import LearningRate
 from cgc.cli import main
 
 from conftest import SCHEDULES
@@ -175,7 +175,7 @@ def test_the_log_has_one_object_per_step_and_per_validation(tmp_path, capsys):
 
 def test_the_gradient_norm_is_the_norm_of_the_gradient_before_clipping():
     """The printed norm (from the step's partial sums) against the gradient bank's own."""
-    from cgc.backends.data import load_corpus
+    from cgc.training.data import load_corpus
     from cgc.pipeline import analyse, open_run
     run = open_run("numpy", analyse([TRAIN]), TRAIN, "tiny", {}, 0)
     ids, targets = Batches(load_corpus(None), 4, 64, 0).next()

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from cgc.backends.cuda.emulated import COMPILER, FLAGS, HEADERS, build, compiler_missing
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.backends.numerics import decode, storage_dtype
-from cgc.backends.training import train
+from cgc.training.loop import train
 from cgc.checking.memory import storage_home
 from cgc.core.elements import element_bytes
 from cgc.pipeline import analyse, open_run

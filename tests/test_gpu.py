@@ -12,12 +12,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.frontend.api import analyse
 from cgc.core.ir import View
 from cgc.checking.memory import element_bytes, storage_home
 from cgc.backends.numerics import decode, storage_dtype
-from cgc.backends.training import train
+from cgc.training.loop import train
 from cgc.pipeline import open_run
 from cgc.backends.cuda.toolchain import nvcc_build
 

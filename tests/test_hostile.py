@@ -133,7 +133,7 @@ def test_a_fifo_given_to_the_loader_or_as_data_is_refused(tmp_path):
     result = python(
         "from cgc.core.diagnostics import Reporter\n"
         "from cgc.frontend.load import load\n"
-        "from cgc.backends.data import load_corpus\n"
+        "from cgc.training.data import load_corpus\n"
         f"report = Reporter(); load([{str(fifo)!r}], report)\n"
         "print(report.diagnostics[0].message)\n"
         f"try:\n    load_corpus([{str(fifo)!r}])\n"
@@ -165,7 +165,7 @@ def test_data_is_read_up_to_its_cap_not_whole(tmp_path):
     with open(huge, "wb") as handle:
         handle.truncate(64 << 30)
     result = subprocess.run(
-        [sys.executable, "-c", "from cgc.backends.data import DATA_LIMIT, load_corpus\n"
+        [sys.executable, "-c", "from cgc.training.data import DATA_LIMIT, load_corpus\n"
                                f"print(load_corpus([{str(huge)!r}]).size == DATA_LIMIT)"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)))
@@ -285,7 +285,7 @@ ATTEMPTS = 12
 _DUMP_WRITER = """
 import sys, types
 import numpy as np
-from cgc.backends.training import write_dump
+from cgc.training.loop import write_dump
 seed = int(sys.argv[1]) if len(sys.argv) > 1 else {seed}
 entries = [types.SimpleNamespace(name=f"cgEntry{{i:02d}}", count=1 << 17, stack=None,
                                  matrix=False) for i in range(24)]
@@ -350,7 +350,7 @@ def test_a_dump_killed_while_it_is_written_is_absent_old_or_complete(tmp_path):
 
 
 def test_a_dump_replaces_an_earlier_dump_whole_and_records_the_corpus(tmp_path):
-    from cgc.backends.data import CORPUS_SHA256 as shipped
+    from cgc.training.data import CORPUS_SHA256 as shipped
     folder = tmp_path / "run"
     result = cgc("run", SCHEDULES / "train.cg", "--backend", "numpy", "--steps", "2",
                  "--dump", folder)
@@ -516,9 +516,9 @@ FIRST_LOSS = 5.4896  # numpy backend, config tiny, seed 0, the shipped corpus
 
 
 def test_the_default_corpus_is_the_shipped_file():
-    from cgc.backends import data
+    from cgc.training import data
     corpus = data.load_corpus(None)
-    shipped = (ROOT / "cgc" / "backends" / "corpus.txt").read_bytes()
+    shipped = (ROOT / "cgc" / "training" / "corpus.txt").read_bytes()
     same = corpus.tobytes() == shipped  # a bool: pytest would diff 619 KB byte by byte
     assert same
     assert len(shipped) == 619_466
@@ -527,7 +527,7 @@ def test_the_default_corpus_is_the_shipped_file():
     assert data.corpus_sha256() == CORPUS_SHA256
     assert f"sha256 {CORPUS_SHA256[:12]}" in data.describe(None)
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'"cgc\.backends" = \[[^\]]*"corpus\.txt"', pyproject)
+    assert re.search(r'"cgc\.training" = \[[^\]]*"corpus\.txt"', pyproject)
 
 
 def test_the_first_loss_is_a_constant_of_the_version():

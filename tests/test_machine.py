@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.frontend.api import analyse
 from cgc.backends.numpy.machine import Fault, Pointer
 from cgc.backends.numerics import round_to_bfloat16, to_bfloat16_bits
-from cgc.backends.training import train
+from cgc.training.loop import train
 from cgc.pipeline import open_run
 
 from conftest import ROOT, SCHEDULES

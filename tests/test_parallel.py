@@ -1,7 +1,7 @@
 """Data parallel on CPU ranks: the schedule's all-reduce over MPI (mpi4py, Open MPI's mpirun).
 
 Two ranks of schedules/train_parallel.cg with one sequence each must be the same training as
-one rank with both sequences (cgBatch 2): the same windows (parallel.ShardedBatches), the
+one rank with both sequences (cgBatch 2): the same windows (cgc.training.ranks.ShardedBatches), the
 gradient the mean over the ranks of the mean over each rank's rows, which is the mean over
 all the rows. The numbers differ only by float32 rounding: one rank adds the 128 rows' terms
 of each weight gradient in one sum, two ranks add 64 each and then the two partial means
@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 
 from cgc.backends import parallel
-from cgc.backends.data import Batches, load_corpus
-from cgc.backends.training import train
+from cgc.training import ranks as training_ranks
+from cgc.training.data import Batches, load_corpus
+from cgc.training.loop import train
 from cgc.pipeline import analyse, open_run
 
 from conftest import ROOT
@@ -38,7 +39,7 @@ ORDINARY = str(ROOT / "schedules" / "train.cg")
 STEPS = 3
 LEARNING_RATE = 0.003  # the tiny configurations' cgLearningRate (schedules/model.cg)
 # Open MPI refuses root without these (CI runs as root); the rest keeps it on this machine.
-MPI_ENVIRONMENT = {**parallel.ROOT_ENVIRONMENT, "OMPI_MCA_rmaps_base_oversubscribe": "1",
+MPI_ENVIRONMENT = {**training_ranks.ROOT_ENVIRONMENT, "OMPI_MCA_rmaps_base_oversubscribe": "1",
                    "PYTHONPATH": str(ROOT)}
 
 
@@ -119,13 +120,13 @@ def _assert_same_training(ranks: dict, whole: dict) -> None:
 def test_a_rank_takes_its_own_consecutive_windows_of_the_step():
     corpus = load_corpus(None)
     whole = Batches(corpus, 4, 64, seed=7).next()
-    shares = [parallel.ShardedBatches(Batches(corpus, 4, 64, seed=7), rank, 2).next()
+    shares = [training_ranks.ShardedBatches(Batches(corpus, 4, 64, seed=7), rank, 2).next()
               for rank in range(2)]
     for part in (0, 1):  # ids, then targets
         assert np.array_equal(np.concatenate([share[part] for share in shares]), whole[part])
     assert not np.array_equal(shares[0][0], shares[1][0])  # disjoint windows, not copies
     with pytest.raises(ValueError, match="do not split over 3 ranks"):
-        parallel.ShardedBatches(Batches(corpus, 4, 64, seed=7), 0, 3)
+        training_ranks.ShardedBatches(Batches(corpus, 4, 64, seed=7), 0, 3)
 
 
 def test_a_single_rank_leaves_values_alone_and_runs_without_mpi(monkeypatch):
@@ -137,9 +138,9 @@ def test_a_single_rank_leaves_values_alone_and_runs_without_mpi(monkeypatch):
     communicator.all_reduce_average(values)
     assert values.tolist() == [0, 1, 2, 3, 4]
     assert communicator.average_scalar(2.5) == 2.5 and communicator.lead
-    assert parallel.without_ranks(["run", "f.cg", "--ranks", "2", "--steps", "3"]) == \
+    assert training_ranks.without_ranks(["run", "f.cg", "--ranks", "2", "--steps", "3"]) == \
         ["run", "f.cg", "--steps", "3"]
-    assert parallel.without_ranks(["run", "--ranks=4", "f.cg"]) == ["run", "f.cg"]
+    assert training_ranks.without_ranks(["run", "--ranks=4", "f.cg"]) == ["run", "f.cg"]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "emulated"])
@@ -233,7 +234,7 @@ def test_sigterm_to_cgc_run_ranks_stops_every_rank_after_one_step_with_a_checkpo
             process.communicate()
     assert process.returncode == 143, err
     assert "(stopped early) on 2 ranks" in out, out
-    from cgc.backends import checkpoint
+    from cgc.training import checkpoint
     _, manifest = checkpoint.load(checkpoint.latest(str(folder)))
     assert manifest["step"] >= 3 and manifest["ranks"] == 2
     assert not [name for name in os.listdir(folder) if name.endswith(".cgc-tmp")]
@@ -354,7 +355,7 @@ FAILING_TRANSPORT = """
 import sys
 sys.path.insert(0, {root!r})
 from cgc.backends import parallel
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.pipeline import analyse, open_run
 
 

@@ -48,8 +48,8 @@ from cgc.backends.cuda.emit import emit_program
 from cgc.backends.cuda.emulated import (HEADERS, RACECHECK_ENVIRONMENT, RACECHECK_FLAGS,
                                         BuildFailed, build, compiler_missing, number_barriers,
                                         parse_racecheck, racecheck_run, standalone)
-from cgc.backends.data import Batches, load_corpus
-from cgc.backends.training import train
+from cgc.training.data import Batches, load_corpus
+from cgc.training.loop import train
 from cgc.checking.memory import plan_memory
 from cgc.pipeline import analyse, evaluate, open_run
 

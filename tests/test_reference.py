@@ -37,10 +37,10 @@ import numpy as np
 import pytest
 import torch
 
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.frontend.api import analyse
 from cgc.backends.numerics import round_to_bfloat16
-from cgc.backends.training import train
+from cgc.training.loop import train
 from cgc.pipeline import open_run
 
 from conftest import SCHEDULES

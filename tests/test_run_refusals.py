@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cgc.backends import parallel
+from cgc.training import ranks
 from cgc.cli import main
 
 from conftest import SCHEDULES
@@ -71,7 +71,7 @@ def test_a_schedule_without_a_standalone_whole_step_is_told_what_one_is(tmp_path
 def no_mpirun(monkeypatch):
     """Records a launch instead of starting mpirun: a refusal must come before it."""
     launched = []
-    monkeypatch.setattr(parallel, "launch_ranks",
+    monkeypatch.setattr(ranks, "launch_ranks",
                         lambda ranks, arguments: launched.append((ranks, arguments)) or 0)
     return launched
 

@@ -1,4 +1,4 @@
-"""`cgc sample` (cgc/backends/sampling.py, schedules/sample.cg): the forward-only schedule
+"""`cgc sample` (cgc/training/sampling.py, schedules/sample.cg): the forward-only schedule
 computes what the training step's forward computes, from a checkpoint's parameters; greedy
 decoding is deterministic; what fills the rows after the text does not change the row read."""
 
@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from cgc.backends import checkpoint
-from cgc.backends.data import Batches, load_corpus
-from cgc.backends.sampling import Sampler, choose_token
+from cgc.training import checkpoint
+from cgc.training.data import Batches, load_corpus
+from cgc.training.sampling import Sampler, choose_token
 from cgc.cli import main
 from cgc.pipeline import analyse, open_run
 

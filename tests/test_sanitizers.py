@@ -13,8 +13,8 @@ import shutil
 import pytest
 
 from cgc.backends.cuda.emulated import compiler_missing, replay, standalone
-from cgc.backends.data import Batches, load_corpus
-from cgc.backends.training import train
+from cgc.training.data import Batches, load_corpus
+from cgc.training.loop import train
 from cgc.pipeline import analyse, evaluate, open_run
 
 from conftest import ROOT, SCHEDULES

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cgc.backends.data import Batches, load_corpus
+from cgc.training.data import Batches, load_corpus
 from cgc.checking.memory import format_memory_plan, plan_memory
 from cgc.core.diagnostics import CompileError
 from cgc.pipeline import analyse, check, evaluate, open_run

@@ -15,6 +15,7 @@ ALLOWED = {
     "frontend": {"core", "frontend", "resources"},
     "checking": {"core", "checking"},
     "backends": {"core", "checking", "backends", "resources", "outputs"},
+    "training": {"core", "checking", "backends", "training", "resources", "outputs"},
     "tools": {"core", "frontend", "tools", "resources", "outputs"},
 }
 
@@ -85,3 +86,26 @@ def test_every_package_is_installed():
                  ["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+def test_every_install_hint_names_the_distribution_not_pypis_other_cgc():
+    """`cgc` on PyPI is another project: a hint `pip install 'cgc[...]'` would fetch it. The
+    hints come from one function (cgc/resources.py: install_hint), whose extras exist."""
+    import re
+    import tomllib
+
+    from cgc.resources import DISTRIBUTION, install_hint
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION != "cgc"
+    wrong = []
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").glob("*"), *(ROOT / "docs").glob("*.md"),
+                 ROOT / "README.md", ROOT / "pyproject.toml"]:
+        if path.is_file() and path.suffix in (".py", ".md", ".sh", ".toml"):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if re.search(r"\bcgc\[", line):
+                    wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert wrong == []
+    for extra in ("cuda", "cuda-tools", "parallel", "test"):
+        assert extra in project["optional-dependencies"]
+        assert install_hint(extra) == (f"pip install '{DISTRIBUTION}[{extra}]' (in a checkout "
+                                       f"of cgc: pip install '.[{extra}]')")

@@ -21,6 +21,9 @@ from ..core.ir import Program
 from .parallel import Communicator, SingleRank
 
 BANK_ROLES = ("parameters", "gradients", "state", "copies")
+# The banks a run carries from one step to the next (a checkpoint keeps them); gradients are
+# written by every step before it reads them.
+SAVED_BANK_ROLES = ("parameters", "state", "copies")
 
 
 def initial_parameters(program: Program, seed: int) -> dict[str, np.ndarray]:
@@ -36,6 +39,57 @@ def initial_parameters(program: Program, seed: int) -> dict[str, np.ndarray]:
         else:
             values[entry.name] = np.zeros(entry.count, dtype=np.float32)
     return values
+
+
+# ---- the state a run carries from step to step (what a checkpoint keeps) ----------
+
+def carried_buffers(program) -> list[str]:
+    """The step buffers whose first access in the step reads what the previous step left
+    (readwrite or accumulate): state the run carries, kept by a checkpoint."""
+    first: dict[str, str] = {}
+    for launch, _, _ in program.launches():
+        for binding in launch.pointers:
+            parameter = launch.image.pointers.get(binding.index)
+            storage = binding.view.storage
+            if parameter is None or storage.kind != "buffer":
+                continue
+            first.setdefault(storage.label, parameter.access)
+    return [label for label, access in first.items() if access in ("readwrite", "accumulate")]
+
+
+def saved_labels(program) -> list[str]:
+    """Every storage a checkpoint keeps, by label, in a stable order."""
+    labels = []
+    for role in SAVED_BANK_ROLES:
+        for bank in program.bank_of_role(role):
+            labels += [f"{bank}.{entry.name}" for entry in program.entries
+                       if f"{bank}.{entry.name}" in program.storages]
+    return labels + carried_buffers(program)
+
+
+def saved_dtype(program, label: str) -> np.dtype:
+    import ml_dtypes
+
+    from ..core.elements import concrete
+    element = concrete(program.storages[label].element, program.low).name
+    return {"float32": np.dtype(np.float32), "int32": np.dtype(np.int32),
+            "bfloat16": np.dtype(ml_dtypes.bfloat16)}[element]
+
+
+def state_tensors(run: "Run") -> dict[str, np.ndarray]:
+    """What the run's checkpoint holds, each storage in its own element type (a 16-bit copy
+    as bfloat16: fetch widens it to float32 exactly, and narrowing it back is exact too)."""
+    program = run.program
+    return {label: np.ascontiguousarray(run.fetch(label).astype(saved_dtype(program, label)))
+            for label in saved_labels(program)}
+
+
+def restore_state(run: "Run", values: dict[str, np.ndarray]) -> None:
+    """Stores a checkpoint's tensors into the run (widened to float32 or int32 for `store`,
+    which rounds them to the storage's type: exact, as they came from that type)."""
+    for label, array in values.items():
+        wide = array.astype(np.int32 if array.dtype == np.int32 else np.float32)
+        run.store(label, wide)
 
 
 @dataclass
@@ -160,6 +214,12 @@ class Run(ABC):
         """A whole storage's values (bfloat16 widened to float32)."""
 
     @abstractmethod
+    def view(self, label: str):
+        """A whole storage's memory itself, not a copy: writing it changes the run. A NumPy
+        array on the CPU, a CuPy array on a GPU (which `torch.from_dlpack` takes without a
+        copy), in the storage's own type (bfloat16 as its uint16 bit patterns)."""
+
+    @abstractmethod
     def run_step(self, trace: list | None) -> float:
         """Runs the program once on the ids and targets stored; returns the step's seconds.
         With `trace`, appends (image, phase, start seconds, end seconds) per launch."""
@@ -230,10 +290,9 @@ class Run(ABC):
         """The loss of one batch with the parameters as they are, which stay as they are: the
         step runs (its forward pass computes the loss) and the state a checkpoint keeps is
         put back as it was, bit for bit."""
-        from .checkpoint import restore, tensors
-        saved = tensors(self)
+        saved = state_tensors(self)
         loss = self.step(ids, targets).loss
-        restore(self, saved)
+        restore_state(self, saved)
         return loss
 
     def mean_loss(self) -> float:

@@ -30,11 +30,30 @@ class Diagnostic:
 
 
 class CompileError(Exception):
-    """Raised when a stage ends with errors; carries every diagnostic it collected."""
+    """Raised when a stage ends with errors; carries every diagnostic it collected.
+    `str(error)` is the diagnostics as `cgc` prints them (path:line:col, the line, a caret,
+    the notes)."""
 
     def __init__(self, diagnostics: Iterable[Diagnostic]):
         self.diagnostics = sorted(diagnostics, key=Diagnostic.sort_key)
         super().__init__(f"{len(self.diagnostics)} diagnostic(s)")
+
+    def __str__(self) -> str:
+        return render_all(self.diagnostics)
+
+
+class OptionError(ValueError):
+    """A value given to cgc (a command's option, a library call's argument) that it cannot
+    act on, with the reason; the command prints its usage and exits 2."""
+
+
+class PathError(OptionError):
+    """A path given to cgc that cannot be read or must not be written: one line, exit 2."""
+
+
+class RunError(Exception):
+    """A run that cannot start or go on for a reason no schedule's line holds (data that
+    does not fit the model, a missing tool, a failed step): one line, exit 1."""
 
 
 @dataclass

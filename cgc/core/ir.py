@@ -294,6 +294,9 @@ class Program:
     entries: tuple["Entry", ...] = ()  # the bank entries, in declaration order
     roles: dict[str, object] = field(default_factory=dict)  # role -> storage label or value
     role_spans: dict[str, Span] = field(default_factory=dict)
+    # Folders of the user's own kernels (`--kernels DIR`): NAME.cu.j2 templates and a
+    # reference.py whose KERNELS the numpy backend runs, beside cgc's own (docs/tutorial.md).
+    kernel_folders: tuple[str, ...] = ()
 
     @property
     def blocks(self) -> dict[str, tuple[int, int, int]]:

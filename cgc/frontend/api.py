@@ -93,6 +93,12 @@ def parse_override(frontend: Frontend, text: str) -> tuple[str, object]:
     name, _, value = text.partition("=")
     if name not in frontend.declarations.constants or not value:
         known = ", ".join(frontend.declarations.constants)
+        if name and name not in frontend.declarations.constants:
+            import difflib
+            close = difflib.get_close_matches(name, list(frontend.declarations.constants), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"--set {text}: '{name}' is not a declared constant ({known})"
+                             f"{hint}")
         raise ValueError(f"--set expects CONSTANT=VALUE with a declared constant ({known})")
     declared = frontend.checker.global_types.get(name)
     try:

@@ -4,7 +4,7 @@
 
 Runs STEPS steps of FILE (schedules/train_parallel.cg) in config tiny32 with cgBatch=BATCH
 on this process's ranks, each rank taking its share of the windows exactly as `cgc run`
-does (parallel.ShardedBatches over one seeded draw of BATCH x ranks windows), and writes
+does (cgc.training.ranks.ShardedBatches over one seeded draw of BATCH x ranks windows), and writes
 OUT/rank-R.npz: the losses and every entry of the parameters and gradients after the last
 step. The test compares the ranks with each other and with one rank on the whole batch.
 """
@@ -21,8 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from cgc.backends import parallel  # noqa: E402
-from cgc.backends.data import Batches, load_corpus  # noqa: E402
-from cgc.backends.training import train  # noqa: E402
+from cgc.training import ranks as training_ranks  # noqa: E402
+from cgc.training.data import Batches, load_corpus  # noqa: E402
+from cgc.training.loop import train  # noqa: E402
 from cgc.pipeline import analyse, open_run  # noqa: E402
 
 
@@ -31,7 +32,7 @@ def main(backend: str, batch: int, steps: int, out: str, path: str) -> None:
     run = open_run(backend, analyse([path]), path, "tiny32", {"cgBatch": batch}, seed=0)
     run.communicator = communicator
     whole = Batches(load_corpus(None), batch * communicator.size, 64, 0)
-    batches = parallel.ShardedBatches(whole, communicator.rank, communicator.size)
+    batches = training_ranks.ShardedBatches(whole, communicator.rank, communicator.size)
     training = train(run, batches, steps, out=io.StringIO())
     arrays = {"losses": np.array(training.losses, dtype=np.float64)}
     for role in ("parameters", "gradients"):

@@ -33,7 +33,8 @@ def unavailable_reason() -> str | None:
     try:
         import cupy
     except ImportError:
-        return ("CuPy is not installed: pip install 'cgc[cuda]' (it brings cupy-cuda13x and "
+        from ...resources import install_hint
+        return (f"CuPy is not installed: {install_hint('cuda')} (it brings cupy-cuda13x and "
                 "CUDA's own wheels)")
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
@@ -126,6 +127,9 @@ class CupyRun(Run):
         storage = self.program.storages[label]
         host = encode(np.asarray(values).reshape(-1), storage.element, self.low)
         self.array(label).set(host, stream=self.stream)
+
+    def view(self, label: str):
+        return self.array(label)
 
     def fetch(self, label: str) -> np.ndarray:
         storage = self.program.storages[label]

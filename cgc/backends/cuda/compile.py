@@ -24,7 +24,8 @@ def compiler_diagnostics(emitted: Emitted, log: str, emitted_name: str) -> list[
             found.append(Diagnostic(message.severity, message.text, at_emitted))
             continue
         kernel, line = origin
-        path = data_dir("templates") / kernel.template
+        path = Path(kernel.template_file) if kernel.template_file else \
+            data_dir("templates") / kernel.template
         template = Source(str(path), path.read_text(encoding="utf-8"))
         begin = template.line_starts[min(line, len(template.line_starts)) - 1]
         found.append(Diagnostic(

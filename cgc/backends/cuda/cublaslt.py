@@ -2,7 +2,7 @@
 
 Only what the products need: a handle, a matmul descriptor (operations, epilogue, aux), the
 matrix layouts, a heuristic query and cublasLtMatmul. The library is the nvidia-cublas
-wheel's libcublasLt (what `pip install 'cgc[cuda]'` brings), else the system's. The numbers
+wheel's libcublasLt (what the `cuda` extra brings), else the system's. The numbers
 are cublasLt.h's (CUDA 13). tests/fake_cupy.py stands in for this class on the CPU, computing
 each matmul from cuBLASLt's definition.
 """
@@ -62,7 +62,8 @@ def load() -> "CublasLt":
             return CublasLt(ctypes.CDLL(path))
         except OSError as error:
             tried.append(f"{path} ({error})")
-    raise CublasLtError("cuBLASLt (libcublasLt) is not installed: pip install 'cgc[cuda]' "
+    from ...resources import install_hint
+    raise CublasLtError(f"cuBLASLt (libcublasLt) is not installed: {install_hint('cuda')} "
                         f"brings the nvidia-cublas wheel (looked for: {', '.join(tried)})")
 
 

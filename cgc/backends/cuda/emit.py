@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import jinja2
 
@@ -123,9 +124,9 @@ def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
     return 0
 
 
-def _environment() -> jinja2.Environment:
+def _environment(kernel_folders: tuple[str, ...] = ()) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        loader=jinja2.FileSystemLoader([str(data_dir("templates")), *kernel_folders]),
         bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, autoescape=False)
@@ -176,6 +177,20 @@ def template_path(image: str) -> str:
     return f"kernels/{template_name(image)}.cu.j2"
 
 
+def template_file(program: Program, image: str) -> tuple[str, Path] | None:
+    """An image's kernel template, as the Jinja loader names it and as a file: cgc's own
+    (templates/kernels/SNAKE_NAME.cu.j2), else the first folder of the user's kernels that
+    holds SNAKE_NAME.cu.j2 (`--kernels DIR`); None where there is none."""
+    builtin = data_dir("templates") / template_path(image)
+    if builtin.is_file():
+        return template_path(image), builtin
+    for folder in program.kernel_folders:
+        path = Path(folder) / f"{template_name(image)}.cu.j2"
+        if path.is_file():
+            return path.name, path
+    return None
+
+
 _CONSTANT = re.compile(r"\b(" + "|".join(KERNEL_CONSTANTS) + r")\b")
 
 
@@ -205,7 +220,6 @@ def image_problems(program: Program) -> list[Diagnostic]:
     that needs a model constant no role gives, a library image cuBLAS cannot run."""
     found = []
     given = {name for name, _ in program.kernel_constants()}
-    folder = data_dir("templates")
     used = sorted({launch.image.name: launch.image for launch, _, _ in program.launches()}.items())
     found += _aux_problems(program)
     for name, image in used:
@@ -217,14 +231,19 @@ def image_problems(program: Program) -> list[Diagnostic]:
                                         "but the CUDA backend has no product of that name "
                                         f"(it has: {', '.join(CUBLAS_PRODUCTS)})", image.span))
             continue
-        path = folder / template_path(name)
-        if not path.is_file():
+        found_template = template_file(program, name)
+        if found_template is None:
+            places = [f"templates/{template_path(name)}"] + \
+                [str(Path(folder) / f"{template_name(name)}.cu.j2")
+                 for folder in program.kernel_folders]
             found.append(Diagnostic(
                 "error", f"image '{name}' has no kernel template: the CUDA backend looks for "
-                f"templates/{template_path(name)}", image.span,
+                + " and ".join(places), image.span,
                 (Note("every kernel image needs a template named after it, and a reference "
-                      "function of the same name for the numpy backend (docs/backends.md)"),)))
+                      "function of the same name for the numpy backend; your own go in a "
+                      "folder given with --kernels DIR (docs/tutorial.md)"),)))
             continue
+        path = found_template[1]
         needed = set(_CONSTANT.findall(path.read_text(encoding="utf-8")))
         needed |= set(SHARED_MEMORY_CONSTANTS.get(name, ()))
         for constant in sorted(needed - given):
@@ -242,14 +261,15 @@ class Kernel:
     summary: str
     code: str
     shared_bytes: int
-    template: str
+    template: str  # as the Jinja loader names it
+    template_file: str = ""  # the file itself (cgc's, or one of the user's kernels)
 
 
 class Emitter:
     def __init__(self, program: Program, plan: MemoryPlan):
         self.program, self.plan = program, plan
         self.low = program.low
-        self.environment = _environment()
+        self.environment = _environment(program.kernel_folders)
         self.root = os.path.dirname(program.source)
         self.phase_count = 0
         self.phases: list[dict] = []
@@ -340,7 +360,7 @@ class Emitter:
             image = self.program.images[name]
             if image.library is not None:
                 continue
-            template = template_path(name)
+            template, file = template_file(self.program, name)  # image_problems: it has one
             block = image.block
             code = self.environment.get_template(template).render(
                 name=name, parameters=", ".join(c_parameters(image, self.low)),
@@ -348,7 +368,7 @@ class Emitter:
             summary = (image.doc or name).replace("\n", " ")
             found.append(Kernel(name, summary, code.rstrip("\n"),
                                 shared_memory_bytes(name, self.constants, self.low),
-                                template))
+                                template, str(file)))
         return found
 
     # ---- the schedule ------------------------------------------------------------

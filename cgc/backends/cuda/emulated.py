@@ -659,6 +659,9 @@ class EmulatedRun(Run):
         storage = self.program.storages[label]
         return decode(self.array(label), storage.element, self.low)
 
+    def view(self, label: str) -> np.ndarray:
+        return self.array(label)
+
     # ---- launches ----------------------------------------------------------------
 
     def _prepare(self, launch, point):

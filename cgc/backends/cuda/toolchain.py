@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from ...resources import install_hint
 
 ARCHITECTURE = "sm_90"
 LANGUAGE = "c++17"
@@ -31,7 +32,7 @@ def cuda_root() -> Path:
         root = Path(location) / "cu13"
         if (root / "include" / "cuda_runtime.h").exists():
             return root
-    raise ToolchainMissing("CUDA's headers are not installed: pip install 'cgc[cuda]'")
+    raise ToolchainMissing(f"CUDA's headers are not installed: {install_hint('cuda')}")
 
 
 def include_flags() -> list[str]:
@@ -45,7 +46,7 @@ def include_flags() -> list[str]:
 
 
 # What a missing CUDA header means: the extra that installs it with an nvcc that finds it.
-_TOOLS_EXTRA = "pip install 'cgc[cuda-tools]'"
+_TOOLS_EXTRA = install_hint("cuda-tools")
 _CUDA_INCLUDE = re.compile(r"^\s*#\s*include\s*<((?:cu|mma\.h|cooperative_groups)[^>]*)>",
                            re.MULTILINE)
 _HOST_INCLUDE_DIRS = ("/usr/local/include", "/usr/include")
@@ -113,7 +114,7 @@ def nvrtc_compile(source: str, name: str = "program.cu") -> tuple[bool, str]:
     try:
         from cupy.cuda import nvrtc
     except ImportError as error:
-        raise ToolchainMissing(f"CuPy is not installed ({error}): pip install 'cgc[cuda]'") \
+        raise ToolchainMissing(f"CuPy is not installed ({error}): {install_hint('cuda')}") \
             from None
     program = nvrtc.createProgram(source, name, [], [])
     try:
@@ -136,7 +137,7 @@ def nvcc() -> Path:
         pass
     found = shutil.which("nvcc")
     if found is None:
-        raise ToolchainMissing("nvcc is not installed: pip install 'cgc[cuda-tools]'")
+        raise ToolchainMissing(f"nvcc is not installed: {install_hint('cuda-tools')}")
     return Path(found)
 
 

@@ -8,10 +8,45 @@ import time
 import numpy as np
 
 from ...core.diagnostics import Diagnostic, Note
-from ...core.ir import Program
+from ...core.ir import Program, View
 from ..base import Run, initial_parameters
 from .machine import Machine
 from .reference import KERNELS
+
+
+USER_REFERENCES = "reference.py"  # in a folder of the user's kernels: its KERNELS table
+
+
+def user_kernels(program: Program) -> tuple[dict, list[Diagnostic]]:
+    """The reference functions of the user's kernel folders (`--kernels DIR`: the KERNELS
+    table of DIR/reference.py, by image name), and an error for each file that cannot be
+    loaded. Only folders the user named are read: cgc runs no Python it was not given."""
+    import importlib.util
+    import os
+    found, problems = {}, []
+    for number, folder in enumerate(program.kernel_folders):
+        path = os.path.join(folder, USER_REFERENCES)
+        if not os.path.isfile(path):
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location(f"cgc_user_kernels_{number}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            table = getattr(module, "KERNELS")
+            if not isinstance(table, dict):
+                raise TypeError("KERNELS is not a dict of image names to functions")
+        except Exception as error:  # the user's code: any fault is theirs, told as such
+            problems.append(Diagnostic("error", f"cannot load the reference functions in "
+                                                f"{path}: {type(error).__name__}: {error}", None))
+            continue
+        found.update({name: function for name, function in table.items() if name not in found})
+    return found, problems
+
+
+def reference_functions(program: Program) -> dict:
+    """cgc's reference functions, then the user's for the images cgc has none of."""
+    user, _ = user_kernels(program)
+    return {**user, **KERNELS}
 
 
 class NumpyRun(Run):
@@ -19,24 +54,34 @@ class NumpyRun(Run):
 
     def __init__(self, program, plan, seed: int):
         super().__init__(program, plan, seed)
-        self.machine = Machine(program, plan, KERNELS)
+        self.machine = Machine(program, plan, reference_functions(program))
         self.load_parameters(initial_parameters(program, seed))
 
     @staticmethod
     def problems(program: Program) -> list[Diagnostic]:
         used = {launch.image.name: launch.image for launch, _, _ in program.launches()}
-        return [Diagnostic("error", f"image '{name}' has no reference function: the numpy "
-                                    f"backend looks for '{name}' in its KERNELS table",
-                           image.span,
-                           (Note("cgc/backends/numpy/reference.py defines every image's NumPy "
-                                 "semantics (docs/backends.md)"),))
-                for name, image in sorted(used.items()) if name not in KERNELS]
+        user, problems = user_kernels(program)
+        known = {**user, **KERNELS}
+        where = "its KERNELS table" + "".join(
+            f" and {folder}/{USER_REFERENCES}" for folder in program.kernel_folders)
+        return problems + [
+            Diagnostic("error", f"image '{name}' has no reference function: the numpy backend "
+                                f"looks for '{name}' in {where}", image.span,
+                       (Note("cgc/backends/numpy/reference.py defines every image's NumPy "
+                             "semantics (docs/backends.md); your own go in the KERNELS table of "
+                             "reference.py in a folder given with --kernels DIR "
+                             "(docs/tutorial.md)"),))
+            for name, image in sorted(used.items()) if name not in known]
 
     def store(self, label: str, values) -> None:
         self.machine.store(label, values)
 
     def fetch(self, label: str) -> np.ndarray:
         return self.machine.array(label)
+
+    def view(self, label: str) -> np.ndarray:
+        storage = self.machine.program.storages[label]
+        return self.machine.storage_array(View(storage, 0, storage.count))
 
     def run_step(self, trace: list | None) -> float:
         started = time.perf_counter()

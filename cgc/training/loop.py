@@ -15,13 +15,14 @@ import shutil
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
 from ..outputs import new_file
 from ..resources import sync_to_disk
-from .base import Run
+from ..backends.base import Run
 
 
 @dataclass
@@ -109,6 +110,20 @@ def step_record(run: Run, step: int, loss: float, gradient_norm: float, rate: fl
     return StepRecord(step, loss, gradient_norm, rate, seconds, speed, mfu)
 
 
+def take_step(run: Run, batches, learning_rate: LearningRate | None, step: int,
+              trace: list | None = None):
+    """Step `step` on the next batch at its learning rate (the schedule's constant where
+    none is given): its record, and the outcome, ids, targets and rate the dump keeps."""
+    ids, targets = batches.next()
+    rate = run.set_learning_rate(learning_rate.at(step) if learning_rate else None)
+    outcome = run.step(ids, targets, trace)
+    tokens = int(run.program.role("batch")) * int(run.program.role("context")) \
+        * run.communicator.size  # every rank's: the step's throughput
+    record = step_record(run, step, outcome.loss, run.gradient_norm(), rate, outcome.seconds,
+                         tokens)
+    return record, (outcome, ids, targets, rate)
+
+
 def progress_line(record: StepRecord, steps: int, note: str = "") -> str:
     width = 24
     done = int(width * record.step / steps)
@@ -187,20 +202,20 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
           learning_rate: LearningRate | None = None, start: int = 0,
           history: list[float] | None = None, log=None,
           checkpointing: Checkpointing | None = None, validation: Validation | None = None,
-          sample=None, sample_every: int = 0, replace_dump: bool = False) -> Training:
+          sample=None, sample_every: int = 0, replace_dump: bool = False,
+          on_step: Callable[[StepRecord], None] | None = None) -> Training:
     """Runs steps start+1 .. `steps`. `trace` gets the first step's per-launch times; `dump`
     the run for replay (docs/dump-format.md); `history` the losses of the steps before
     `start` (a resumed run). Each step sets the learning rate (`learning_rate`, or the
     schedule's constant where none is given), prints a progress line and writes one JSON
-    object to `log`; checkpoints, validation and samples come every so many steps."""
+    object to `log` and calls `on_step` with its record; checkpoints, validation and samples
+    come every so many steps."""
     result = Training(losses=list(history or []))
     if dump:
         check_dump_folder(dump, run, replace_dump)  # before the steps, not after them
     all_ids, all_targets, rates = [], [], []
     before = run.bank_values("parameters") if dump else None
     first = None
-    tokens = int(run.program.role("batch")) * int(run.program.role("context")) \
-        * run.communicator.size  # every rank's: the step's throughput
     # A line rewritten in place on a terminal; whole lines elsewhere, and on MPI ranks, whose
     # output mpirun passes through a terminal of its own whatever the user's is.
     interactive = (out.isatty() if hasattr(out, "isatty") else False) and \
@@ -211,10 +226,9 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
             result.stopped = True
             step -= 1
             break
-        ids, targets = batches.next()
-        rate = run.set_learning_rate(learning_rate.at(step) if learning_rate else None)
-        outcome = run.step(ids, targets, trace if step == start + 1 else None)
-        norm = run.gradient_norm()
+        record, (outcome, ids, targets, rate) = take_step(
+            run, batches, learning_rate, step, trace if step == start + 1 else None)
+        norm = record.gradient_norm
         result.losses.append(outcome.loss)
         result.seconds.append(outcome.seconds)
         all_ids.append(ids)
@@ -222,12 +236,13 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         rates.append(rate)
         if step == start + 1 and dump:
             first = (run.bank_values("gradients"), run.bank_values("parameters"))
-        record = step_record(run, step, outcome.loss, norm, rate, outcome.seconds, tokens)
         _log(log, record.json())
         line = progress_line(record, steps, outcome.note)
         last = step == steps or (stop is not None and stop.is_set())
         out.write(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
         out.flush()
+        if on_step is not None:
+            on_step(record)
         if not (math.isfinite(outcome.loss) and math.isfinite(norm)):  # every later step
             result.diverged = step                                   # would carry the NaN on
             if interactive and not last:

@@ -30,6 +30,10 @@ import re
 import ml_dtypes
 import numpy as np
 
+# the state a checkpoint keeps is the run's (cgc/backends/base.py), re-exported here
+from ..backends.base import carried_buffers, saved_dtype, saved_labels  # noqa: F401
+from ..backends.base import restore_state as restore  # noqa: F401
+from ..backends.base import state_tensors as tensors  # noqa: F401
 from ..core.diagnostics import CompileError, Diagnostic
 from ..outputs import Refused, WriteFailed, write_file
 from ..resources import sync_to_disk
@@ -38,7 +42,6 @@ FORMAT = "cgc-checkpoint-2"  # 2: the manifest carries its own SHA-256 (manifest
 OLD_FORMAT = "cgc-checkpoint-1"  # read still: its fields are checked, but it has no hash
 READABLE_FORMATS = (FORMAT, OLD_FORMAT)
 METADATA_KEY = "cgc"
-SAVED_BANK_ROLES = ("parameters", "state", "copies")
 _NAME = re.compile(r"^step-(\d{8})\.safetensors$")
 # safetensors' dtype names for the element types a storage can hold (bfloat16 through
 # ml_dtypes, which numpy lacks).
@@ -56,53 +59,6 @@ class CheckpointError(CompileError):
 
 def file_name(step: int) -> str:
     return f"step-{step:08d}.safetensors"
-
-
-def carried_buffers(program) -> list[str]:
-    """The step buffers whose first access in the step reads what the previous step left
-    (readwrite or accumulate): state the run carries, kept by a checkpoint."""
-    first: dict[str, str] = {}
-    for launch, _, _ in program.launches():
-        for binding in launch.pointers:
-            parameter = launch.image.pointers.get(binding.index)
-            storage = binding.view.storage
-            if parameter is None or storage.kind != "buffer":
-                continue
-            first.setdefault(storage.label, parameter.access)
-    return [label for label, access in first.items() if access in ("readwrite", "accumulate")]
-
-
-def saved_labels(program) -> list[str]:
-    """Every storage a checkpoint keeps, by label, in a stable order."""
-    labels = []
-    for role in SAVED_BANK_ROLES:
-        for bank in program.bank_of_role(role):
-            labels += [f"{bank}.{entry.name}" for entry in program.entries
-                       if f"{bank}.{entry.name}" in program.storages]
-    return labels + carried_buffers(program)
-
-
-def _element_dtype(program, label: str) -> np.dtype:
-    from ..core.elements import concrete
-    element = concrete(program.storages[label].element, program.low).name
-    return {"float32": _DTYPES["F32"], "int32": _DTYPES["I32"],
-            "bfloat16": _DTYPES["BF16"]}[element]
-
-
-def tensors(run) -> dict[str, np.ndarray]:
-    """What the run's checkpoint holds, each storage in its own element type (a 16-bit copy
-    as bfloat16: fetch widens it to float32 exactly, and narrowing it back is exact too)."""
-    program = run.program
-    return {label: np.ascontiguousarray(run.fetch(label).astype(_element_dtype(program, label)))
-            for label in saved_labels(program)}
-
-
-def restore(run, values: dict[str, np.ndarray]) -> None:
-    """Stores a checkpoint's tensors into the run (widened to float32 or int32 for `store`,
-    which rounds them to the storage's type: exact, as they came from that type)."""
-    for label, array in values.items():
-        wide = array.astype(np.int32 if array.dtype == np.int32 else np.float32)
-        run.store(label, wide)
 
 
 def tensors_sha256(values: dict[str, np.ndarray]) -> str:
@@ -184,7 +140,7 @@ def _read_whole(path: str) -> bytearray:
         if declared != size:
             raise CheckpointError(f"{broken}: the file has {size} bytes, and its header says "
                                   f"{declared} ({'truncated?' if size < declared else 'bytes after its tensors'})")
-        from .base import byte_count, host_memory
+        from ..backends.base import byte_count, host_memory
         available = host_memory()  # what it is read into
         if available is not None and declared > available[0]:
             raise CheckpointError(f"{path}: its tensors take {byte_count(declared)}, more "
@@ -395,10 +351,10 @@ def check_tensors(program, values: dict[str, np.ndarray], path: str) -> None:
         if label not in values:
             raise CheckpointError(f"{path} has no tensor {label}, which this schedule keeps")
         storage, array = program.storages[label], values[label]
-        if array.size != storage.count or array.dtype != _element_dtype(program, label):
+        if array.size != storage.count or array.dtype != saved_dtype(program, label):
             raise CheckpointError(f"{path}: tensor {label} holds {array.size} {array.dtype} "
                                   f"values; this schedule's holds {storage.count} "
-                                  f"{_element_dtype(program, label)}")
+                                  f"{saved_dtype(program, label)}")
     extra = sorted(set(values) - set(saved_labels(program)))
     if extra:
         raise CheckpointError(f"{path} holds tensors this schedule does not have: "

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
-from .base import Run
+from ..backends.base import Run
 
 # The most tokens one `cgc sample` writes (each is a forward pass of a whole step).
 MAX_TOKENS = 100_000
@@ -55,6 +55,25 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None,
     with np.errstate(under="ignore"):
         weights = np.exp(scaled)  # the maxima are exp(0) = 1: the sum is at least 1
     return int(generator.choice(scaled.size, p=weights / weights.sum()))
+
+
+def forward_only_problem(program, source: str) -> str | None:
+    """Why `program` cannot sample (None where it can): it must compute logits and change
+    no parameter (a forward-only schedule: schedules/sample.cg)."""
+    try:
+        program.role("logits")
+    except KeyError as error:
+        return f"{source} cannot sample: {error.args[0]}"
+    for launch, _, _ in program.launches():
+        for binding in launch.pointers:
+            parameter = launch.image.pointers.get(binding.index)
+            if parameter is not None and parameter.access != "read" and \
+                    binding.view.storage.kind == "bank":
+                return (f"{source} cannot sample: its schedule '{program.entry}' writes the "
+                        f"bank '{binding.view.storage.label}' (through '{launch.image.name}'), "
+                        "and sampling runs a forward-only schedule, one that changes no "
+                        "parameter (schedules/sample.cg)")
+    return None
 
 
 class Sampler:

@@ -1,0 +1,119 @@
+"""The ranks of a data-parallel run: each rank's share of the data, and the launcher that
+starts them (`cgc run --ranks N` runs mpirun, which runs cgc on every rank).
+
+The communicator itself, which the backends' collectives call, is the backends' interface
+(cgc/backends/parallel.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+# NumPy is imported where it is used: cli.py reads STOP_SIGNAL for every command, and
+# `cgc compile` loads no NumPy (tests/test_startup.py).
+
+from ..backends.parallel import Communicator, CommunicatorError
+from ..resources import install_hint
+
+
+class ShardedBatches:
+    """Rank `rank`'s share of each step's windows: the step draws the windows of all the
+    ranks from one seeded generator (the `batch * size` windows one rank would take on the
+    whole batch) and this rank takes its `batch` consecutive ones. Disjoint across ranks,
+    the same for a seed on any number of ranks, and one rank with `batch * size` sequences
+    sees exactly the union of what the N ranks see."""
+
+    def __init__(self, whole, rank: int, size: int):
+        if whole.batch % size:
+            raise ValueError(f"{whole.batch} sequences do not split over {size} ranks")
+        self.whole, self.rank, self.size = whole, rank, size
+        self.batch, self.context = whole.batch // size, whole.context
+        self.corpus = whole.corpus
+
+    def position(self) -> dict:
+        return self.whole.position()
+
+    def restore(self, position: dict) -> None:
+        self.whole.restore(position)
+
+    def next(self):
+        ids, targets = self.whole.next()
+        rows = self.batch * self.context
+        share = slice(self.rank * rows, (self.rank + 1) * rows)
+        return ids[share], targets[share]
+
+
+def quiet_unless_lead(communicator: Communicator):
+    """Where a rank writes its progress: stdout on rank 0, nowhere on the others."""
+    return sys.stdout if communicator.lead else open(os.devnull, "w", encoding="utf-8")
+
+
+def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
+    """`mpirun -n RANKS python -m cgc ARGUMENTS`: what `cgc run --ranks N` runs. mpirun is
+    given --oversubscribe whatever the count: cgc itself has refused more ranks than CPUs
+    unless the user asked (Open MPI's own count is of physical cores, which may be fewer);
+    as root, Open MPI must be told that it may run (the variables below, set in its
+    environment)."""
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise CommunicatorError(f"--ranks {ranks} starts the ranks with mpirun, which is not "
+                                f"installed: {install_hint('parallel')} (Open MPI and mpi4py), "
+                                "or start them yourself: mpirun -n N cgc run ...")
+    return [mpirun, "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "cgc",
+            *arguments]
+
+
+# Open MPI refuses to run as root unless told (containers and CI run as root).
+ROOT_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+# The mpirun a `cgc run --ranks N` started, while it runs: a stop request (SIGTERM, Ctrl-C)
+# that reaches cgc alone is passed on to it, which passes it to every rank.
+_LAUNCHED: list = []
+
+
+def launch_ranks(ranks: int, arguments: list[str]) -> int:
+    """Runs `cgc ARGUMENTS` on `ranks` MPI ranks and returns mpirun's exit status."""
+    import subprocess
+    command = mpirun_command(ranks, arguments)
+    environment = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        environment.update(ROOT_ENVIRONMENT)
+    process = subprocess.Popen(command, env=environment)
+    _LAUNCHED.append(process)
+    try:
+        return process.wait()
+    finally:
+        _LAUNCHED.remove(process)
+
+
+# What mpirun passes on to every rank: Open MPI ends the job on SIGTERM and SIGINT but
+# forwards SIGUSR1 and SIGUSR2, so a rank takes SIGUSR1 as a stop request (cli.py).
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def forward_stop() -> bool:
+    """Passes a stop request to the ranks this process launched (as STOP_SIGNAL, through
+    mpirun); False if it launched none. The ranks agree on the step to stop after (the
+    training loop's stop is decided by all of them), then checkpoint, as one run does."""
+    for process in list(_LAUNCHED):
+        if process.poll() is None:
+            process.send_signal(STOP_SIGNAL)
+            return True
+    return False
+
+
+def without_ranks(arguments: list[str]) -> list[str]:
+    """The command line with --ranks N (or --ranks=N) taken out: what each rank runs."""
+    kept, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "--ranks":
+            skip = True
+        elif not argument.startswith("--ranks="):
+            kept.append(argument)
+    return kept
