@@ -153,3 +153,25 @@ def test_the_standalone_program_prints_the_losses_of_the_cupy_run(tmp_path):
     assert len(printed) == 2
     for ours, theirs in zip(printed, losses):
         assert abs(ours - theirs) / theirs <= 1e-5
+
+
+def test_the_api_gives_torch_the_gpus_parameters_without_a_copy():
+    """cgc.open_training on the cupy backend: parameters() are CuPy arrays over the run's
+    own device memory, which torch.from_dlpack takes as they are (the same device pointer);
+    a write through torch is what the next step trains on."""
+    import cupy
+    import torch
+
+    import cgc
+    run = cgc.open_training(str(SCHEDULES / "train.cg"), "cupy", steps=2, config="tiny32")
+    weights = run.parameters()["cgQkvWeight"]
+    assert isinstance(weights, cupy.ndarray) and weights.dtype == np.float32
+    tensor = torch.from_dlpack(weights)
+    assert tensor.is_cuda and tensor.data_ptr() == weights.data.ptr
+    tensor.mul_(0.5)
+    torch.cuda.synchronize()
+    assert np.array_equal(run.run.fetch("cgBankP.cgQkvWeight"), cupy.asnumpy(weights))
+    record = run.step()
+    assert np.isfinite(record.loss)
+    gradient = torch.from_dlpack(run.gradients()["cgQkvWeight"])
+    assert float(gradient.abs().max()) > 0
