@@ -71,3 +71,31 @@ def test_the_kernels_files_are_part_of_the_runs_identity(folder):
     assert result.returncode == 1
     assert "this run differs from the checkpoint's" in result.stderr
     assert "kernels/scale.cu.j2" in result.stderr
+
+
+def test_a_template_that_does_not_render_is_a_diagnostic_at_its_line(folder):
+    template = folder / "kernels" / "scale.cu.j2"
+    original = template.read_text()
+    template.write_text(original + "{% if %}\n")
+    result = cgc(folder, "compile", "scaled.cg", "--kernels", "kernels", "-o", "x.cu")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "scale.cu.j2:7:1: error: the kernel template of image 'cgImageScale' does not " \
+           "render: Expected an expression" in result.stderr
+    assert not (folder / "x.cu").exists()
+    template.write_text(original + "{{ nothing }}\n")
+    result = cgc(folder, "check", "scaled.cg", "--kernels", "kernels", "--config", "tiny")
+    assert result.returncode == 1 and "'nothing' is undefined" in result.stderr
+    template.write_bytes(b"\xff\xfe")
+    result = cgc(folder, "check", "scaled.cg", "--kernels", "kernels", "--config", "tiny")
+    assert result.returncode == 1 and "cannot read the kernel template" in result.stderr
+
+
+def test_a_reference_function_that_raises_fails_the_step_at_its_launch(folder):
+    reference = folder / "kernels" / "reference.py"
+    reference.write_text(reference.read_text().replace("    n = min", "    1 / 0\n    n = min"))
+    result = cgc(folder, "run", "scaled.cg", "--kernels", "kernels", "--backend", "numpy",
+                 "--steps", "1")
+    assert result.returncode == 1, result.stderr
+    assert "its reference function scale raised ZeroDivisionError" in result.stderr
+    assert "scaled.cg:17:5: error: the step failed" in result.stderr
+    assert "internal error" not in result.stderr

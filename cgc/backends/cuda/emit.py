@@ -244,6 +244,11 @@ def image_problems(program: Program) -> list[Diagnostic]:
                       "folder given with --kernels DIR (docs/tutorial.md)"),)))
             continue
         path = found_template[1]
+        if str(path.parent) in program.kernel_folders:  # the user's own: does it render?
+            problem = _template_problem(program, image, *found_template)
+            if problem is not None:
+                found.append(problem)
+                continue
         needed = set(_CONSTANT.findall(path.read_text(encoding="utf-8")))
         needed |= set(SHARED_MEMORY_CONSTANTS.get(name, ()))
         for constant in sorted(needed - given):
@@ -253,6 +258,38 @@ def image_problems(program: Program) -> list[Diagnostic]:
                 f"declaration gives the role '{role}'", image.span,
                 (Note(f"add ({role} NAME) to the model's roles declaration"),)))
     return found
+
+
+def _render(environment: jinja2.Environment, template: str, image, low: str) -> str:
+    """An image's kernel from its template: its name, C parameters and thread count."""
+    block = image.block
+    return environment.get_template(template).render(
+        name=image.name, parameters=", ".join(c_parameters(image, low)),
+        threads=block[0] * block[1] * block[2])
+
+
+def _template_problem(program: Program, image, template: str, path: Path) -> Diagnostic | None:
+    """An error at the line of a user's template that Jinja cannot parse or render (a
+    syntax error, a name cgc does not give it), or cannot read as UTF-8 text, with the image
+    it is for."""
+    from ...core.source import Source, Span
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as error:
+        return Diagnostic("error", f"cannot read the kernel template {path} of image "
+                                   f"'{image.name}': {getattr(error, 'strerror', None) or error}",
+                          image.span)
+    try:
+        _render(_environment(program.kernel_folders), template, image, program.low)
+        return None
+    except jinja2.TemplateError as error:
+        source = Source(str(path), text)
+        line = getattr(error, "lineno", None) or 1
+        start = source.line_starts[min(line, len(source.line_starts)) - 1]
+        return Diagnostic("error", f"the kernel template of image '{image.name}' does not "
+                                   f"render: {error.message or error}", Span(source, start, start + 1),
+                          (Note("a template gets {{ name }}, {{ parameters }} and "
+                                "{{ threads }} (docs/tutorial.md)", image.span),))
 
 
 @dataclass
@@ -361,10 +398,7 @@ class Emitter:
             if image.library is not None:
                 continue
             template, file = template_file(self.program, name)  # image_problems: it has one
-            block = image.block
-            code = self.environment.get_template(template).render(
-                name=name, parameters=", ".join(c_parameters(image, self.low)),
-                threads=block[0] * block[1] * block[2])
+            code = _render(self.environment, template, image, self.low)
             summary = (image.doc or name).replace("\n", " ")
             found.append(Kernel(name, summary, code.rstrip("\n"),
                                 shared_memory_bytes(name, self.constants, self.low),

@@ -31,7 +31,7 @@ class Fault(RunFault):
     """A launch did something unsafe: the message names the launch and the slot."""
 
     def __init__(self, kind: str, message: str):
-        self.kind = kind  # slot | bounds | extent | alias | permission | data
+        self.kind = kind  # slot | bounds | extent | alias | permission | data | reference
         super().__init__(message)
 
 
@@ -207,7 +207,17 @@ class Machine:
                                                home, base + offset * item, item)
 
         kernel = self.kernels[image.name]
-        kernel(Kernel(pointers, scalars, grid, block, self.constants, self.communicator))
+        try:
+            kernel(Kernel(pointers, scalars, grid, block, self.constants, self.communicator))
+        except Fault:
+            raise
+        except Exception as error:
+            if getattr(kernel, "__module__", "").startswith("cgc."):
+                raise  # cgc's own reference function: a bug in cgc, told as one
+            # a reference function of the user's (--kernels DIR): their code's fault, at the launch
+            raise Fault("reference", f"{where}: its reference function "
+                                     f"{getattr(kernel, '__qualname__', kernel)!s} raised "
+                                     f"{type(error).__name__}: {error}") from None
         self.check_aliasing(where, image, pointers)
 
     def check_aliasing(self, where: str, image, pointers: dict[str, Pointer]) -> None:
