@@ -21,13 +21,16 @@ if "numpy" not in _sys.modules and not any(
 
 # The Python API (cgc/api.py, docs/api.md), loaded on first use: `import cgc` and the
 # commands that need no run (`cgc compile`) load neither NumPy nor the backends.
-__all__ = ["CompileError", "Diagnostic", "OptionError", "RunError", "Schedule", "Sampling",
+__all__ = ["CompileError", "CheckpointError", "Diagnostic", "OptionError", "PathError",
+           "RunError", "Unavailable", "Schedule", "Sampling",
            "TrainingOptions", "TrainingRun", "StepRecord", "Training", "load",
            "open_training", "open_sampler", "__version__"]
 
 _HOMES = {
     "CompileError": "cgc.core.diagnostics", "Diagnostic": "cgc.core.diagnostics",
     "OptionError": "cgc.core.diagnostics", "RunError": "cgc.core.diagnostics",
+    "PathError": "cgc.core.diagnostics", "CheckpointError": "cgc.training.checkpoint",
+    "Unavailable": "cgc.backends.base",
     "Schedule": "cgc.api", "Sampling": "cgc.api", "load": "cgc.api",
     "open_training": "cgc.api", "open_sampler": "cgc.api",
     "TrainingOptions": "cgc.training.run", "TrainingRun": "cgc.training.run",
@@ -49,6 +52,9 @@ def __dir__() -> list[str]:
 
 if _TYPE_CHECKING:  # for type checkers and editors: the names above, statically
     from .api import Sampling, Schedule, load, open_sampler, open_training  # noqa: F401
-    from .core.diagnostics import CompileError, Diagnostic, OptionError, RunError  # noqa: F401
+    from .backends.base import Unavailable  # noqa: F401
+    from .core.diagnostics import (CompileError, Diagnostic, OptionError, PathError,  # noqa: F401
+                                   RunError)
+    from .training.checkpoint import CheckpointError  # noqa: F401
     from .training.loop import StepRecord, Training  # noqa: F401
     from .training.run import TrainingOptions, TrainingRun  # noqa: F401

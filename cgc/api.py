@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .checking.memory import MemoryPlan, format_memory_plan
 from .core.diagnostics import CompileError, Diagnostic, OptionError, RunError
@@ -29,6 +29,7 @@ from .pipeline import (Frontend, analyse, checked, collective_problems, kernel_f
                        parse_override)
 
 if TYPE_CHECKING:  # loaded when a run is opened: `cgc compile` needs no NumPy
+    from .backends.parallel import Communicator
     from .training.run import TrainingOptions, TrainingRun
 
 __all__ = ["Schedule", "Sampling", "load", "open_training", "open_sampler", "overrides_of",
@@ -40,10 +41,7 @@ def overrides_of(frontend: Frontend, overrides: Mapping[str, object] | Sequence[
     """`--set`-style overrides (`["cgLayers=4"]`, or `{"cgLayers": 4}`) as the evaluator
     takes them: each a declared model constant with a value of its type (OptionError, with
     the reason, where not)."""
-    if isinstance(overrides, Mapping):
-        texts = [f"{name}={value}" for name, value in overrides.items()]
-    else:
-        texts = list(overrides or ())
+    texts = override_texts(overrides)
     found = {}
     for text in texts:
         try:
@@ -58,14 +56,32 @@ def override_texts(overrides: Mapping[str, object] | Sequence[str] | None) -> li
     """Overrides as NAME=VALUE texts (a checkpoint's identity records them so)."""
     if isinstance(overrides, Mapping):
         return [f"{name}={value}" for name, value in overrides.items()]
-    return list(overrides or ())
+    texts = as_list(overrides, "overrides")
+    for text in texts:
+        if not isinstance(text, str):
+            raise OptionError(f"an override is NAME=VALUE text, not {type(text).__name__}")
+    return texts
 
 
 def config_of(frontend: Frontend, asked: str | None) -> str:
     """The configuration asked for, or the first one declared (OptionError if unknown)."""
     if asked is not None and asked not in frontend.declarations.configs:
         raise OptionError(f"unknown config '{asked}' (known: {', '.join(frontend.configs)})")
-    return asked if asked is not None else frontend.configs[0]
+    return asked if asked is not None else (frontend.configs[0] if frontend.configs else None)
+
+
+def as_list(value, what: str) -> list:
+    """A list of names or paths given as one (a str or a path) or as several: a single str
+    is one item, never its characters."""
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    try:
+        return [os.fspath(item) if isinstance(item, os.PathLike) else item for item in value]
+    except TypeError:
+        raise OptionError(f"{what} must be a str, a path or a list of them, not "
+                          f"{type(value).__name__}") from None
 
 
 def schedule_sources(frontend: Frontend, path: str, kernels=()) -> dict[str, str]:
@@ -98,10 +114,12 @@ class Schedule:
 
     @property
     def entry(self) -> str:
+        """The schedule evaluated (a `def` of the file)."""
         return self.program.entry
 
     @property
     def config(self) -> str:
+        """The configuration it was evaluated in."""
         return self.program.config
 
     def launch_program(self) -> str:
@@ -132,15 +150,30 @@ def load(path: str | os.PathLike, *, config: str | None = None, entry: str | Non
     text is the diagnostics as `cgc check` prints them; OptionError for an unknown config or
     override; PathError for a kernels folder that cannot be read."""
     path = os.fspath(path)
-    frontend = analyse([path])
+    return check_schedule(analyse([path]), path, config=config, entry=entry,
+                          overrides=overrides, kernels=kernels)
+
+
+def check_schedule(frontend: Frontend, path: str, *, config: str | None = None,
+                   entry: str | None = None,
+                   overrides: Mapping[str, object] | Sequence[str] | None = None,
+                   kernels: Sequence[str | os.PathLike] = ()) -> Schedule:
+    """`load` on a front end already analysed (`cgc check` analyses a file once for all its
+    configurations): evaluated, checked, and asked of every backend what it lacks (an image
+    without a kernel template or a reference function), as `cgc check` does."""
+    from .pipeline import backend_problems
     values = overrides_of(frontend, overrides)
-    result = checked(frontend, path, entry, config_of(frontend, config), values, kernels)
+    result = checked(frontend, path, entry, config_of(frontend, config), values,
+                     as_list(kernels, "kernels"))
+    problems = backend_problems(result.program)
+    if problems:
+        raise CompileError(problems + result.warnings)
     return Schedule(path, frontend, result.program, result.plan,
                     list(frontend.warnings) + result.warnings, override_texts(overrides))
 
 
 def open_training(schedule: str | os.PathLike | Schedule, backend: str = "auto", *,
-                  resume: str | None = None, communicator=None,
+                  resume: str | None = None, communicator: "Communicator | None" = None,
                   options: TrainingOptions | None = None, entry: str | None = None,
                   **settings) -> TrainingRun:
     """A training run of a whole step (a schedule given the `step` role) on `backend`
@@ -159,15 +192,23 @@ def open_training(schedule: str | os.PathLike | Schedule, backend: str = "auto",
     options = options or TrainingOptions()
     given = isinstance(schedule, Schedule)
     path = schedule.path if given else os.fspath(schedule)
-    if given:  # the schedule's own choices, unless the settings say otherwise
+    if given:  # the schedule's own choices; the settings' overrides add to its own
         settings.setdefault("config", schedule.config)
-        settings.setdefault("overrides", list(schedule.overrides))
+        settings["overrides"] = list(schedule.overrides) + override_texts(
+            settings.get("overrides"))
         settings.setdefault("kernels", list(schedule.program.kernel_folders))
         entry = entry or schedule.entry
     for name, value in settings.items():
         if not hasattr(options, name):
             raise TypeError(f"open_training() got an unknown setting '{name}'")
-        setattr(options, name, override_texts(value) if name == "overrides" else value)
+        if name == "overrides":
+            value = override_texts(value)
+        elif name in ("data", "kernels"):
+            value = as_list(value, name) or (None if name == "data" else [])
+        setattr(options, name, value)
+    from .backends import REGISTRY
+    if backend != "auto" and backend not in REGISTRY:
+        raise OptionError(f"unknown backend '{backend}' (known: auto, {', '.join(REGISTRY)})")
     options.backend = backend
     options.check()
     resumed = Resumed.read(resume) if resume else None
@@ -215,12 +256,19 @@ class Sampling:
 
     @property
     def vocab(self) -> int:
+        """The model's vocabulary: token ids run 0 .. vocab - 1."""
         return self.sampler.vocab
 
     def generate(self, prompt: list[int], tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, seed: int = 0, stop: threading.Event | None = None,
-                 emit=None) -> list[int]:
-        """`tokens` tokens after `prompt`, each given to `emit` as it is chosen."""
+                 emit: Callable[[int], None] | None = None) -> list[int]:
+        """`tokens` tokens after `prompt` (token ids), each given to `emit` as it is chosen;
+        OptionError for what `cgc sample` refuses."""
+        from .training.sampling import check_sampling
+        if isinstance(prompt, (str, bytes)):
+            raise OptionError("generate() takes the prompt's tokens (a list of ints; byte "
+                              "tokens: list(text.encode()))")
+        check_sampling(list(prompt), tokens, temperature, top_k, seed, self.vocab)
         return self.sampler.generate(prompt, tokens, temperature, top_k, seed, stop=stop,
                                      emit=emit)
 
@@ -259,9 +307,11 @@ def open_sampler(checkpoint: str, backend: str = "auto", schedule: str | None = 
                  ) -> Sampling:
     """The model a checkpoint holds (a file, or a folder's latest), on a forward-only
     schedule (default schedules/sample.cg) that `generate` runs token by token."""
-    from .backends import choose
+    from .backends import REGISTRY, choose
     from .training import checkpoint as checkpoints
     from .training.run import Resumed
+    if backend != "auto" and backend not in REGISTRY:
+        raise OptionError(f"unknown backend '{backend}' (known: auto, {', '.join(REGISTRY)})")
     chosen, _ = choose(backend)
     resumed = Resumed.read(checkpoint)
     identity = resumed.manifest.get("identity", {})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import os
 import signal
 import stat
@@ -18,7 +17,7 @@ from .backends import REGISTRY
 from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
 from .outputs import Refused, WriteFailed
 from .resources import install_hint
-from .pipeline import Frontend, analyse, backend_problems, check, evaluate
+from .pipeline import Frontend, analyse, check, evaluate
 
 EXIT_OK, EXIT_DIAGNOSTICS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
@@ -329,9 +328,11 @@ def _configs(frontend: Frontend, asked) -> list[str]:
 
 
 def _check(args) -> int:
+    """`cgc check`: every file's entry in every configuration asked, by the library's
+    check_schedule (cgc.load on a front end analysed once)."""
     files = _cg_files(args.files)
     frontend = analyse(files)
-    overrides = api.overrides_of(frontend, args.set)
+    api.overrides_of(frontend, args.set)  # a bad --set is told before any file
     configs = _configs(frontend, args.config)
     warnings = list(frontend.warnings)
     for path in files:
@@ -340,16 +341,13 @@ def _check(args) -> int:
             continue
         launches = {}
         for config in configs:
-            program = evaluate(frontend, path, args.entry, config, overrides, args.kernels)
-            found = program.warnings + check(program)
-            problems = backend_problems(program)
-            if problems:
-                raise CompileError(problems + found)
+            schedule = api.check_schedule(frontend, path, config=config, entry=args.entry,
+                                          overrides=args.set, kernels=args.kernels)
+            program = schedule.program
             launches[config] = sum(1 for _ in program.launches())
-            warnings.extend(w for w in found if w not in warnings)
+            warnings.extend(w for w in schedule.warnings if w not in warnings)
             if args.memory:
-                from .checking.memory import format_memory_plan, plan_memory
-                print(format_memory_plan(plan_memory(program)))
+                print(schedule.memory_report())
         summary = ", ".join(f"{config} ({_count(count, 'launch', 'launches')})"
                             for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
@@ -707,15 +705,8 @@ def _training_status(training, result) -> int:
 
 def _sample(args) -> int:
     """`cgc sample`: a checkpoint's model continues --prompt, each token as it comes."""
-    from .training.sampling import MAX_TOKENS
-    if not 1 <= args.tokens <= MAX_TOKENS:
-        raise _UsageError(f"--tokens must be at least 1 and at most {MAX_TOKENS:,}")
-    for name in ("seed", "temperature"):
-        value = getattr(args, name)
-        if value is not None and (value < 0 or not math.isfinite(value)):
-            raise _UsageError(f"--{name} must be a finite number, not negative")
-    if args.top_k is not None and args.top_k < 1:
-        raise _UsageError("--top-k must be at least 1")
+    from .training.sampling import check_prompt, check_request
+    check_request(args.tokens, args.temperature, args.top_k, args.seed)
     _readable([args.checkpoint], folders=True)
     _readable([api.sample_schedule(args.schedule)])
     chosen = _choose_backend(args.backend)
@@ -724,13 +715,7 @@ def _sample(args) -> int:
     sampling = api.open_sampler(args.checkpoint, chosen[0], args.schedule)
     # the command line's bytes as given: text that is not UTF-8 comes as surrogate escapes
     prompt = list(args.prompt.encode("utf-8", "surrogateescape"))
-    if not prompt:
-        raise _UsageError("--prompt is empty; give at least one character")
-    if max(prompt) >= sampling.vocab:
-        raise _UsageError(f"--prompt has a byte past the model's vocabulary ({sampling.vocab})")
-    if args.top_k is not None and args.top_k > sampling.vocab:
-        raise _UsageError(f"--top-k {args.top_k} is more than the model's vocabulary "
-                          f"({sampling.vocab} tokens)")
+    check_prompt(prompt, args.top_k, sampling.vocab)
     tokens = _stream_sample(args, sampling, prompt)
     print(f"sampled {_count(len(tokens), 'token')} from {sampling.path} "
           f"(step {sampling.manifest['step']}) on the {chosen[0]} backend, "

@@ -28,6 +28,8 @@ def kernel_folders(paths) -> tuple[str, ...]:
     PathError for one that is no readable folder."""
     from .core.diagnostics import PathError
     found = []
+    if isinstance(paths, (str, os.PathLike)):  # one folder, not its name's characters
+        paths = [paths]
     for path in paths or ():
         path = os.fspath(path)
         if not os.path.isdir(path) or not os.access(path, os.R_OK | os.X_OK):

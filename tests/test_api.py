@@ -184,3 +184,55 @@ def test_torch_takes_the_tensors_without_a_copy(backend, monkeypatch):
     assert tensor.data_ptr() == array.__array_interface__["data"][0]
     tensor.fill_(0.25)
     assert (run.run.fetch("cgBankP.cgQkvWeight") == 0.25).all()
+
+
+def test_one_str_is_one_item_never_its_characters(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("hello world, " * 100)
+    run = cgc.open_training(TRAIN, "numpy", steps=1, data=str(text), config="tiny32")
+    assert run.identity["data"]["tokens"] == 1300
+    assert cgc.load(TRAIN, config="tiny32", overrides="cgLayers=1").program.constants[
+        "cgLayers"] == 1
+    with pytest.raises(cgc.PathError, match="cannot read the kernels folder nowhere"):
+        cgc.load(TRAIN, kernels="nowhere")
+
+
+def test_bad_settings_are_option_errors_not_type_errors():
+    for settings in (dict(steps="5"), dict(steps=2.5), dict(seed=1.5), dict(warmup=1.5),
+                     dict(lr="0.1"), dict(steps=None)):
+        with pytest.raises(cgc.OptionError):
+            cgc.open_training(TRAIN, "numpy", **settings)
+    with pytest.raises(cgc.OptionError, match="unknown backend 'bogus'"):
+        cgc.open_training(TRAIN, "bogus")
+    with pytest.raises(TypeError, match="unknown setting 'stepz'"):
+        cgc.open_training(TRAIN, "numpy", stepz=3)
+
+
+def test_sampling_refuses_what_the_command_refuses():
+    run = cgc.open_training(TRAIN, "numpy", steps=1, config="tiny32")
+    for arguments in (dict(prompt="", tokens=4), dict(prompt="a", tokens=0),
+                      dict(prompt="a", tokens=4, temperature=-1),
+                      dict(prompt="a", tokens=4, top_k=0), dict(prompt="a", tokens=4, top_k=999)):
+        with pytest.raises(cgc.OptionError):
+            run.sample(**arguments)
+    assert len(run.sample("a", 3).encode("utf-8", "surrogateescape")) >= 1
+
+
+def test_a_schedules_overrides_stay_and_settings_add_to_them():
+    schedule = cgc.load(TRAIN, config="tiny32", overrides={"cgLayers": 1})
+    run = cgc.open_training(schedule, "numpy", overrides={"cgHeads": 2})
+    assert run.program.constants["cgLayers"] == 1 and run.program.constants["cgHeads"] == 2
+
+
+def test_load_asks_the_backends_as_check_does(tmp_path):
+    """A schedule whose image has no template or reference function is refused by load,
+    as `cgc check` refuses it (not accepted, to fail later)."""
+    from test_user_kernels import blocks, PAGE
+    (tmp_path / "cgc-schedules").symlink_to(ROOT / "schedules")
+    for _, file, body in blocks(PAGE.read_text(encoding="utf-8")):
+        if file:
+            (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / file).write_text(body, encoding="utf-8")
+    with pytest.raises(cgc.CompileError, match="has no reference function"):
+        cgc.load(tmp_path / "scaled.cg", config="tiny")
+    assert cgc.load(tmp_path / "scaled.cg", config="tiny", kernels=tmp_path / "kernels")

@@ -99,3 +99,15 @@ def test_a_reference_function_that_raises_fails_the_step_at_its_launch(folder):
     assert "its reference function scale raised ZeroDivisionError" in result.stderr
     assert "scaled.cg:17:5: error: the step failed" in result.stderr
     assert "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("text, told", [
+    ('KERNELS = {"cgImageScale": 3}\n', "KERNELS is not a dict of image names (str) to functions"),
+    ('KERNELS = {1: print}\n', "KERNELS is not a dict of image names (str) to functions"),
+    ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+])
+def test_a_kernels_table_that_is_not_one_is_a_diagnostic(folder, text, told):
+    (folder / "kernels" / "reference.py").write_text(text)
+    result = cgc(folder, "check", "scaled.cg", "--kernels", "kernels", "--config", "tiny")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "cannot load the reference functions in " in result.stderr and told in result.stderr

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TextIO
 
 import numpy as np
 
@@ -49,6 +49,19 @@ class TrainingOptions:
 
     def check(self) -> None:
         """OptionError for a value no run can take (before anything is loaded)."""
+        for name in ("steps", "seed", "warmup", "decay_steps", "val_every", "val_steps",
+                     "checkpoint_every"):
+            value = getattr(self, name)
+            if value is None and name in ("seed", "warmup", "decay_steps"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise OptionError(f"--{name.replace('_', '-')} must be a whole number, not "
+                                  f"{value!r}")
+        for name in ("lr", "lr_min"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, (int, float))):
+                raise OptionError(f"--{name.replace('_', '-')} must be a number, not {value!r}")
         if self.steps < 1:
             raise OptionError("--steps must be at least 1")
         for name in ("checkpoint_every", "val_every", "val_steps", "warmup", "lr", "lr_min",
@@ -246,9 +259,10 @@ class TrainingRun:
         self.losses.append(record.loss)
         return record
 
-    def train(self, steps: int | None = None, *, out=None, on_step=None,
+    def train(self, steps: int | None = None, *, out: TextIO | None = None,
+              on_step: Callable[[StepRecord], None] | None = None,
               stop: threading.Event | None = None, dump: str | None = None,
-              trace: list | None = None, log=None, sample_every: int = 0,
+              trace: list | None = None, log: TextIO | None = None, sample_every: int = 0,
               replace_dump: bool = False) -> Training:
         """Runs the steps after the current one up to `steps` (default: the options' steps),
         a progress line each on `out` (default: none), `on_step(record)` after each (the
@@ -304,14 +318,17 @@ class TrainingRun:
                top_k: int | None = None, seed: int = 0,
                stop: threading.Event | None = None) -> str:
         """A continuation of `prompt` by the model as it is now (a forward-only schedule,
-        schedules/sample.cg, given these parameters); greedy at temperature 0."""
-        from .sampling import decode_bytes
+        schedules/sample.cg, given these parameters); greedy at temperature 0. OptionError
+        for what `cgc sample` refuses (no prompt, a byte past the vocabulary, a negative
+        temperature, tokens outside 1 .. 100,000, top_k below 1 or past the vocabulary)."""
+        from .sampling import check_sampling, decode_bytes
+        data = prompt.encode("utf-8") if isinstance(prompt, str) else bytes(prompt)
+        check_sampling(list(data), tokens, temperature, top_k, seed, self.vocab)
         if self._sampler is None:
             if self._sampler_factory is None:
                 raise RunError("this run was opened without a sampler")
             self._sampler = self._sampler_factory(self)
         self._sampler.load(state_tensors(self.run))
-        data = prompt.encode("utf-8") if isinstance(prompt, str) else bytes(prompt)
         return decode_bytes(self._sampler.generate(list(data), tokens, temperature, top_k,
                                                    seed, stop=stop))
 

@@ -57,6 +57,42 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None,
     return int(generator.choice(scaled.size, p=weights / weights.sum()))
 
 
+def check_sampling(prompt: list[int], tokens: int, temperature: float, top_k: int | None,
+                   seed: int, vocab: int) -> None:
+    """OptionError for a sampling request this model cannot take: the same rules for `cgc
+    sample` and the library."""
+    check_request(tokens, temperature, top_k, seed)
+    check_prompt(prompt, top_k, vocab)
+
+
+def check_request(tokens: int, temperature: float, top_k: int | None, seed: int) -> None:
+    """OptionError for a sampling request no model can take."""
+    import math
+
+    from ..core.diagnostics import OptionError
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_TOKENS:
+        raise OptionError(f"--tokens must be at least 1 and at most {MAX_TOKENS:,}")
+    for name, value in (("seed", seed), ("temperature", temperature)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                or not math.isfinite(value):
+            raise OptionError(f"--{name} must be a finite number, not negative")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or top_k < 1):
+        raise OptionError("--top-k must be at least 1")
+
+
+def check_prompt(prompt: list[int], top_k: int | None, vocab: int) -> None:
+    """OptionError for a prompt (or a top-k) this model's vocabulary cannot take."""
+    from ..core.diagnostics import OptionError
+    if not prompt:
+        raise OptionError("--prompt is empty; give at least one character")
+    if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
+        raise OptionError(f"--prompt has a byte past the model's vocabulary ({vocab})")
+    if top_k is not None and top_k > vocab:
+        raise OptionError(f"--top-k {top_k} is more than the model's vocabulary "
+                          f"({vocab} tokens)")
+
+
 def forward_only_problem(program, source: str) -> str | None:
     """Why `program` cannot sample (None where it can): it must compute logits and change
     no parameter (a forward-only schedule: schedules/sample.cg)."""

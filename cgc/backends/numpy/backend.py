@@ -33,9 +33,11 @@ def user_kernels(program: Program) -> tuple[dict, list[Diagnostic]]:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             table = getattr(module, "KERNELS")
-            if not isinstance(table, dict):
-                raise TypeError("KERNELS is not a dict of image names to functions")
-        except Exception as error:  # the user's code: any fault is theirs, told as such
+            if not isinstance(table, dict) or not all(
+                    isinstance(name, str) and callable(function)
+                    for name, function in table.items()):
+                raise TypeError("KERNELS is not a dict of image names (str) to functions")
+        except (Exception, SystemExit) as error:  # the user's code: its fault, told as such
             problems.append(Diagnostic("error", f"cannot load the reference functions in "
                                                 f"{path}: {type(error).__name__}: {error}", None))
             continue
