@@ -321,10 +321,8 @@ def _sample_parser(commands) -> None:
 
 
 def _configs(frontend: Frontend, asked) -> list[str]:
-    for name in asked or ():
-        if name not in frontend.declarations.configs:
-            raise _UsageError(f"unknown config '{name}' (known: {', '.join(frontend.configs)})")
-    return list(asked) if asked else frontend.configs
+    """The configurations asked for (each checked by the library), or every one declared."""
+    return [api.config_of(frontend, name) for name in asked] if asked else frontend.configs
 
 
 def _check(args) -> int:

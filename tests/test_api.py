@@ -227,7 +227,7 @@ def test_a_schedules_overrides_stay_and_settings_add_to_them():
 def test_load_asks_the_backends_as_check_does(tmp_path):
     """A schedule whose image has no template or reference function is refused by load,
     as `cgc check` refuses it (not accepted, to fail later)."""
-    from test_user_kernels import blocks, PAGE
+    from test_tutorial import PAGE, blocks
     (tmp_path / "cgc-schedules").symlink_to(ROOT / "schedules")
     for _, file, body in blocks(PAGE.read_text(encoding="utf-8")):
         if file:

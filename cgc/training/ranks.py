@@ -45,9 +45,23 @@ class ShardedBatches:
         return ids[share], targets[share]
 
 
+class Discard:
+    """An output that keeps nothing: a rank's progress past rank 0's, or a library caller's
+    who asked for no progress lines."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 def quiet_unless_lead(communicator: Communicator):
     """Where a rank writes its progress: stdout on rank 0, nowhere on the others."""
-    return sys.stdout if communicator.lead else open(os.devnull, "w", encoding="utf-8")
+    return sys.stdout if communicator.lead else Discard()
 
 
 def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:

@@ -23,7 +23,7 @@ from . import checkpoint as checkpoints
 from .data import HELD_OUT_EVERY, Batches, Tokens, describe, load_tokens, split_documents
 from .loop import (Checkpointing, LearningRate, StepRecord, Training, Validation, take_step,
                    train, write_checkpoint)
-from .ranks import ShardedBatches
+from .ranks import Discard, ShardedBatches
 
 
 @dataclass
@@ -274,7 +274,7 @@ class TrainingRun:
         if steps < self.step_number + 1:
             raise OptionError(f"the run is at step {self.step_number}; train to a later step")
         sample = (lambda: self.sample("\n", 64, stop=stop)) if sample_every else None
-        result = train(self.run, self.batches, steps, out if out is not None else _Discard(),
+        result = train(self.run, self.batches, steps, out if out is not None else Discard(),
                        dump=dump, trace=trace, stop=stop, learning_rate=self.learning_rate,
                        start=self.step_number, history=self.losses, log=log,
                        checkpointing=self.checkpointing, validation=self.validation,
@@ -331,17 +331,4 @@ class TrainingRun:
         self._sampler.load(state_tensors(self.run))
         return decode_bytes(self._sampler.generate(list(data), tokens, temperature, top_k,
                                                    seed, stop=stop))
-
-
-class _Discard:
-    """An output that keeps nothing (a library caller who asked for no progress lines)."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
 

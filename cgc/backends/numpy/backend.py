@@ -3,6 +3,7 @@ each image by its NumPy reference function (reference.py), on the CPU."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -21,28 +22,39 @@ def user_kernels(program: Program) -> tuple[dict, list[Diagnostic]]:
     """The reference functions of the user's kernel folders (`--kernels DIR`: the KERNELS
     table of DIR/reference.py, by image name), and an error for each file that cannot be
     loaded. Only folders the user named are read: cgc runs no Python it was not given."""
-    import importlib.util
     import os
     found, problems = {}, []
-    for number, folder in enumerate(program.kernel_folders):
+    for folder in program.kernel_folders:
         path = os.path.join(folder, USER_REFERENCES)
         if not os.path.isfile(path):
             continue
-        try:
-            spec = importlib.util.spec_from_file_location(f"cgc_user_kernels_{number}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            table = getattr(module, "KERNELS")
-            if not isinstance(table, dict) or not all(
-                    isinstance(name, str) and callable(function)
-                    for name, function in table.items()):
-                raise TypeError("KERNELS is not a dict of image names (str) to functions")
-        except (Exception, SystemExit) as error:  # the user's code: its fault, told as such
-            problems.append(Diagnostic("error", f"cannot load the reference functions in "
-                                                f"{path}: {type(error).__name__}: {error}", None))
+        stat = os.stat(path)
+        table, problem = _reference_table(path, stat.st_mtime_ns, stat.st_size)
+        if problem is not None:
+            problems.append(problem)
             continue
         found.update({name: function for name, function in table.items() if name not in found})
     return found, problems
+
+
+@functools.lru_cache(maxsize=32)
+def _reference_table(path: str, mtime_ns: int, size: int) -> tuple[dict, Diagnostic | None]:
+    """One reference.py's KERNELS table, run once per version of the file (checking every
+    configuration and then opening the run would otherwise run it each time)."""
+    import importlib.util
+    name = f"cgc_user_kernels_{abs(hash((path, mtime_ns, size)))}"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        table = getattr(module, "KERNELS")
+        if not isinstance(table, dict) or not all(
+                isinstance(key, str) and callable(function) for key, function in table.items()):
+            raise TypeError("KERNELS is not a dict of image names (str) to functions")
+    except (Exception, SystemExit) as error:  # the user's code: its fault, told as such
+        return {}, Diagnostic("error", f"cannot load the reference functions in {path}: "
+                                       f"{type(error).__name__}: {error}", None)
+    return dict(table), None
 
 
 def reference_functions(program: Program) -> dict:
