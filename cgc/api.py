@@ -211,6 +211,9 @@ def open_training(schedule: str | os.PathLike | Schedule, backend: str = "auto",
         raise OptionError(f"unknown backend '{backend}' (known: auto, {', '.join(REGISTRY)})")
     options.backend = backend
     options.check()
+    if options.checkpoint_dir:  # a bad one told now, as `cgc run` tells it
+        from .training.checkpoint import make_folder
+        make_folder(options.checkpoint_dir)
     resumed = Resumed.read(resume) if resume else None
     if resumed is not None:
         options.take_from(resumed.manifest.get("identity", {}))

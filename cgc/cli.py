@@ -561,13 +561,8 @@ def _run_outputs(args) -> None:
     check_command({"--log": args.log, "--plot": args.plot, "--trace": args.trace}, (),
                   {"--dump": args.dump}, {"--checkpoint-dir": args.checkpoint_dir})
     if args.checkpoint_dir:
-        if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
-            raise _PathError(f"cannot write checkpoints into {args.checkpoint_dir}: not a folder")
-        try:
-            os.makedirs(args.checkpoint_dir, exist_ok=True)
-        except OSError as error:
-            raise _PathError(f"cannot write {args.checkpoint_dir}: "
-                             f"{error.strerror or error}") from None
+        from .training.checkpoint import make_folder
+        make_folder(args.checkpoint_dir)
     frontend = analyse([args.file])  # an output that is one of the run's inputs: refused
     _outputs_not_inputs(frontend, {"--log": args.log, "--plot": args.plot, "--trace": args.trace},
                         [*(args.data or ()), args.resume,

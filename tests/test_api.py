@@ -236,3 +236,10 @@ def test_load_asks_the_backends_as_check_does(tmp_path):
     with pytest.raises(cgc.CompileError, match="has no reference function"):
         cgc.load(tmp_path / "scaled.cg", config="tiny")
     assert cgc.load(tmp_path / "scaled.cg", config="tiny", kernels=tmp_path / "kernels")
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_refused_before_any_step(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(cgc.PathError, match="cannot write checkpoints into .*: not a folder"):
+        cgc.open_training(TRAIN, "numpy", steps=2, checkpoint_dir=str(afile))

@@ -57,6 +57,18 @@ class CheckpointError(CompileError):
         self.message = message
 
 
+def make_folder(folder: str) -> None:
+    """The folder checkpoints go into, made before any step runs (PathError where it is a
+    file or cannot be made): a bad one is told at once, not after the steps."""
+    from ..core.diagnostics import PathError
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise PathError(f"cannot write checkpoints into {folder}: not a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise PathError(f"cannot write {folder}: {error.strerror or error}") from None
+
+
 def file_name(step: int) -> str:
     return f"step-{step:08d}.safetensors"
 

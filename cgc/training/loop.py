@@ -92,6 +92,7 @@ class StepRecord:
     mfu: float | None  # a fraction of the hardware's peak, where it is known
 
     def json(self) -> dict:
+        """The record as `--log` writes it: one JSON object (kind "step")."""
         record = {"kind": "step", "step": self.step, "loss": self.loss,
                   "gradient_norm": self.gradient_norm, "learning_rate": self.learning_rate,
                   "ms": 1000.0 * self.seconds}
