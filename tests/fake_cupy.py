@@ -40,9 +40,11 @@ class FakeArray(np.ndarray):
         return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
 
     def set(self, host, stream=None):
+        drain()
         self[...] = np.asarray(host).reshape(self.shape)
 
     def get(self, stream=None):
+        drain()
         return np.array(self)
 
 
@@ -63,11 +65,66 @@ def _at(address: int, dtype) -> np.ndarray:
     raise AssertionError(f"address {address:#x} is in no allocation")
 
 
-def _run_or_record(action) -> None:
+# ---- streams and events, as late as CUDA allows ---------------------------------------
+# Work given to a stream is queued, and runs only when something waits for it: the first
+# stream made (the run's own) goes first; another stream's work runs only when the first
+# waits on an event it records, or when the host synchronises. So a branch whose join is
+# missing runs after the work that should have waited for it, and the values come out
+# wrong; a stream capture records the same operations, and a graph launch submits them again.
+_streams: dict[int, "Stream"] = {}
+_done: set[int] = set()  # the event records that have run
+_tokens = iter(range(1, 1 << 62))
+
+
+def _submit(stream, operation) -> None:
     if _capture is not None:
-        _capture.append(action)
+        _capture.append((stream, operation))
     else:
-        action()
+        _enqueue(stream, operation)
+
+
+def _enqueue(stream, operation) -> None:
+    stream = _streams[stream] if isinstance(stream, int) else stream or _first_stream()
+    kind, thing = operation
+    if kind == "record":
+        thing.token = next(_tokens)
+        operation = ("record", thing.token)
+    elif kind == "wait":
+        operation = ("wait", getattr(thing, "token", 0))
+    stream.queue.append(operation)
+
+
+def _first_stream():
+    return next(iter(_streams.values()))
+
+
+def _runnable(stream) -> bool:
+    kind, thing = stream.queue[0]
+    return kind != "wait" or thing == 0 or thing in _done
+
+
+def _step(stream) -> None:
+    kind, thing = stream.queue.pop(0)
+    if kind == "run":
+        thing()
+    elif kind == "record":
+        _done.add(thing)
+
+
+def drain() -> None:
+    """Runs every queued operation: the first stream whenever it can go on, the others
+    (in the order they were made) only while it waits or when it is done."""
+    while True:
+        ordered = [s for s in _streams.values() if s.queue]
+        if not ordered:
+            return
+        ready = [s for s in ordered if _runnable(s)]
+        assert ready, "fake CUDA: every stream waits on an event nothing records"
+        _step(ready[0])
+
+
+def _run_or_record(action, stream=None) -> None:
+    _submit(stream, ("run", action))
 
 
 class _Kernel:
@@ -77,7 +134,7 @@ class _Kernel:
 
     def __call__(self, grid, block, args, shared_mem=0, stream=None):
         assert shared_mem <= max(self.max_dynamic_shared_size_bytes, 48 * 1024), self.name
-        _run_or_record(lambda: self._run(tuple(grid), tuple(block), tuple(args)))
+        _run_or_record(lambda: self._run(tuple(grid), tuple(block), tuple(args)), stream)
 
     def _run(self, grid, block, args):
         image = images[self.name]
@@ -111,7 +168,9 @@ class RawModule:
 
 class Stream:
     def __init__(self, non_blocking=False):
-        self.ptr = 1
+        self.ptr = len(_streams) + 1
+        self.queue: list = []
+        _streams[self.ptr] = self
 
     def __enter__(self):
         return self
@@ -120,7 +179,10 @@ class Stream:
         return False
 
     def synchronize(self):
-        pass
+        drain()
+
+    def wait_event(self, event):
+        _submit(self, ("wait", event))
 
     def begin_capture(self):
         global _capture
@@ -137,16 +199,19 @@ class _Graph:
         self.calls = calls
 
     def launch(self, stream=None):
-        for call in self.calls:
-            call()
+        for queue, operation in self.calls:
+            _enqueue(queue, operation)
 
 
 class Event:
-    def record(self, stream=None):
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
         pass
 
+    def record(self, stream=None):
+        _submit(stream, ("record", self))
+
     def synchronize(self):
-        pass
+        drain()
 
 
 def _elapsed(start, end):
@@ -278,13 +343,13 @@ class FakeCublasLt:
                 target = raw[column * ldd:column * ldd + m]
                 target[:] = to_bfloat16_bits(value[:, column]) if d_type == 14 else value[:, column]
 
-        _run_or_record(run)
+        _run_or_record(run, stream)
 
 
 def _memcpy(destination, source, size, kind, stream):
     def run():
         _at(destination, np.uint8)[:size] = _at(source, np.uint8)[:size].copy()
-    _run_or_record(run)
+    _run_or_record(run, stream)
 
 
 class NcclCommunicator:
@@ -298,7 +363,7 @@ class NcclCommunicator:
     def allReduce(self, send, receive, count, datatype, operator, stream):  # noqa: N802
         def run():
             nccl_calls.append(("allReduce", send, receive, count, datatype, operator, stream))
-        _run_or_record(run)
+        _run_or_record(run, stream)
 
 
 UNIQUE_ID = tuple(range(128))  # what get_unique_id draws: each rank must get rank 0's
@@ -318,6 +383,8 @@ def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None
     """Makes `import cupy` and `from cupy_backends.cuda.libs import cublas` find this."""
     global images, low, constants, _capture
     _allocations.clear()
+    _streams.clear()
+    _done.clear()
     _capture = None
     images, low, constants = image_declarations, low_type, kernel_constants
     cupy = sys.modules[__name__]

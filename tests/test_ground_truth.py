@@ -114,7 +114,7 @@ def test_the_values_ground_truth_sees_a_plan_that_shares_live_bytes(monkeypatch)
     assert campaign.ground_truth_values(program, parameters, machines[0]) == ("same", "")
 
     def touches_only(self):
-        return {name: flow._merged([[self.places[t].position] * 2 for t in times])
+        return {name: flow.merged([[self.places[t].position] * 2 for t in times])
                 for name, times in self.touched.items()
                 if self.program.storages[name].kind == "arena"}
 

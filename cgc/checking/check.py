@@ -24,6 +24,7 @@ from ..core.ir import (
     extreme_point,
 )
 from ..core.roles import flowing
+from .concurrency import Independence
 from .flow import follow, reach
 
 WRITES = ("write", "readwrite", "accumulate")
@@ -84,6 +85,7 @@ class Checker:
         self.check_phases()
         for launch, phase, loops in self.program.launches():
             self.check_launch(launch, phase, loops)
+        Independence(self.program, self).run()
         if self.program.roles.get("step") == self.program.entry:
             self.check_reads_follow_writes()
             self.check_collective_placement()

@@ -145,7 +145,7 @@ class Flow:
                 for _, _, writer in self.values[name].sources(low, high):
                     if writer is not None and writer != GIVEN:
                         spans[name].append([_earliest(self.places[writer], 0), last])
-        return {name: _merged(found) for name, found in spans.items()}
+        return {name: merged(found) for name, found in spans.items()}
 
 
 def _earliest(place: Place, level: int) -> int:
@@ -188,7 +188,7 @@ def _between(writer: Place, reader: Place) -> list[list[int]]:
     return [[_earliest(writer, level), _latest(reader, level)]]
 
 
-def _merged(spans: list[list[int]]) -> list[list[int]]:
+def merged(spans: list[list[int]]) -> list[list[int]]:
     merged: list[list[int]] = []
     for low, high in sorted(spans):
         if merged and low <= merged[-1][1] + 1:
@@ -223,8 +223,8 @@ def _walk(program: Program, unroll: bool):
                                   None if point is None else {**point, node.variable: iteration},
                                   inner)
                 position = first + body
-            else:
-                yield from go(node.body, node.phase, point, repeats)
+            else:  # a phase, or concurrent branches taken in order (one interleaving)
+                yield from go(node.body, getattr(node, "phase", phase), point, repeats)
 
     yield from go(program.body, None, {} if unroll else None, ())
 

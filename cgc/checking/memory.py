@@ -4,7 +4,8 @@ Everything is allocated once, before the step: one allocation per bank, one for 
 buffers and one for the arena. Arena slots whose lifetimes never overlap share memory.
 A slot is live from each write to the last read that sees that write's elements, element by
 element: its live ranges come from the analysis the checker's read-before-write rule uses
-(flow.py), so a write of part of a slot leaves the rest of its value alive.
+(flow.py), so a write of part of a slot leaves the rest of its value alive; the slots a
+concurrent region touches are live together across the whole region (concurrency.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ..core.elements import element_bytes
 from ..core.ir import Program
-from .flow import follow
+from .concurrency import regions
+from .flow import merged, follow
 
 ALIGNMENT = 256  # bytes: every allocation and arena slot starts on a 256-byte boundary
 
@@ -96,6 +98,11 @@ def plan_memory(program: Program, red_zone: int = 0, share: bool = True) -> Memo
 
     flow = follow(program)
     ranges, plan.launches = flow.live_ranges(), flow.positions
+    # The slots a concurrent region touches are live together across it: whatever order
+    # its branches run in, no two of them share bytes.
+    for first, last, names in regions(program):
+        for name in names & ranges.keys():
+            ranges[name] = merged(ranges[name] + [[first, last]])
     slots = []
     for name, storage in program.storages.items():
         if storage.kind != "arena":

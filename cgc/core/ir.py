@@ -54,6 +54,9 @@ class Image:
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
     covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
     collective: tuple[str, str] | None = None  # (operation, reduction): runs across ranks
+    # (deviceState): the kernel keeps state of its own between launches (a `__device__`
+    # counter), so no two launches of it may run at the same time.
+    device_state: Span | None = None
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -244,7 +247,23 @@ class PhaseRegion:
     span: Span
 
 
-Node = Launch | Repeat | PhaseRegion
+@dataclass(frozen=True)
+class Concurrent:
+    """Branches that may run at the same time (`cgConcurrently`): any interleaving of their
+    launches, and of the launches' blocks; what follows waits for every branch. The checker
+    proves no branch touches what another writes (checking/concurrency.py), so running the
+    branches one after another, in order, is one of the interleavings and gives the same
+    values: `body`, the branches in order, is how a sequential reader takes them."""
+
+    branches: tuple[tuple["Node", ...], ...]
+    span: Span
+
+    @property
+    def body(self) -> tuple["Node", ...]:
+        return tuple(node for branch in self.branches for node in branch)
+
+
+Node = Launch | Repeat | PhaseRegion | Concurrent
 
 
 @dataclass(frozen=True)
@@ -338,7 +357,7 @@ class Program:
                 elif isinstance(node, Repeat):
                     yield from go(node.body, phase, loops + (node.variable,), point)
                 else:
-                    yield from go(node.body, node.phase, loops, point)
+                    yield from go(node.body, getattr(node, "phase", phase), loops, point)
 
         yield from go(self.body, None, (), {})
 
@@ -389,6 +408,13 @@ def format_program(program: Program) -> str:
             if isinstance(node, PhaseRegion):
                 lines.append(f"{pad}phase {node.phase} {{")
                 emit(node.body, depth + 1)
+                lines.append(f"{pad}}}")
+            elif isinstance(node, Concurrent):
+                lines.append(f"{pad}concurrently {{")
+                for number, branch in enumerate(node.branches):
+                    lines.append(f"{pad}  branch {number} {{")
+                    emit(branch, depth + 2)
+                    lines.append(f"{pad}  }}")
                 lines.append(f"{pad}}}")
             elif isinstance(node, Repeat):
                 variable = node.variable

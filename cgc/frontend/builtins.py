@@ -15,6 +15,7 @@ _FLOAT2 = function(FLOAT, FLOAT, FLOAT)
 PRIMITIVES = {
     # schedules
     "cgThen": function(SCHEDULE, SCHEDULE, SCHEDULE),
+    "cgConcurrently": function(SCHEDULE, SCHEDULE, SCHEDULE),
     "cgPhase": function(PHASE, SCHEDULE, SCHEDULE),
     "cgNothing": SCHEDULE,
     "cgLaunch": function(IMAGE, NAT, NAT, NAT, SLOTS, SCHEDULE),

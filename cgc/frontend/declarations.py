@@ -62,6 +62,7 @@ class ImageDeclaration:
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
     covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
     collective: tuple[str, str] | None = None  # (operation, reduction) of a collective image
+    device_state: Span | None = None  # (deviceState): the kernel keeps state of its own
 
 
 @dataclass
@@ -282,6 +283,7 @@ class _Elaborator:
             "aligned": (2, 64, "(aligned BYTES POINTER ...)"),
             "covers": (1, 64, "(covers POINTER ...)"),
             "collective": (2, 2, "(collective allReduce average)"),
+            "deviceState": (0, 0, "(deviceState)"),
         }
         clauses = list(self.clauses(declaration, allowed))
         scalar_names = [c.arguments[1].text for k, c in clauses
@@ -322,6 +324,8 @@ class _Elaborator:
                     if index is not None and scalar_type:
                         table[index] = ScalarParameter(index, arguments[1].text, scalar_type,
                                                        default, clause.span)
+            elif keyword == "deviceState":
+                record.device_state = clause.span
             elif keyword == "alias":
                 pair = [_natural(a, self.report, "an aliased pointer index") for a in arguments]
                 if None not in pair:

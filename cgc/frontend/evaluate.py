@@ -17,7 +17,7 @@ from .declarations import REQUIREMENTS, Declarations, StorageDeclaration
 from ..core.diagnostics import Note, Reporter
 from ..core.elements import DEFAULT_LOW
 from ..core.ir import (
-    Bank, Entry, Extent, Image, Launch, Phase, PhaseRegion, PointerBinding, PointerParameter,
+    Bank, Concurrent, Entry, Extent, Image, Launch, Phase, PhaseRegion, PointerBinding, PointerParameter,
     Program, Repeat, ScalarBinding, ScalarParameter, StorageRef, View,
 )
 from ..core.roles import ROLES
@@ -409,6 +409,20 @@ class Evaluator:
         return self.schedule(first + second, first.launches + second.launches,
                              first.unrolled + second.unrolled, span)
 
+    def _cgConcurrently(self, values, spans, span, trace):
+        """Branches that may run at the same time; a branch that is itself concurrent
+        branches is spliced in (the term is associative), an empty one dropped."""
+        branches = []
+        for value in values:
+            if len(value) == 1 and isinstance(value[0], Concurrent):
+                branches.extend(value[0].branches)
+            elif value:
+                branches.append(tuple(value))
+        nodes = (Concurrent(tuple(branches), span),) if len(branches) > 1 else \
+            tuple(node for branch in branches for node in branch)
+        return self.schedule(nodes, sum(v.launches for v in values),
+                             sum(v.unrolled for v in values), span)
+
     def _cgNothing(self, values, spans, span, trace):
         return Schedule(())
 
@@ -452,7 +466,7 @@ class Evaluator:
         record = Image(name, block, library, pointers, scalars,
                        frozenset(declaration.aliases), declaration.span, declaration.doc,
                        dict(declaration.alignments), dict(declaration.covers),
-                       declaration.collective)
+                       declaration.collective, declaration.device_state)
         self.images[name] = record
         return record
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...checking.concurrency import scheduled, stream_count
 from ...checking.memory import storage_home
 from ...core.elements import ELEMENTS, element_bytes
 from ..base import Run, initial_parameters
@@ -81,12 +82,19 @@ class CupyRun(Run):
         self.memory["buffers"] = cupy.zeros(max(self.plan.buffers_bytes, 256), dtype=cupy.uint8)
         self.memory["arena"] = cupy.zeros(max(self.plan.arena_bytes, 256), dtype=cupy.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.memory["lt_workspace"] = cupy.zeros(CUBLASLT_WORKSPACE_BYTES, dtype=cupy.uint8)
+        # The branches of concurrent regions on streams of their own (the step's is 0), as
+        # the emitted host program puts them; capture makes them the graph's branches.
+        compute, communicator = stream_count(self.program)
+        self.streams = [self.stream] + [cupy.cuda.Stream(non_blocking=True)
+                                        for _ in range(compute - 1 + communicator)]
+        self.memory["lt_workspace"] = cupy.zeros(CUBLASLT_WORKSPACE_BYTES * compute,
+                                                 dtype=cupy.uint8)
         self.lt_handle = self.cublaslt.create()
         self.matmul_plans = {}
         self.load_parameters(initial_parameters(self.program, seed))
         self.stream.synchronize()
-        self.calls = [self._prepare(launch, point) for launch, _, point in self.program.unrolled()]
+        self.steps = list(scheduled(self.program))
+        self.calls = [self._prepare(step) for step in self.steps]
         self.graph = None
         self.replay = True  # capture the first step as a CUDA graph and replay it after
         self.steps_run = 0
@@ -139,8 +147,22 @@ class CupyRun(Run):
 
     # ---- launches ----------------------------------------------------------------
 
-    def _prepare(self, launch, point):
-        """One launch at one repeat index, as a call with every argument computed."""
+    def _prepare(self, step):
+        """A launch at one repeat index on its stream, as a call with every argument
+        computed; or a fork or join between two streams, as an event."""
+        stream = self.streams[step.stream]
+        if step.kind != "launch":
+            event = self.cupy.cuda.Event(block=False, disable_timing=True)
+            waits, records = ((self.streams[step.branch], stream) if step.kind == "fork"
+                              else (stream, self.streams[step.branch]))
+
+            def order():
+                event.record(records)
+                waits.wait_event(event)
+
+            order.image = None
+            return order
+        launch, point = step.launch, step.point
         image = launch.image
         bound = launch.arguments(point)
         arguments = [np.uint64(self.address(p.view.storage, p.offset)) for p in bound.pointers]
@@ -151,13 +173,13 @@ class CupyRun(Run):
             values[scalar.parameter.name] = value
             arguments.append(value)
         if image.collective is not None:
-            return self._collective(image, arguments[0], int(values[image.scalars[0].name]))
+            return self._collective(image, arguments[0], int(values[image.scalars[0].name]),
+                                    stream)
         if image.library is not None:
-            return self._product(image.name, arguments, values)
+            return self._product(image.name, arguments, values, step.stream)
         function, shared = self.kernels[image.name]
         grid = tuple(int(g) for g in bound.grid)
         block = image.block
-        stream = self.stream
 
         def call():
             function(grid, block, tuple(arguments), shared_mem=shared, stream=stream)
@@ -165,12 +187,12 @@ class CupyRun(Run):
         call.image = image.name
         return call
 
-    def _product(self, name: str, arguments, values):
+    def _product(self, name: str, arguments, values, stream_number: int):
         """A product image through cuBLASLt, from CUBLAS_PRODUCTS as the emitted program's
         cg_matmul does it: column-major D^T = B^T A^T (cuBLASLt's A is our B), C the output
         or a distinct matrix (the residual: no copy), the epilogue's aux matrix laid out as
         D. Descriptors, layouts and algorithm are made once per shape and alignment."""
-        lt, stream = self.cublaslt, self.stream
+        lt, stream = self.cublaslt, self.streams[stream_number]
         product = CUBLAS_PRODUCTS[name]
         image = self.program.images[name]
         m, n, k = (int(values[x]) for x in ("m", "n", "k"))
@@ -198,7 +220,8 @@ class CupyRun(Run):
             plan = self.matmul_plans[key] = (desc, layouts, algo)
         desc, layouts, algo = plan
         alpha, beta = np.array(1.0, np.float32), np.array(product.beta, np.float32)
-        handle, workspace = self.lt_handle, self.memory["lt_workspace"].data.ptr
+        handle = self.lt_handle  # the stream's own workspace, as the emitted program's
+        workspace = self.memory["lt_workspace"].data.ptr + stream_number * CUBLASLT_WORKSPACE_BYTES
 
         def call():
             if aux:  # this call's aux matrix (the descriptor is the shape's)
@@ -210,13 +233,13 @@ class CupyRun(Run):
         call.image = name
         return call
 
-    def _collective(self, image, data, count: int):
+    def _collective(self, image, data, count: int, stream):
         """A collective image through CuPy's NCCL binding, on the run's stream (so that the
         graph capture records it), on a communicator made at the first step from the id
         rank 0 draws and the run's communicator (MPI) broadcasts."""
         nccl_call = NCCL_CALLS[image.collective]
         (pointer,) = image.pointers.values()
-        stream, data = self.stream, int(data)
+        data = int(data)
 
         def call():
             nccl = self._nccl()
@@ -293,12 +316,16 @@ class CupyRun(Run):
         origin = self.cupy.cuda.Event()
         origin.record(self.stream)
         with self.stream:
-            for (launch, phase, _), call in zip(self.program.unrolled(), self.calls):
+            for step, call in zip(self.steps, self.calls):
+                if step.kind != "launch":
+                    call()
+                    continue
+                stream = self.streams[step.stream]
                 before, after = self.cupy.cuda.Event(), self.cupy.cuda.Event()
-                before.record(self.stream)
+                before.record(stream)
                 call()
-                after.record(self.stream)
-                events.append((launch.image.name, phase, before, after))
+                after.record(stream)
+                events.append((step.launch.image.name, step.phase, before, after))
         self.stream.synchronize()
         timings = [(name, phase, self.cupy.cuda.get_elapsed_time(origin, before) / 1000.0,
                     self.cupy.cuda.get_elapsed_time(origin, after) / 1000.0)

@@ -17,12 +17,13 @@ from pathlib import Path
 import jinja2
 
 from ... import __version__
+from ...checking.concurrency import COMMUNICATOR, branch_streams, stream_count
 from ...checking.memory import MemoryPlan
 from ...checking.signature import c_parameters
 from ...core.affine import format_nat
 from ...core.diagnostics import Diagnostic, Note
 from ...core.elements import ELEMENTS, c_type, element_bytes
-from ...core.ir import Launch, PhaseRegion, Program, Repeat, View
+from ...core.ir import Concurrent, Launch, PhaseRegion, Program, Repeat, View
 from ...core.roles import KERNEL_CONSTANTS, TRAINING_ROLES
 from ...resources import cache_dir, data_dir, read_regular
 
@@ -311,6 +312,11 @@ class Emitter:
         self.phase_count = 0
         self.phases: list[dict] = []
         self.constants = dict(program.kernel_constants())
+        # Streams: 0 is the step's own (cg_step's argument), then the side streams of
+        # concurrent branches, then the communicator's, where a branch of collectives has one.
+        self.compute_streams, communicator = stream_count(program)
+        self.communicator_stream = self.compute_streams if communicator else None
+        self.event_count = 0
 
     # ---- names -------------------------------------------------------------------
 
@@ -342,9 +348,14 @@ class Emitter:
                       "comment": f"{len(self.plan.arena)} arena slots, shared where never "
                                  "live together"})
         if self.products():
-            found.append({"name": "cg_lt_workspace", "bytes": CUBLASLT_WORKSPACE_BYTES,
-                          "comment": "cuBLASLt's workspace, for every product (32 MiB, what "
-                                     "NVIDIA recommends for Hopper)"})
+            found.append({"name": "cg_lt_workspace",
+                          "bytes": CUBLASLT_WORKSPACE_BYTES * self.compute_streams,
+                          "comment": "cuBLASLt's workspace, 32 MiB (what NVIDIA recommends "
+                                     "for Hopper)" + (
+                                         f" for each of {self.compute_streams} streams: "
+                                         "products on two streams never share one"
+                                         if self.compute_streams > 1 else
+                                         ", for every product")})
         return found
 
     def buffers(self) -> list[dict]:
@@ -436,7 +447,42 @@ class Emitter:
                 f"({', '.join(arguments)});")
         return [comment, call, f"CG_LAUNCHED(\"{where}\");"]
 
-    def schedule(self, nodes, loops: list[str], indent: str) -> list[str]:
+    def stream_name(self, stream: int) -> str:
+        return f"cg_streams[{self.communicator_stream if stream == COMMUNICATOR else stream}]"
+
+    def concurrent_lines(self, node: Concurrent, loops: list[str], indent: str,
+                         stream: int, busy: frozenset[int]) -> list[str]:
+        """Each branch on its stream: a side stream waits for what its parent's did so far
+        (fork), and the parent waits for every side stream before going on (join)."""
+        streams = branch_streams(node, stream, busy)
+        inner = busy | {s for s in streams if s != COMMUNICATOR}
+        where = f"{os.path.relpath(node.span.path, self.root)}:{node.span.line}:" \
+                f"{node.span.column}"
+        side = [s for s in streams if s != stream]
+        fork = self.event_count
+        self.event_count += 1
+        lines = [f"// concurrently, {where}: {len(streams)} branches"]
+        lines += [f"cg_fork(stream, {self.stream_name(s)}, cg_events[{fork}], \"{where}\");"
+                  for s in side]
+        for number, (branch, branch_stream) in enumerate(zip(node.branches, streams)):
+            on = "this stream" if branch_stream == stream else (
+                "the communicator's stream" if branch_stream == COMMUNICATOR
+                else f"stream {branch_stream}")
+            lines.append(f"{{  // branch {number}, on {on}")
+            if branch_stream != stream:
+                lines.append(f"  cudaStream_t stream = {self.stream_name(branch_stream)};")
+            lines += self.schedule(branch, loops, "  ",
+                                   stream if branch_stream == COMMUNICATOR else branch_stream,
+                                   inner)
+            lines.append("}")
+        for s in side:
+            lines.append(f"cg_join(stream, {self.stream_name(s)}, cg_events[{self.event_count}], "
+                         f"\"{where}\");")
+            self.event_count += 1
+        return [indent + line for line in lines]
+
+    def schedule(self, nodes, loops: list[str], indent: str, stream: int = 0,
+                 busy: frozenset[int] = frozenset({0})) -> list[str]:
         lines = []
         for node in nodes:
             if isinstance(node, Launch):
@@ -445,13 +491,16 @@ class Emitter:
                 variable = node.variable.name
                 lines.append(f"{indent}for (int {variable} = 0; {variable} < "
                              f"{node.variable.count}; ++{variable}) {{")
-                lines.extend(self.schedule(node.body, loops + [variable], indent + "  "))
+                lines.extend(self.schedule(node.body, loops + [variable], indent + "  ",
+                                           stream, busy))
                 lines.append(f"{indent}}}")
+            elif isinstance(node, Concurrent):
+                lines.extend(self.concurrent_lines(node, loops, indent, stream, busy))
             else:
                 assert isinstance(node, PhaseRegion)
                 function = f"cg_phase_{self.phase_count}_{node.phase}"
                 self.phase_count += 1
-                body = self.schedule(node.body, loops, "")
+                body = self.schedule(node.body, loops, "", stream, busy)
                 self.phases.append({
                     "function": function,
                     "comment": f"phase {node.phase}"
@@ -544,6 +593,9 @@ class Emitter:
             low_cuda_type=ELEMENTS[self.low].cuda_data_type, phases=self.phases,
             products=self.products(), collectives=self.collectives(),
             workspace_bytes=CUBLASLT_WORKSPACE_BYTES,
+            streams=self.compute_streams + (self.communicator_stream is not None),
+            compute_streams=self.compute_streams, communicator_stream=self.communicator_stream,
+            events=self.event_count,
             step_lines=step_lines, main=self.main())
 
 

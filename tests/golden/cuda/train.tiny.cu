@@ -1441,7 +1441,10 @@ static void cg_check(cublasStatus_t status, const char* where) {
 }
 
 // After every launch: a failed launch names the .cg source line it came from.
+#ifndef CG_LAUNCHED
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
+#endif
+
 
 // A kernel launch. The CPU build of this file (cgc/backends/cuda_cpu) defines it to run the
 // kernel's blocks on the host; everywhere else it is CUDA's own launch.
@@ -1465,7 +1468,7 @@ static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, f
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 436992 bytes: 13 step buffers
 static char* cg_arena = nullptr;  // 1392640 bytes: 20 arena slots, shared where never live together
-static char* cg_lt_workspace = nullptr;  // 33554432 bytes: cuBLASLt's workspace, for every product (32 MiB, what NVIDIA recommends for Hopper)
+static char* cg_lt_workspace = nullptr;  // 33554432 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper), for every product
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[24576] x 2 items: cgBankP.cgQkvWeight
@@ -1760,6 +1763,7 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
   const float alpha = 1.0f;
   // Without the program's allocations (a harness that binds its own buffers), no workspace.
   const size_t workspace = cg_lt_workspace != nullptr ? 33554432UL : 0;
+  char* stream_workspace = cg_lt_workspace;
   CgMatmulPlan shape{};
   shape.op_b = op_b, shape.op_a = op_a, shape.m = m, shape.n = n, shape.k = k, shape.ldb = ldb, shape.lda = lda;
   shape.d_type = d_type, shape.epilogue = epilogue, shape.workspace = workspace;
@@ -1769,7 +1773,7 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
   if (aux != nullptr)  // this call's aux matrix (the descriptor is the shape's)
     cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, where);
   cg_check(cublasLtMatmul(cg_lt, plan.desc, &alpha, b, plan.b_layout, a, plan.a_layout, &beta, c, plan.c_layout, d,
-                          plan.d_layout, &plan.algo, cg_lt_workspace, workspace, stream), where);
+                          plan.d_layout, &plan.algo, stream_workspace, workspace, stream), where);
 }
 
 // At the end of the program: every plan's descriptor and layouts, then the handle.

@@ -1,0 +1,319 @@
+"""Concurrent branches, proven independent, and the streams they run on.
+
+`(cgConcurrently a b)` lets the launches of its branches run in any interleaving, and their
+blocks too. That is safe exactly when no branch touches an element another branch writes,
+so the checker proves it for every pair of launches in different branches, at every
+iteration of the repeats around them (and of the repeats inside the branches), counting
+every way two names can share bytes:
+
+- memory: each launch's reach (flow.reach: its pointer's extent at that iteration) placed
+  in its allocation, so a bank entry, a whole-bank view and a range of entries meet where
+  their elements do; arena slots are told apart by name, because the memory plan never
+  lets two slots of one concurrent region share bytes (`regions`, used by memory.py);
+- the library's workspace: cuBLASLt's, one per stream, so it counts as the stream's;
+- a kernel's own device state: an image declared `(deviceState)` (the layer-norm backward's
+  `__device__` ticket counter) is one resource, written by every launch of it;
+- the communicator: the ranks' collectives run one at a time, in one order on every rank,
+  so two collectives may not be concurrent (a collective is otherwise a launch like any
+  other: it reads and writes the buffer it reduces).
+
+A proven program runs the same on every interleaving, so taking the branches one after the
+other in order (`Concurrent.body`), as the NumPy machine and the flow analysis do, gives the
+values every other order gives.
+
+Streams: the first branch stays on its parent's stream, each other branch takes the lowest
+side stream no enclosing branch holds, and a branch of collectives alone runs on the
+communicator's own stream; the assignment is a function of the program's shape alone, so
+the emitted program is the same on every run (`branch_streams`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.diagnostics import Note
+from ..core.ir import Concurrent, Launch, PhaseRegion, Program, Repeat, concrete
+from .flow import UNROLL_LIMIT, reach
+
+WRITES = ("write", "readwrite", "accumulate")
+COMMUNICATOR = -1  # the stream of a branch of collectives alone
+
+
+def branch_streams(node: Concurrent, parent: int, busy: frozenset[int]) -> list[int]:
+    """The stream each branch of `node` runs on, entered on stream `parent` while the
+    streams in `busy` (its parent's among them) belong to enclosing branches."""
+    taken = set(busy) | {parent}
+    streams = []
+    for number, branch in enumerate(node.branches):
+        if _collectives_only(branch):
+            streams.append(COMMUNICATOR)
+        elif number == 0:
+            streams.append(parent)
+        else:
+            stream = next(s for s in range(len(taken) + 2) if s not in taken)
+            taken.add(stream)
+            streams.append(stream)
+    return streams
+
+
+def _collectives_only(nodes) -> bool:
+    launches = list(_launches(nodes))
+    return bool(launches) and all(launch.image.collective for launch in launches)
+
+
+def _launches(nodes):
+    for node in nodes:
+        if isinstance(node, Launch):
+            yield node
+        else:
+            yield from _launches(node.body)
+
+
+def stream_count(program: Program) -> tuple[int, bool]:
+    """How many compute streams the program uses (the step's own one included), and whether
+    it has a communicator stream."""
+    most, communicator = 1, False
+
+    def walk(nodes, stream, busy):
+        nonlocal most, communicator
+        for node in nodes:
+            if isinstance(node, Concurrent):
+                streams = branch_streams(node, stream, busy)
+                inner = busy | {s for s in streams if s != COMMUNICATOR}
+                for branch, branch_stream in zip(node.branches, streams):
+                    communicator |= branch_stream == COMMUNICATOR
+                    most = max(most, branch_stream + 1)
+                    walk(branch, stream if branch_stream == COMMUNICATOR else branch_stream,
+                         inner)
+            elif not isinstance(node, Launch):
+                walk(node.body, stream, busy)
+
+    walk(program.body, 0, frozenset({0}))
+    return most, communicator
+
+
+def regions(program: Program) -> list[tuple[int, int, set[str]]]:
+    """Each concurrent region's first and last launch positions (a repeat's body numbered
+    once, as the memory plan numbers them) and the arena slots its launches touch: those are
+    live together across the region, so the plan gives each its own bytes."""
+    found = []
+    position = 0
+
+    def walk(nodes):
+        nonlocal position
+        for node in nodes:
+            if isinstance(node, Launch):
+                position += 1
+            elif isinstance(node, Concurrent):
+                first = position
+                walk(node.body)
+                slots = {binding.view.storage.name for launch in _launches(node.body)
+                         for binding in launch.pointers if binding.view.storage.kind == "arena"}
+                found.append((first, position - 1, slots))
+            else:
+                walk(node.body)
+
+    walk(program.body)
+    return found
+
+
+@dataclass(frozen=True)
+class Touch:
+    """What one launch at one iteration reaches of one resource: [low, high) of it."""
+
+    resource: tuple
+    low: int
+    high: int
+    writes: bool
+    launch: Launch
+    binding: object  # the pointer binding, or None for a resource no pointer names
+    parameter: object
+    point: dict | None
+    shift: int  # the allocation's element of the storage's element 0 (memory only)
+
+
+def _touches(program: Program, nodes, point, stream: int, busy: frozenset[int]):
+    """Everything the launches of `nodes` touch at `point` (every iteration of the repeats
+    inside them), on `stream`."""
+    for node in nodes:
+        if isinstance(node, Launch):
+            yield from _launch_touches(program, node, point, stream)
+        elif isinstance(node, Repeat):
+            for iteration in range(node.variable.count if point is not None else 1):
+                inner = None if point is None else {**point, node.variable: iteration}
+                yield from _touches(program, node.body, inner, stream, busy)
+        elif isinstance(node, Concurrent):
+            streams = branch_streams(node, stream, busy)
+            inner_busy = busy | {s for s in streams if s != COMMUNICATOR}
+            for branch, branch_stream in zip(node.branches, streams):
+                yield from _touches(program, branch, point, branch_stream, inner_busy)
+        else:
+            yield from _touches(program, node.body, point, stream, busy)
+
+
+def _launch_touches(program: Program, launch: Launch, point, stream: int):
+    image = launch.image
+    for binding in launch.pointers:
+        parameter = image.pointers.get(binding.index)
+        if parameter is None:
+            continue  # the slot checks report it
+        home, start = program.address(binding.view)
+        low, high = reach(launch, parameter, binding.view, point)
+        shift = 0 if point is None else \
+            concrete(start, point) - concrete(binding.view.offset, point)
+        if point is None and binding.view.storage.kind == "bank":
+            low, high, shift = 0, program.bank_layouts[home][1], 0  # the whole bank
+        yield Touch(("memory", home), low + shift, high + shift, parameter.access in WRITES,
+                    launch, binding, parameter, point, shift)
+    if image.device_state is not None:
+        yield Touch(("state", image.name), 0, 1, True, launch, None, None, point, 0)
+    if image.library == "cublas":
+        yield Touch(("workspace", stream), 0, 1, True, launch, None, None, point, 0)
+    if image.collective is not None:
+        yield Touch(("communicator",), 0, 1, True, launch, None, None, point, 0)
+
+
+def _where(point) -> str:
+    if not point:
+        return ""
+    return " at " + ", ".join(f"{v.name} = {value}" for v, value in point.items())
+
+
+class Independence:
+    """The proof for one program: every concurrent region, at every iteration point."""
+
+    def __init__(self, program: Program, checker):
+        self.program = program
+        self.checker = checker  # reports, with the call chains of check.py
+        self.said: set[tuple] = set()
+
+    def run(self) -> None:
+        exact = self.program.launches_made() <= UNROLL_LIMIT
+        self.walk(self.program.body, {} if exact else None, 0, frozenset({0}))
+
+    def walk(self, nodes, point, stream: int, busy: frozenset[int]) -> None:
+        for node in nodes:
+            if isinstance(node, Launch):
+                continue
+            if isinstance(node, Repeat):
+                for iteration in range(node.variable.count if point is not None else 1):
+                    inner = None if point is None else {**point, node.variable: iteration}
+                    self.walk(node.body, inner, stream, busy)
+            elif isinstance(node, Concurrent):
+                streams = branch_streams(node, stream, busy)
+                inner_busy = busy | {s for s in streams if s != COMMUNICATOR}
+                touched = [list(_touches(self.program, branch, point, branch_stream, inner_busy))
+                           for branch, branch_stream in zip(node.branches, streams)]
+                for later in range(1, len(touched)):
+                    for earlier in range(later):
+                        self.compare(node, earlier, touched[earlier], later, touched[later])
+                for branch, branch_stream in zip(node.branches, streams):
+                    self.walk(branch, point,
+                              stream if branch_stream == COMMUNICATOR else branch_stream,
+                              inner_busy)
+            else:
+                assert isinstance(node, PhaseRegion)
+                self.walk(node.body, point, stream, busy)
+
+    def compare(self, node: Concurrent, first: int, a: list[Touch], second: int,
+                b: list[Touch]) -> None:
+        by_resource: dict[tuple, list[Touch]] = {}
+        for touch in a:
+            by_resource.setdefault(touch.resource, []).append(touch)
+        for touch in b:
+            for other in by_resource.get(touch.resource, ()):
+                if (touch.writes or other.writes) and touch.low < other.high and \
+                        other.low < touch.high:
+                    self.conflict(node, first, other, second, touch)
+
+    def conflict(self, node: Concurrent, first: int, other: Touch, second: int,
+                 touch: Touch) -> None:
+        key = (id(node), id(touch.launch), touch.resource[0],
+               touch.binding and touch.binding.index)
+        if key in self.said:
+            return  # one error for each pointer of a launch a region's branches share, at
+        self.said.add(key)  # the first launch and iteration found
+        launch, image, rival = touch.launch, touch.launch.image, other.launch.image.name
+        kind = touch.resource[0]
+        if kind == "memory":
+            storage = touch.binding.view.storage
+            low, high = max(touch.low, other.low), min(touch.high, other.high)
+            from .check import _elements
+            elements = _elements(storage, low - touch.shift, high - touch.shift)
+            what = f"{elements}'{storage.label if elements else touch.binding.view.label}'"
+            verb = "writes" if touch.writes else "reads"
+            other_verb = "writes" if other.writes else "reads"
+            message = (f"'{image.name}' in branch {second} {verb} {what} through pointer "
+                       f"{touch.binding.index} '{touch.parameter.name}'{_where(touch.point)}, "
+                       f"which '{rival}' in branch {first} {other_verb} through pointer "
+                       f"{other.binding.index} '{other.parameter.name}' "
+                       f"('{other.binding.view.label}'){_where(other.point)}: concurrent branches may not touch "
+                       "what another branch writes")
+            span = touch.binding.span
+        elif kind == "state":
+            message = (f"'{image.name}' in branch {second} and in branch {first}{_where(touch.point)}: "
+                       "the image keeps state of its own on the device (deviceState), so no "
+                       "two launches of it may run at the same time")
+            span = launch.span
+        elif kind == "communicator":
+            message = (f"the collectives '{image.name}' in branch {second} and '{rival}' in "
+                       f"branch {first} are concurrent{_where(touch.point)}: the ranks' "
+                       "communicator runs one collective at a time, in the same order on every "
+                       "rank; put them in one branch")
+            span = launch.span
+        else:
+            message = (f"'{image.name}' in branch {second} and '{rival}' in branch {first} "
+                       f"share stream {touch.resource[1]}'s cuBLASLt workspace"
+                       f"{_where(touch.point)}")
+            span = launch.span
+        notes = [*self.checker._trace_notes(launch),
+                 Note(f"'{rival}' is launched here, in branch {first}", other.launch.span),
+                 *[Note("which is reached from the call here", note.span)
+                   for note in self.checker._trace_notes(other.launch)],
+                 Note("the branches may run at the same time from here", node.span)]
+        if kind == "state":
+            notes.append(Note(f"'{image.name}' says so here", image.device_state))
+        self.checker.report.error(message, span, *notes)
+
+
+@dataclass(frozen=True)
+class StreamStep:
+    """One thing a host program does, in order: a launch on its stream, or a fork or join
+    between a parent stream and a branch's (`stream` is the parent's). Streams are numbered
+    as `stream_count` counts them, the communicator's last."""
+
+    kind: str  # launch | fork | join
+    stream: int
+    branch: int = 0
+    launch: Launch | None = None
+    phase: str | None = None
+    point: dict | None = None
+
+
+def scheduled(program: Program):
+    """Every launch the program makes, with its stream, and the forks and joins between."""
+    compute, _ = stream_count(program)
+
+    def number(stream: int) -> int:
+        return compute if stream == COMMUNICATOR else stream
+
+    def walk(nodes, phase, point, stream, busy):
+        for node in nodes:
+            if isinstance(node, Launch):
+                yield StreamStep("launch", stream, launch=node, phase=phase, point=point)
+            elif isinstance(node, Repeat):
+                for iteration in range(node.variable.count):
+                    yield from walk(node.body, phase, {**point, node.variable: iteration},
+                                    stream, busy)
+            elif isinstance(node, Concurrent):
+                streams = branch_streams(node, stream, busy)
+                inner = busy | {s for s in streams if s != COMMUNICATOR}
+                side = [number(s) for s in streams if number(s) != stream]
+                yield from (StreamStep("fork", stream, s) for s in side)
+                for branch, branch_stream in zip(node.branches, streams):
+                    yield from walk(branch, phase, point, number(branch_stream), inner)
+                yield from (StreamStep("join", stream, s) for s in side)
+            else:
+                yield from walk(node.body, node.phase, point, stream, busy)
+
+    yield from walk(program.body, None, {}, 0, frozenset({0}))
