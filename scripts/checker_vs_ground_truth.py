@@ -69,7 +69,9 @@ from cgc.core.diagnostics import CompileError, Reporter  # noqa: E402
 from cgc.frontend.evaluate import evaluate_program  # noqa: E402
 from cgc.frontend.load import load  # noqa: E402
 from cgc.backends.numpy.machine import Fault, Machine  # noqa: E402
+from cgc.checking.concurrency import interleaved  # noqa: E402
 from cgc.checking.memory import plan_memory  # noqa: E402
+from cgc.core.ir import Concurrent  # noqa: E402
 from cgc.backends.numpy.reference import KERNELS  # noqa: E402
 from cgc.frontend.resolve import Scope  # noqa: E402
 from cgc.frontend.syntax import Apply, Declaration, Lambda, Module, Name, Natural, Span  # noqa: E402
@@ -198,7 +200,8 @@ SCHEDULES = (("train.cg", "cgTrainStep"), ("backward.cg", "cgBackward"),
              ("train_recompute.cg", "cgRecomputeTrainStep"),
              ("train_parallel.cg", "cgTrainParallelStep"), ("sample.cg", "cgSampleStep"))
 MUTATED_FILES = tuple(schedule for schedule, _ in SCHEDULES) + ("library.cg",)
-KINDS = ("grid", "repeat", "binding", "removed", "reordered", "storage", "extent", "lifetime",
+KINDS = ("grid", "repeat", "binding", "removed", "reordered", "concurrency", "storage",
+         "extent", "lifetime",
          "combined", "constants", "random")
 # How the second-order mutants are shared among the schedules.
 COMBINED_SHARE = {"train.cg": 0.45, "train_recompute.cg": 0.15, "train_parallel.cg": 0.05,
@@ -232,6 +235,12 @@ def _reachable(declarations: dict, entry: str) -> set[str]:
             if isinstance(node, Name) and node.text in declarations:
                 stack.append(node.text)
     return seen
+
+
+def _head(term) -> str | None:
+    """The name a term applies, if it is an application of a name."""
+    return term.function.text if isinstance(term, Apply) and isinstance(term.function, Name) \
+        else None
 
 
 def _natural_binders(term) -> set[str]:
@@ -378,6 +387,30 @@ def mutants(modules: list[Module], entry: str, seed: int, swaps: int = 5) -> lis
                 first, second = node.arguments
                 add("reordered", f"cgThen sides swapped in {where}", node,
                     Apply(node.function, (second, first), span))
+                concurrently = Name("cgConcurrently", node.function.span)
+                add("concurrency", f"cgThen made cgConcurrently in {where}", node,
+                    Apply(concurrently, (first, second), span))
+                if _head(first) == "cgConcurrently":  # what follows the join moved into a branch
+                    left, right = first.arguments
+                    add("concurrency", f"the launches after a join moved into its last branch "
+                                       f"in {where}", node,
+                        Apply(first.function, (left, Apply(node.function, (right, second),
+                                                                  span)), span))
+                    add("concurrency", f"the launches after a join moved into its first branch "
+                                       f"in {where}", node,
+                        Apply(first.function, (Apply(node.function, (left, second), span),
+                                               right), span))
+            elif head == "cgConcurrently":
+                left, right = node.arguments
+                theirs = sorted({n.text for n in _walk(right) if isinstance(n, Name)
+                                 and n.text in storage and storage[n.text].kind == "arena"})
+                for mine in [n for n in _walk(left) if isinstance(n, Name) and n.text in storage
+                             and storage[n.text].kind == "arena"][:3]:
+                    same = [t for t in theirs if t != mine.text and element[t] == element[mine.text]]
+                    for other in chooser.sample(same, min(2, len(same))):
+                        add("concurrency", f"branch 0's {mine.text} -> branch 1's {other} (a "
+                                           f"slot shared) in {where}", mine,
+                            Name(other, mine.span))
                 if isinstance(second, Apply) and isinstance(second.function, Name) and \
                         second.function.text == "cgThen":
                     inner_first, rest = second.arguments
@@ -625,6 +658,8 @@ RULES = (  # (rule, a pattern of its message), checked in order
     ("element type", r"takes \w+, but '.*' holds"),
     ("scalar kind or range", r"is a float32; found|is an int32|does not fit in"),
     ("extent not affine", r"is not affine in the repeat indices|the extent of pointer"),
+    ("concurrency", r"concurrent branches may not touch|state of its own on the device|"
+                    r"communicator runs one collective"),
     ("bounds", r"elements of '.*' through pointer"),
     ("covers", r"must cover all of"),
     ("alignment", r"needs \d+-byte alignment"),
@@ -647,7 +682,7 @@ PRECEDENCE = ("linearity", "no such bank entry", "item of a non-stack", "storage
               "scalar kind or range", "requirement", "item out of range", "not affine",
               "division by zero", "launch limit", "grid", "block", "extent not affine",
               "bounds", "alignment", "aliasing", "outside a phase", "permission", "covers",
-              "read before write", "front end")
+              "concurrency", "read before write", "front end")
 
 
 def rule_of(message: str) -> str:
@@ -726,11 +761,12 @@ def tokens_for(program, seed: int = 1):
 MEMORY_FAULTS = ("bounds", "extent", "slot", "alias", "permission")
 
 
-def ground_truth_1(program, parameters=None, share: bool = True, machines=None
-                   ) -> tuple[str, str]:
+def ground_truth_1(program, parameters=None, share: bool = True, machines=None,
+                   interleaving: int | None = None) -> tuple[str, str]:
     """The NumPy machine: ("safe", "") or ("faulted", "KIND: message"); the machine is
     appended to `machines`, for its memory to be compared. `share`: the memory plan's
-    shared arena, or a slot each."""
+    shared arena, or a slot each. `interleaving`: the launches of concurrent branches in
+    the interleaving that seed draws, not in program order."""
     plan = plan_memory(program, share=share)
     machine = Machine(program, plan, KERNELS)
     if machines is not None:
@@ -753,7 +789,8 @@ def ground_truth_1(program, parameters=None, share: bool = True, machines=None
                         machine.store(label, np.resize(values, count))
     try:
         with np.errstate(all="ignore"):
-            machine.run()
+            machine.run(order=None if interleaving is None else
+                        interleaved(program, interleaving))
     except Fault as fault:
         return "faulted", f"{fault.kind}: {fault}"
     except (ValueError, IndexError, ZeroDivisionError, KeyError) as error:
@@ -764,27 +801,51 @@ def ground_truth_1(program, parameters=None, share: bool = True, machines=None
 
 def ground_truth_values(program, parameters, shared: Machine) -> tuple[str, str]:
     """The values ground truth: the run on the memory plan's shared arena against a run in
-    which every arena slot has bytes of its own. The reference is deterministic, so a
-    program whose meaning fixes its results (nothing it reads is another slot's leftover)
-    ends with the same bits in every bank and step buffer: ("same", ""), or ("differ",
-    what first differs)."""
-    machines = []
-    verdict, why = ground_truth_1(program, parameters, share=False, machines=machines)
-    if verdict != "safe":
-        return "differ", f"the run with a slot each faults where the shared one does not: {why}"
-    private = machines[0]
+    which every arena slot has bytes of its own, and, where the program has concurrent
+    branches, against runs of the shared arena with the branches' launches interleaved
+    (INTERLEAVINGS seeds). The reference is deterministic, so a program whose meaning fixes
+    its results (nothing it reads is another slot's leftover, no branch touches what another
+    writes) ends with the same bits in every bank and step buffer: ("same", ""), or
+    ("differ", what first differs)."""
+    others = [("with a slot each", {"share": False})]
+    if any(isinstance(node, Concurrent) for node in _nodes(program.body)):
+        others += [(f"with the branches interleaved (seed {seed})", {"interleaving": seed})
+                   for seed in INTERLEAVINGS]
+    for what, options in others:
+        machines = []
+        verdict, why = ground_truth_1(program, parameters, machines=machines, **options)
+        if verdict != "safe":
+            return "differ", f"the run {what} faults where the first does not: {why}"
+        difference = _first_difference(program, shared, machines[0])
+        if difference:
+            return "differ", f"{difference}, {what}"
+    return "same", ""
+
+
+INTERLEAVINGS = (1, 2)
+
+
+def _nodes(nodes):
+    for node in nodes:
+        yield node
+        if hasattr(node, "body"):
+            yield from _nodes(node.body)
+
+
+def _first_difference(program, shared: Machine, other: Machine) -> str:
+    """The first storage (but the arena's) whose bits differ between two runs, or ''."""
     for home in sorted(h for h in shared.memory if h != "arena"):
-        if np.array_equal(shared.memory[home], private.memory[home]):
+        if np.array_equal(shared.memory[home], other.memory[home]):
             continue
         for label, storage in program.storages.items():  # which storage, for the message
             if storage.kind == "arena" or (storage.kind == "bank") != (home != "buffers"):
                 continue
-            a, b = shared.array(label), private.array(label)
+            a, b = shared.array(label), other.array(label)
             if a.tobytes() != b.tobytes():
                 count = int(np.sum(a.view(np.uint8) != b.view(np.uint8)))
-                return "differ", f"{label} ({count} bytes differ)"
-        return "differ", home
-    return "same", ""
+                return f"{label} ({count} bytes differ)"
+        return home
+    return ""
 
 
 def judge(modules: list[Module]) -> tuple[str, str]:
@@ -1032,7 +1093,7 @@ import "{folder}/train_recompute.cg"
 import "{folder}/train_parallel.cg"
 def cgGroundTruthLibrary : (family NvidiaLaunchSchedule) =
   (cgThen cgTrainStep (cgThen cgRecomputeTrainStep
-    (cgThen cgAllReduceGradients (cgThen cgZeroGradients cgBackward))))
+    (cgThen cgAllReduceOutside (cgThen cgZeroGradients cgBackward))))
 """
 
 

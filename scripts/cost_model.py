@@ -27,16 +27,28 @@ sums), that block's reads from L2 on one SM (Little's law with MODEL.l2_latency_
 MODEL.sm_l2_bytes_per_clock); plus MODEL.launch_overhead_s. The gap between
 modelled and floor, kernel by kernel, is the to-do list.
 
+Concurrent branches (`cgConcurrently`, ir.Concurrent) are priced on the critical path over
+the branches, the machine shared (program_seconds): every launch is a task of the program's
+graph, with a profile of segments, each holding SMs, drawing HBM and NVLink bandwidth (and,
+at the floor, the tensor cores) for a time; the tasks running at a moment share the machine
+(rates: SMs max-min fairly, bandwidth in proportion), a kernel granted fewer SMs than its
+blocks hold, or less bandwidth than it draws, slowed in proportion (run_tasks). Collectives
+are NCCL's ring all-reduce on NVLink (collective_seconds). docs/performance-model.md argues
+each figure.
+
     python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
     python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
+    python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -45,11 +57,13 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from cgc.core.affine import Affine  # noqa: E402
+from cgc.core.ir import Concurrent, Launch, PhaseRegion, Repeat  # noqa: E402
 from cgc.checking.memory import element_bytes  # noqa: E402
 from cgc.frontend.api import analyse, evaluate  # noqa: E402
 from sass_audit import H200, SHARED_KINDS, Hardware, KernelAudit  # noqa: E402
 
 FLOP_PER_HMMA = 2 * 16 * 8 * 16  # one m16n8k16 product: 4096 flop
+TRAIN = os.path.join(ROOT, "schedules", "train.cg")
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,27 @@ class Model:
     launch_overhead_s: float = 1.5e-6  # a launch replayed from a CUDA graph, end to start
     l2_latency_s: float = 300e-9  # an L2 hit under load, issue to use (the far partition too)
     sm_l2_bytes_per_clock: int = 64  # what one SM's loads take from L2 a clock
+    # The all-reduce: NCCL's ring on one node's NVLink 4 (H100/H200 SXM, NVSwitch).
+    # nccl-tests' bus bandwidth, the large-message plateau of the ring (NCCL_ALGO=RING) on
+    # 8 x H100 SXM, the same from 2 to 8 GPUs (NVIDIA/nccl#1455; NVIDIA/nccl-tests#212: line
+    # rate 450 GB/s a direction, about 20% protocol overhead)
+    allreduce_bus_bytes_per_s: float = 370e9
+    # NCCL 2.20.3's own tuning model (src/graph/tuning.cc), ring on NVLink, per protocol:
+    # (base latency, latency a step, share of the Simple protocol's bus bandwidth, cap on
+    # the bus bandwidth); a call takes 2(N-1) steps and NCCL picks the quickest protocol
+    allreduce_protocols: tuple = (("LL", 6.6e-6, 0.6e-6, 1 / 4, 87.7e9),
+                                  ("LL128", 14.0e-6, 1.9e-6, 0.92, math.inf),
+                                  ("Simple", 8.4e-6, 3.4e-6, 1.0, math.inf))
+    # SMs a collective holds while it runs: one CTA a channel, each alone on its SM
+    # (NVIDIA/nccl#689); 24 channels on NVLink (NVIDIA/nccl#1225: 24 CTAs on DGX A100)
+    collective_sms: int = 24
+    # NVLink 4 a direction (900 GB/s both ways): the floor of an all-reduce is each rank
+    # sending its buffer once and receiving the result once (the switch reducing: NVLS)
+    nvlink_bytes_per_s: float = 450e9
+    # Collectives that follow one another in a branch issued as one NCCL group
+    # (ncclGroupStart/End: one launch, one latency): not what cgc emits (one call each),
+    # a what-if for the scaling table
+    group_collectives: bool = False
 
 
 MODEL = Model()
@@ -211,6 +246,8 @@ class LaunchFacts:
     # A copy a library product makes before it runs: none since the products went through
     # cuBLASLt (cublasGemmEx's C = D made the residual product copy C first).
     copies_residual_bytes: int = 0
+    # A collective's buffer (bytes): what each rank reduces over the ranks (0 for the rest)
+    collective_bytes: int = 0
 
     @property
     def warps(self) -> int:
@@ -332,6 +369,8 @@ def value(x, point):
 def flops(launch, point, roles) -> float:
     name = launch.image.name
     scalars = {launch.image.scalars[b.index].name: value(b.value, point) for b in launch.scalars}
+    if launch.image.collective is not None:
+        return 0.0
     if launch.image.library is not None:
         return 2.0 * scalars["m"] * scalars["n"] * scalars["k"]
     if name in ("cgImageAttention", "cgImageAttentionBackward"):
@@ -359,8 +398,12 @@ def launch_facts(program, launch, point) -> LaunchFacts:
     from cgc.backends.cuda.emit import CUBLAS_PRODUCTS
     image = launch.image
     library = image.library is not None
-    blocks, threads, copy = 0, 0, 0
-    if library:
+    blocks, threads, copy, collective = 0, 0, 0, 0
+    if image.collective is not None:
+        # one NCCL call over its buffer, in place: the bytes each rank reduces
+        collective = sum(b.view.count * element_bytes(b.view.storage.element, program.low)
+                         for b in launch.pointers)
+    elif library:
         # Every product is one cublasLtMatmul: the residual is read as C (its bytes are in
         # traffic(), as an operand), with no copy first; an epilogue's aux matrix (GELU_AUX
         # writes pre, DGELU reads it) is a pointer of the image, in traffic() too.
@@ -370,28 +413,428 @@ def launch_facts(program, launch, point) -> LaunchFacts:
         blocks = math.prod(value(g, point) for g in grid)
         threads = math.prod(image.block)
     return LaunchFacts(image.name, blocks, threads, traffic(launch, program.low),
-                       flops(launch, point, program.roles), library, copy)
+                       flops(launch, point, program.roles), library, copy, collective)
 
 
-def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = MODEL):
+# ---- the collective: NCCL's ring all-reduce on NVLink ----------------------------------
+
+def collective_seconds(nbytes: float, ranks: int, model: Model = MODEL) -> tuple:
+    """One all-reduce of `nbytes` over `ranks` GPUs of one NVLink node: (protocol, latency,
+    transfer seconds). The transfer is the ring's 2(N-1)/N x bytes at the protocol's bus
+    bandwidth (nccl-tests' busbw is defined so: algbw x 2(N-1)/N); the latency NCCL's own
+    model's (base + 2(N-1) steps); NCCL picks the protocol its model finds quickest, so the
+    model does. One rank reduces nothing: (None, 0, 0)."""
+    if ranks <= 1 or nbytes <= 0:
+        return None, 0.0, 0.0
+    steps = 2 * (ranks - 1)
+    wire = steps / ranks * nbytes
+    options = []
+    for name, base, per_step, share, cap in model.allreduce_protocols:
+        bus = min(model.allreduce_bus_bytes_per_s * share, cap)
+        options.append((base + steps * per_step + wire / bus, name, base + steps * per_step,
+                        wire / bus))
+    _, name, latency, transfer = min(options)
+    return name, latency, transfer
+
+
+def collective_floor(nbytes: float, ranks: int, model: Model = MODEL) -> float:
+    """No all-reduce beats each rank sending its buffer once and receiving the result once
+    over NVLink (what reducing in the switch, NVLS, does)."""
+    return 0.0 if ranks <= 1 else nbytes / model.nvlink_bytes_per_s
+
+
+def model_collective(facts: LaunchFacts, ranks: int, model: Model = MODEL) -> Modelled:
+    _, latency, transfer = collective_seconds(facts.collective_bytes, ranks, model)
+    overhead = model.launch_overhead_s if ranks > 1 else 0.0
+    parts = {"nvlink": transfer, "latency": latency, "overhead": overhead}
+    parts["total"] = latency + transfer + overhead
+    return Modelled(collective_floor(facts.collective_bytes, ranks, model), parts)
+
+
+# ---- profiles: what a launch holds of the machine, and for how long ---------------------
+
+RESOURCES = ("sms", "hbm", "link", "tensor")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a launch's time, priced alone on the machine, during which it holds
+    `sms` SMs (its blocks' SMs: a kernel's, a product's, NCCL's channels'), draws `hbm`
+    bytes a second, takes `link` of the NVLink bandwidth a collective gets (1: all of it)
+    and, at the floor only, `tensor` of the tensor-core peak. A launch is a sequence of
+    them (its profile): the launch overhead (nothing held), its waves, a serial tail."""
+
+    seconds: float
+    sms: float = 0.0
+    hbm: float = 0.0
+    link: float = 0.0
+    tensor: float = 0.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the branches share: SMs, HBM bytes a second, the NVLink bandwidth (1: what one
+    collective alone gets) and the tensor-core peak (1, for the floor)."""
+
+    sms: float
+    hbm: float
+    link: float = 1.0
+    tensor: float = 1.0
+
+
+def machine_of(hw: Hardware = H200) -> Machine:
+    return Machine(hw.sms, hw.hbm_bytes_per_s)
+
+
+# Each branch with a machine of its own: the critical path alone, nothing shared.
+UNSHARED = Machine(math.inf, math.inf, math.inf, math.inf)
+
+
+def profile_seconds(profile) -> float:
+    return sum(segment.seconds for segment in profile)
+
+
+def kernel_profile(facts: LaunchFacts, modelled: Modelled, per_sm: int,
+                   hw: Hardware = H200) -> tuple:
+    """A kernel: its launch overhead (nothing held); its waves, each as long as the model
+    prices one (model_kernel's tail: the last wave takes a whole wave's time), the SMs of
+    a wave those holding one of its blocks (a grid of 64 blocks holds 64 SMs; the last wave
+    of a grid holds as many SMs as it has blocks, up to all), its floor bytes drawn from
+    HBM in proportion to the blocks a wave runs; then a serial last block on one SM."""
+    parts = modelled.parts
+    body = parts["total"] - parts["overhead"] - parts.get("last block", 0.0)
+    per_wave = max(per_sm, 1) * hw.sms
+    if facts.blocks <= per_wave:
+        waves = [(body, min(hw.sms, facts.blocks), facts.blocks)]
+    else:
+        count = math.ceil(facts.blocks / per_wave)
+        last = facts.blocks - (count - 1) * per_wave
+        waves = [(body * (count - 1) / count, hw.sms, (count - 1) * per_wave),
+                 (body / count, min(hw.sms, last), last)]
+    profile = [Segment(parts["overhead"])]
+    for seconds, sms, blocks in waves:
+        share = facts.floor_bytes * blocks / max(facts.blocks, 1)
+        profile.append(Segment(seconds, sms=sms, hbm=share / seconds if seconds else 0.0))
+    if parts.get("last block"):
+        profile.append(Segment(parts["last block"], sms=1))
+    return tuple(s for s in profile if s.seconds > 0)
+
+
+def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200) -> tuple:
+    """A cuBLAS product holds every SM for its whole time: model_library prices it at a
+    fraction of the whole chip's peak, which only the whole chip reaches."""
+    parts = modelled.parts
+    body = parts["total"] - parts["overhead"]
+    moved = facts.floor_bytes + facts.copies_residual_bytes
+    return tuple(s for s in (Segment(parts["overhead"]),
+                             Segment(body, sms=hw.sms, hbm=moved / body if body else 0.0))
+                 if s.seconds > 0)
+
+
+def collective_profile(facts: LaunchFacts, ranks: int, model: Model = MODEL) -> tuple:
+    """An all-reduce: its launch overhead; its latency, holding NCCL's SMs; its transfer,
+    holding them and all the NVLink bandwidth one collective gets, and drawing HBM: each
+    byte that crosses the link is written to this GPU's memory and read back (to reduce or
+    forward), and the buffer is read once and written once (an estimate of NCCL's ring)."""
+    if ranks <= 1 or facts.collective_bytes <= 0:
+        return ()
+    _, latency, transfer = collective_seconds(facts.collective_bytes, ranks, model)
+    wire = 2 * (ranks - 1) / ranks * facts.collective_bytes
+    hbm = (2 * wire + 2 * facts.collective_bytes) / transfer
+    return tuple(s for s in (Segment(model.launch_overhead_s),
+                             Segment(latency, sms=model.collective_sms),
+                             Segment(transfer, sms=model.collective_sms, link=1.0, hbm=hbm))
+                 if s.seconds > 0)
+
+
+def floor_profile(facts: LaunchFacts, ranks: int = 1, hw: Hardware = H200,
+                  model: Model = MODEL) -> tuple:
+    """At the floor a launch holds no SMs: it takes its bytes at HBM's rate or its
+    products at the tensor-core peak for its floor time (a collective: NVLink)."""
+    if facts.collective_bytes:
+        seconds = collective_floor(facts.collective_bytes, ranks, model)
+        return (Segment(seconds, link=1.0, hbm=2 * facts.collective_bytes / seconds),) \
+            if seconds > 0 else ()
+    seconds = floor_time(facts.floor_bytes, facts.flops, hw)
+    if seconds <= 0:
+        return ()
+    return (Segment(seconds, hbm=facts.floor_bytes / seconds,
+                    tensor=facts.flops / hw.tensor_flops / seconds),)
+
+
+def water_fill(demands, capacity: float) -> list:
+    """Max-min fair shares of `capacity`: a demand under the equal share gets all of it,
+    the rest split what is left (the block scheduler gives a grid of few blocks all its
+    SMs: a 1-block kernel beside a full one gets its SM, the full one the other 131)."""
+    granted = [0.0] * len(demands)
+    left, remaining = capacity, len(demands)
+    for index in sorted(range(len(demands)), key=lambda i: demands[i]):
+        granted[index] = min(demands[index], left / remaining)
+        left -= granted[index]
+        remaining -= 1
+    return granted
+
+
+def rates(segments, machine: Machine) -> list:
+    """How fast each of the segments running at once progresses, as a fraction of its
+    speed alone. SMs are shared max-min fairly (water_fill), a segment granted fewer SMs
+    than it holds alone slowed in proportion; then each bandwidth (HBM, NVLink, the tensor
+    peak) asked beyond the machine's is shared in proportion to what each asks (requests in
+    flight), every segment drawing on it slowed alike. Each segment takes the smaller."""
+    demands = [s.sms for s in segments]
+    speed = [1.0] * len(segments)
+    if sum(demands) > machine.sms:
+        granted = water_fill(demands, machine.sms)
+        speed = [g / d if d > 0 else 1.0 for g, d in zip(granted, demands)]
+    for key in ("hbm", "link", "tensor"):
+        capacity = getattr(machine, key)
+        asked = sum(x * getattr(s, key) for x, s in zip(speed, segments))
+        if asked > capacity:
+            speed = [x * capacity / asked if getattr(s, key) > 0 else x
+                     for x, s in zip(speed, segments)]
+    return speed
+
+
+def _merge(profile) -> list:
+    merged = []
+    for segment in profile:
+        last = merged[-1] if merged else None
+        if last is not None and all(math.isclose(getattr(last, k), getattr(segment, k),
+                                                 rel_tol=1e-9, abs_tol=1e-12)
+                                    for k in RESOURCES):
+            merged[-1] = dataclasses.replace(last, seconds=last.seconds + segment.seconds)
+        else:
+            merged.append(segment)
+    return merged
+
+
+@dataclass
+class Task:
+    """One launch of the program as a task of its graph: its profile, the tasks that wait
+    for it, and how many it waits for."""
+
+    segments: list
+    waits: int = 0
+    then: list = field(default_factory=list)
+
+
+def run_tasks(tasks, machine: Machine, timeline: list | None = None) -> float:
+    """The time the task graph takes on `machine`: a task starts when every task it waits
+    for has finished, runs its segments in order, and every segment running at a moment,
+    whichever branch it is in, progresses at rates() over all of them (its time alone is
+    its work). With `timeline`, each stretch's totals are appended to it as a Segment."""
+    running = {}  # task -> [segment, seconds of work left]
+    clock = 0.0
+
+    def start(index):
+        pending = [index]
+        while pending:
+            task = pending.pop()
+            if tasks[task].segments:
+                running[task] = [0, tasks[task].segments[0].seconds]
+                continue
+            for after in tasks[task].then:  # nothing to run: done at once
+                tasks[after].waits -= 1
+                if tasks[after].waits == 0:
+                    pending.append(after)
+
+    for index in [i for i, task in enumerate(tasks) if task.waits == 0]:
+        start(index)
+    while running:
+        order = list(running)
+        segments = [tasks[i].segments[running[i][0]] for i in order]
+        speed = rates(segments, machine)
+        step = min(running[i][1] / x for i, x in zip(order, speed))
+        clock += step
+        if timeline is not None:
+            timeline.append(Segment(step, *(sum(x * getattr(s, k)
+                                                for x, s in zip(speed, segments))
+                                            for k in RESOURCES)))
+        finished = []
+        for i, x, segment in zip(order, speed, segments):
+            running[i][1] -= x * step
+            if running[i][1] <= 1e-9 * segment.seconds:
+                running[i][0] += 1
+                if running[i][0] < len(tasks[i].segments):
+                    running[i][1] = tasks[i].segments[running[i][0]].seconds
+                else:
+                    finished.append(i)
+        for i in finished:
+            del running[i]
+            for after in tasks[i].then:
+                tasks[after].waits -= 1
+                if tasks[after].waits == 0:
+                    start(after)
+    return clock
+
+
+def side_by_side(branches, machine: Machine) -> list:
+    """Profiles (each a branch of segments run in order) run at the same time on one
+    machine: the profile of the whole (each stretch's totals), which ends when the last
+    branch does. With the machine unshared (UNSHARED) the whole takes its longest branch."""
+    timeline = []
+    run_tasks([Task([s for s in branch if s.seconds > 0]) for branch in branches], machine,
+              timeline)
+    return _merge(timeline)
+
+
+def program_tasks(body, price) -> list:
+    """The launch program as a task graph, every repeat unrolled (a repeat inside a branch
+    too): each launch waits for the launch before it; the first launch of each branch of a
+    Concurrent node for what came before the node; what follows the node for the last
+    launch of every branch (nested branches alike). `price(launch, point)` is its profile.
+    With `price.grouped` (Model.group_collectives), collectives that follow one another in
+    a branch are one task: one NCCL group, priced by `price.collectives(bytes)`."""
+    tasks = []
+    grouped = getattr(price, "grouped", False)
+
+    def build(nodes, after, point, group):
+        for node in nodes:
+            if isinstance(node, Launch):
+                nbytes = price.collective_bytes(node, point) if grouped else 0
+                if nbytes and group and after == [group[0]]:
+                    group[1] += nbytes
+                    tasks[group[0]].segments = [s for s in price.collectives(group[1])
+                                                if s.seconds > 0]
+                    continue
+                task = Task([s for s in price(node, point) if s.seconds > 0], len(after))
+                tasks.append(task)
+                for before in after:
+                    tasks[before].then.append(len(tasks) - 1)
+                after = [len(tasks) - 1]
+                group[:] = [after[0], nbytes] if nbytes else []
+            elif isinstance(node, Repeat):
+                for number in range(node.variable.count):
+                    after = build(node.body, after, {**point, node.variable: number}, group)
+            elif isinstance(node, Concurrent):
+                ends = []
+                for branch in node.branches:
+                    ends += build(branch, after, point, [])
+                after = list(dict.fromkeys(ends))
+                group[:] = []
+            else:  # a phase
+                after = build(node.body, after, point, group)
+        return after
+
+    build(body, [], {}, [])
+    return tasks
+
+
+def program_seconds(body, price, machine: Machine | None = None) -> float:
+    """A launch program's time: with a machine, its task graph run on it (program_tasks,
+    run_tasks: the critical path over branches, the machine shared); with none, every
+    launch one after another (each Concurrent node's body in order: the sum over
+    launches, as the step was priced before branches)."""
+    if machine is None:
+        return sum(profile_seconds(price(launch, point))
+                   for launch, point in _in_order(body, {}))
+    return run_tasks(program_tasks(body, price), machine)
+
+
+def _in_order(nodes, point):
+    for node in nodes:
+        if isinstance(node, Launch):
+            yield node, point
+        elif isinstance(node, Repeat):
+            for number in range(node.variable.count):
+                yield from _in_order(node.body, {**point, node.variable: number})
+        else:
+            yield from _in_order(node.body, point)
+
+
+def has_branches(body) -> bool:
+    return any(isinstance(node, Concurrent) or
+               (not isinstance(node, Launch) and has_branches(node.body)) for node in body)
+
+
+class Pricer:
+    """Prices one program's launches (each once per repeat point): the kernel's or
+    product's modelled time as built (or its floor), a collective at `ranks`."""
+
+    def __init__(self, program, audits: dict | None, ranks: int = 1, hw: Hardware = H200,
+                 model: Model = MODEL):
+        self.program, self.audits, self.ranks, self.hw, self.model = \
+            program, audits, ranks, hw, model
+        self.roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+        self.cache = {}
+
+    def modelled(self, facts: LaunchFacts) -> Modelled:
+        if facts.collective_bytes:
+            return model_collective(facts, self.ranks, self.model)
+        if facts.library:
+            return model_library(facts, self.hw, self.model)
+        return model_kernel(facts, self.audits[facts.image], DESIGNS[facts.image], self.roles,
+                            self.hw, self.model)
+
+    def facts(self, launch, point) -> tuple:
+        key = (id(launch), tuple(sorted((v.number, n) for v, n in point.items())))
+        if key not in self.cache:
+            facts = launch_facts(self.program, launch, point)
+            self.cache[key] = (facts, None if self.audits is None else self.modelled(facts))
+        return self.cache[key]
+
+    @property
+    def grouped(self) -> bool:
+        return self.model.group_collectives
+
+    def collective_bytes(self, launch, point) -> int:
+        return self.facts(launch, point)[0].collective_bytes
+
+    def collectives(self, nbytes: int) -> tuple:
+        """Collectives of `nbytes` in all, as one NCCL group: one call."""
+        facts = LaunchFacts("group", 0, 0, 0, 0.0, True, collective_bytes=nbytes)
+        return floor_profile(facts, self.ranks, self.hw, self.model) if self.audits is None \
+            else collective_profile(facts, self.ranks, self.model)
+
+    def __call__(self, launch, point) -> tuple:
+        facts, modelled = self.facts(launch, point)
+        if modelled is None:
+            return floor_profile(facts, self.ranks, self.hw, self.model)
+        if facts.collective_bytes:
+            return collective_profile(facts, self.ranks, self.model)
+        if facts.library:
+            return library_profile(facts, modelled, self.hw)
+        return kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
+                              self.hw)
+
+
+@dataclass
+class StepTimes:
+    """One program's step three ways (seconds): its branches one after another (the sum of
+    its launches), side by side each on a machine of its own (the critical path alone), and
+    side by side on one shared machine (the model's figure)."""
+
+    in_order: float
+    critical_path: float
+    shared: float
+
+
+def step_times(program, audits: dict | None, ranks: int = 1, hw: Hardware = H200,
+               model: Model = MODEL) -> StepTimes:
+    price = Pricer(program, audits, ranks, hw, model)
+    return StepTimes(program_seconds(program.body, price),
+                     program_seconds(program.body, price, UNSHARED),
+                     program_seconds(program.body, price, machine_of(hw)))
+
+
+# ---- the step, image by image -------------------------------------------------------
+
+def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = MODEL,
+              ranks: int = 1):
     """Per image: [launches, bytes, flops, floor seconds, modelled seconds, bound-by time]."""
-    roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+    price = Pricer(program, audits, ranks, hw, model)
     rows = defaultdict(lambda: {"launches": 0, "bytes": 0, "flops": 0.0, "floor": 0.0,
                                 "modelled": 0.0, "bounds": defaultdict(float)})
     for launch, _, point in program.unrolled():
-        facts = launch_facts(program, launch, point)
+        facts, modelled = price.facts(launch, point)
         row = rows[facts.image]
         row["launches"] += 1
         row["bytes"] += facts.floor_bytes
         row["flops"] += facts.flops
-        row["floor"] += floor_time(facts.floor_bytes, facts.flops, hw)
-        if audits is None:
+        row["floor"] += collective_floor(facts.collective_bytes, ranks, model) \
+            if facts.collective_bytes else floor_time(facts.floor_bytes, facts.flops, hw)
+        if modelled is None:
             continue
-        if facts.library:
-            modelled = model_library(facts, hw, model)
-        else:
-            modelled = model_kernel(facts, audits[facts.image], DESIGNS[facts.image], roles,
-                                    hw, model)
         row["modelled"] += modelled.time
         row["bounds"][modelled.bound] += modelled.time
     return rows
@@ -403,12 +846,10 @@ PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "overhead")
 def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> None:
     """Each image's modelled parts, summed over its launches (MODELLED, microseconds): the
     longest part (after the tail) is what a launch costs; the others are what it hides."""
-    roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+    price = Pricer(program, audits, 1, hw, model)
     sums = defaultdict(lambda: defaultdict(float))
     for launch, _, point in program.unrolled():
-        facts = launch_facts(program, launch, point)
-        modelled = model_library(facts, hw, model) if facts.library else \
-            model_kernel(facts, audits[facts.image], DESIGNS[facts.image], roles, hw, model)
+        facts, modelled = price.facts(launch, point)
         for key in (*PARTS, "total"):
             sums[facts.image][key] += modelled.parts.get(key, 0.0)
     print("MODELLED parts of each image's time, summed over its launches (us)")
@@ -419,6 +860,174 @@ def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> N
               + f" | {parts['total'] * 1e6:,.1f} |")
 
 
+# ---- the data-parallel step ----------------------------------------------------------
+
+# The placement the data-parallel step had before its all-reduce went in buckets, kept as
+# the reference the bucketed one is compared with: train.cg's step with one all-reduce of
+# the whole gradient bank after its backward, before its optimizer (nothing to overlap).
+EXPOSED_STEP = "cgCostModelAllReduceAll"
+EXPOSED_SOURCE = """\
+-- Written by scripts/cost_model.py: one all-reduce of the whole gradient bank, as
+-- schedules/train_parallel.cg had it before its buckets.
+import "{schedules}/optimizer.cg"
+
+def {entry} : (family NvidiaLaunchSchedule) =
+  (cgPhase cgPhaseAllReduce
+    (cgLaunch cgImageAllReduce 1 1 1
+      (cgPointer (cgArgument 0) (cgBankAll cgBankG)
+        (cgSlot (cgScalar 0) (cgCount (cgBankAll cgBankG)) cgNoSlots))))
+"""
+
+
+def exposed_program(config: str, train: str | None = None):
+    """The reference step: `train`'s (train.cg's) step, with EXPOSED_SOURCE's all-reduce
+    spliced in before its first optimizer-stage phase at the top level."""
+    train = train or TRAIN
+    base = evaluate(analyse([train]), train, config=config)
+    with tempfile.TemporaryDirectory(prefix="cgc-cost-model-") as folder:
+        path = os.path.join(folder, "allreduce_all.cg")
+        with open(path, "w") as handle:
+            handle.write(EXPOSED_SOURCE.format(schedules=os.path.join(ROOT, "schedules"),
+                                               entry=EXPOSED_STEP))
+        reduce = evaluate(analyse([path]), path, entry=EXPOSED_STEP, config=config)
+    body = list(base.body)
+    at = next((i for i, node in enumerate(body) if isinstance(node, PhaseRegion)
+               and base.phases[node.phase].stage == "optimizer"), None)
+    assert at is not None, f"{train}: no optimizer phase at the top of the step"
+    body[at:at] = reduce.body
+    return dataclasses.replace(base, body=tuple(body), entry=EXPOSED_STEP)
+
+
+def collective_bytes(program) -> int:
+    return sum(launch_facts(program, launch, point).collective_bytes
+               for launch, _, point in program.unrolled()
+               if launch.image.collective is not None)
+
+
+@dataclass
+class Scaling:
+    """One schedule's data-parallel step at each number of ranks (seconds, MODELLED)."""
+
+    ranks: list
+    times: dict  # ranks -> StepTimes
+
+    def efficiency(self, ranks: int) -> float:
+        """Weak scaling (each rank's batch fixed): the one-rank step over the N-rank step."""
+        return self.times[1].shared / self.times[ranks].shared if 1 in self.times else \
+            math.nan
+
+
+def scaling(program, audits, ranks_list, hw: Hardware = H200, model: Model = MODEL) -> Scaling:
+    return Scaling(list(ranks_list), {n: step_times(program, audits, n, hw, model)
+                                      for n in sorted(set(ranks_list) | {1})})
+
+
+def print_branches(name: str, program, audits, hw: Hardware = H200,
+                   model: Model = MODEL) -> StepTimes:
+    times = step_times(program, audits, 1, hw, model)
+    tokens = int(program.roles["batch"]) * int(program.roles["context"])
+    kind = "floor" if audits is None else "modelled as built"
+    print()
+    print(f"{name}, one GPU, {kind}, with and without its concurrent branches "
+          "(cgConcurrently). MODELLED figures, not measurements.")
+    if not has_branches(program.body):
+        print(f"{name} has no concurrent branches: {times.shared * 1e3:.2f} ms a step either "
+              "way.")
+        return times
+    print("| branches | step (ms) | tokens/s |")
+    print("| --- | ---: | ---: |")
+    for label, seconds in (("one after another (the sum of the launches)", times.in_order),
+                           ("side by side, the machine shared (the model)", times.shared),
+                           ("side by side, each on a machine of its own (critical path "
+                            "alone)", times.critical_path)):
+        print(f"| {label} | {seconds * 1e3:.3f} | {tokens / seconds:,.0f} |")
+    saved = times.in_order - times.shared
+    saved = 0.0 if abs(saved) < 5e-8 else saved  # no "-0.0 us" from rounding
+    print(f"the branches save {saved * 1e6:,.1f} us a step "
+          f"({saved / times.in_order * 100:.2f}%, MODELLED)")
+    return times
+
+
+def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardware = H200,
+                  model: Model = MODEL) -> None:
+    """The data-parallel step at each number of ranks: the all-reduce after the backward
+    (EXPOSED_SOURCE) against `path`'s step (buckets concurrent with the backward)."""
+    exposed = exposed_program(config)
+    old, new = scaling(exposed, audits, ranks_list, hw, model), \
+        scaling(program, audits, ranks_list, hw, model)
+    tokens = int(program.roles["batch"]) * int(program.roles["context"])
+    name = os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
+    kind = "floor" if audits is None else "modelled as built"
+    print()
+    print(f"Data parallel, config {config}, {hw.name} x N on one node's NVLink 4, weak "
+          f"scaling ({tokens} tokens a rank a step), {kind}. MODELLED figures, not "
+          "measurements.")
+    if audits is None:
+        print(f"floor: an all-reduce moves each rank's buffer once each way at "
+              f"{model.nvlink_bytes_per_s / 1e9:.0f} GB/s")
+    else:
+        print(f"all-reduce: NCCL's ring, 2(N-1)/N x bytes at "
+              f"{model.allreduce_bus_bytes_per_s / 1e9:.0f} GB/s bus bandwidth (Simple; "
+              "LL, LL128 at their shares), plus NCCL's modelled latency a call; holding "
+              f"{model.collective_sms} SMs while it runs")
+    print(f"gradients reduced: {collective_bytes(exposed) / 1e6:,.1f} MB in "
+          f"{sum(1 for l, _, _ in exposed.unrolled() if l.image.collective)} call after the "
+          f"backward; {name}: {collective_bytes(program) / 1e6:,.1f} MB in "
+          f"{sum(1 for l, _, _ in program.unrolled() if l.image.collective)} calls")
+    print(f"| ranks | one all-reduce after the backward (ms) | tokens/s | efficiency | {name} "
+          "(ms) | tokens/s | efficiency | its branches one after another (ms) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n in ranks_list:
+        a, b = old.times[n], new.times[n]
+        print(f"| {n} | {a.shared * 1e3:.3f} | {n * tokens / a.shared:,.0f} | "
+              f"{old.efficiency(n) * 100:.1f}% | {b.shared * 1e3:.3f} | "
+              f"{n * tokens / b.shared:,.0f} | {new.efficiency(n) * 100:.1f}% | "
+              f"{b.in_order * 1e3:.3f} |")
+    if audits is None:
+        return
+    most = max(ranks_list)
+    print(f"at {most} ranks, {name} with other assumptions (MODELLED):")
+    print("| assumption | step (ms) | efficiency |")
+    print("| --- | ---: | ---: |")
+    variants = (("as above", model),
+                ("NVLS bus bandwidth, 480 GB/s", dataclasses.replace(
+                    model, allreduce_bus_bytes_per_s=480e9)),
+                ("NCCL on 16 SMs", dataclasses.replace(model, collective_sms=16)),
+                ("NCCL on 32 SMs", dataclasses.replace(model, collective_sms=32)),
+                ("NCCL holding no SMs (copy engines)", dataclasses.replace(
+                    model, collective_sms=0)),
+                ("a branch's consecutive calls as one NCCL group (one latency)",
+                 dataclasses.replace(model, group_collectives=True)),
+                ("no latency a call", dataclasses.replace(model, allreduce_protocols=(
+                    ("Simple", 0.0, 0.0, 1.0, math.inf),))),
+                ("480 GB/s, 16 SMs and one group a branch", dataclasses.replace(
+                    model, allreduce_bus_bytes_per_s=480e9, collective_sms=16,
+                    group_collectives=True)))
+    one = new.times[1].shared
+    for label, variant in variants:
+        seconds = step_times(program, audits, most, hw, variant).shared
+        print(f"| {label} | {seconds * 1e3:.3f} | {one / seconds * 100:.1f}% |")
+    verdict = "met" if new.efficiency(most) >= 0.95 else "NOT met"
+    print(f"target: at least 95% scaling efficiency at {most} ranks: {verdict} by the model "
+          f"({new.efficiency(most) * 100:.1f}%; the all-reduce after the backward: "
+          f"{old.efficiency(most) * 100:.1f}%)")
+
+
+def kernel_images(program) -> set:
+    return {launch.image.name for launch, _, _ in program.unrolled()
+            if launch.image.library is None}
+
+
+def parse_ranks(text: str) -> list:
+    try:
+        ranks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of whole numbers") from None
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError("every number of ranks must be at least 1")
+    return ranks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -427,13 +1036,33 @@ def main() -> int:
                         help="the floor alone (no audit, so no CUDA compiler needed)")
     parser.add_argument("--parts", action="store_true",
                         help="each image's modelled time split into its parts")
+    parser.add_argument("--file", default=TRAIN,
+                        help="the one-GPU schedule priced (default schedules/train.cg)")
+    parser.add_argument("--ranks", type=parse_ranks, metavar="N,N,...",
+                        help="also the data-parallel step at these numbers of ranks, e.g. "
+                        "1,2,4,8: the all-reduce after the backward against --parallel's")
+    parser.add_argument("--parallel", default=os.path.join(ROOT, "schedules",
+                                                           "train_parallel.cg"),
+                        help="the data-parallel schedule (default schedules/train_parallel.cg)")
     args = parser.parse_args()
     from cgc.core.diagnostics import CompileError, render_all
     from sass_audit import ToolchainMissing, audit_file
-    path = os.path.join(ROOT, "schedules", "train.cg")
+    path = os.path.abspath(args.file)
     try:
         program = evaluate(analyse([path]), path, config=args.config)
-        audits = None if args.floor else audit_file(path, args.config)
+        parallel = None
+        if args.ranks:
+            parallel_path = os.path.abspath(args.parallel)
+            parallel = evaluate(analyse([parallel_path]), parallel_path, config=args.config)
+        audits = None
+        if not args.floor:
+            # train.cg's kernels: the other steps launch the same ones (the collective is a
+            # library call); a file is audited itself only if it launches a kernel that
+            # train.cg does not
+            audits = audit_file(TRAIN, args.config)
+            for other, where in ((program, path), (parallel, args.parallel)):
+                if other is not None and not kernel_images(other) <= set(audits):
+                    audits = {**audit_file(os.path.abspath(where), args.config), **audits}
     except ToolchainMissing as error:
         print(f"cost_model: error: {error} (or --floor for the floor alone)", file=sys.stderr)
         return 1
@@ -445,15 +1074,16 @@ def main() -> int:
         print_parts(program, audits)
         return 0
     hw = H200
-    print(f"train.cg, config {args.config}, {hw.name}: one step. MODELLED figures, not "
-          f"measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s or products at "
-          f"{hw.tensor_flops / 1e12:.0f} TFLOP/s, whichever is longer.")
+    name = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+    print(f"{os.path.basename(name)}, config {args.config}, {hw.name}: one step. MODELLED "
+          f"figures, not measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s "
+          f"or products at {hw.tensor_flops / 1e12:.0f} TFLOP/s, whichever is longer.")
     print("| image | launches | MB moved | GFLOP | floor (us) | modelled (us) | "
           "modelled / floor | modelled bound by |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     total = defaultdict(float)
     order = sorted(rows.items(), key=lambda r: -(r[1]["modelled"] or r[1]["floor"]))
-    for name, row in order:
+    for image, row in order:
         bound = max(row["bounds"], key=row["bounds"].get) if row["bounds"] else \
             ("products" if row["flops"] / hw.tensor_flops > row["bytes"] / hw.hbm_bytes_per_s
              else "memory")
@@ -461,7 +1091,7 @@ def main() -> int:
         # a floor under 0.1 us (a launch that moves a few bytes) makes no useful ratio
         ratio = f"{row['modelled'] / row['floor']:,.1f}x" if audits and row["floor"] > 1e-7 \
             else "-"
-        print(f"| {name} | {row['launches']} | {row['bytes'] / 1e6:,.1f} | "
+        print(f"| {image} | {row['launches']} | {row['bytes'] / 1e6:,.1f} | "
               f"{row['flops'] / 1e9:,.1f} | {row['floor'] * 1e6:,.1f} | {modelled} | {ratio} | "
               f"{bound} |")
         for key in ("launches", "bytes", "flops", "floor", "modelled"):
@@ -475,6 +1105,11 @@ def main() -> int:
     if audits:
         print(f"modelled as built: {total['modelled'] * 1e3:.2f} ms a step, "
               f"{tokens / total['modelled']:,.0f} tokens/s (MODELLED, not measured)")
+    print_branches(os.path.basename(name), program, audits, hw)
+    if parallel is not None:
+        if has_branches(parallel.body):
+            print_branches(os.path.basename(parallel_path) + " (1 rank)", parallel, audits, hw)
+        print_scaling(args.config, parallel_path, parallel, audits, args.ranks, hw)
     return 0
 
 

@@ -216,10 +216,13 @@ class Generator:
             body = f"{slot} {body})"
         return f"(cgLaunch {name} {' '.join(axes)} {body})", writes
 
-    def sequence(self, items: list[str]) -> str:
+    def sequence(self, items: list[str], concurrent: float = 0.0) -> str:
+        """The items one after another; each join, with probability `concurrent`, a
+        cgConcurrently instead (branches the checker must prove independent)."""
         text = items[-1]
         for item in reversed(items[:-1]):
-            text = f"(cgThen {item} {text})"
+            head = "cgConcurrently" if self.rng.random() < concurrent else "cgThen"
+            text = f"({head} {item} {text})"
         return text
 
     def part(self, number: int) -> str:
@@ -246,7 +249,8 @@ class Generator:
         parts = [self.part(i) for i in range(self.rng.choice([1, 1, 1, 2, 2, 3, 4]))]
         return (f"-- Random schedule {number} (scripts/random_schedules.py).\n"
                 f'import "images.cg"\n\n'
-                f"def {ENTRY} : (family NvidiaLaunchSchedule) =\n  {self.sequence(parts)}\n")
+                f"def {ENTRY} : (family NvidiaLaunchSchedule) =\n  "
+                f"{self.sequence(parts, concurrent=0.35)}\n")
 
 
 def generate(program, count: int, seed: int) -> list[str]:

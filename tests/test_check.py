@@ -5,6 +5,7 @@ diagnostics are in tests/checker/."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import shutil
 
 import pytest
@@ -175,6 +176,31 @@ def test_every_pointer_a_template_accesses_with_wide_vectors_is_declared_aligned
                 missing.append(f"{image.name}.{pointer.name}")
     assert missing == []
     assert program.images["cgImageGelu"].alignments  # the scan is not vacuous
+
+
+def images_with_undeclared_device_state(schedule: Path) -> list[str]:
+    """The images whose template keeps a `__device__` variable (state that outlives a
+    launch) but whose declaration does not say (deviceState)."""
+    from cgc.backends.cuda.emit import template_path
+    from conftest import ROOT
+    program = evaluate(analyse([str(schedule)]), str(schedule))
+    # a declaration with no parenthesis before its `=` or `;`: a variable, not a function
+    variable = re.compile(r"^__device__\s+(?!__forceinline__|inline|constexpr)[^()\n]*?[=;]",
+                          re.MULTILINE)
+    return [image.name for image in program.images.values()
+            if image.library is None and image.device_state is None and
+            variable.search((ROOT / "templates" / template_path(image.name)).read_text())]
+
+
+def test_every_kernel_with_device_state_says_so(schedules):
+    """Two concurrent launches of a kernel with a `__device__` counter would share it: the
+    checker keeps them apart only if the image declares (deviceState)."""
+    assert images_with_undeclared_device_state(SCHEDULES / "train.cg") == []
+    # the detector sees the layer-norm backwards' tickets once the clause is gone
+    text = (schedules / "images.cg").read_text()
+    (schedules / "images.cg").write_text(text.replace("  (deviceState)\n", ""))
+    assert images_with_undeclared_device_state(schedules / "train.cg") == [
+        "cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"]
 
 
 # ---- what the kernels assume, proved (false accepts an adversarial review found) ---------
@@ -386,7 +412,8 @@ def cgProbeTail : Schedule =
       (cgLaunch cgImageSquareSum 1 1 1 (cgPointer (cgArgument 0) cgProbeSquares
         (cgPointer (cgArgument 1) (cgArena cgProbe) (cgSlot (cgScalar 0) 2048 cgNoSlots))))))))
 def cgProbeStep : (family NvidiaLaunchSchedule) =
-  (cgThen cgForwardSaved (cgThen cgSavedBackward (cgThen cgOptimizer cgProbeTail)))
+  (cgThen (cgConcurrently cgForwardSaved cgSortIds)
+    (cgThen cgSavedBackward (cgThen cgOptimizer cgProbeTail)))
 roles cgProbeRoles (step cgProbeStep)
 """
 

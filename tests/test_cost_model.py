@@ -1,6 +1,7 @@
 """The cost model's arithmetic (scripts/cost_model.py), on small cases worked by hand, and
-the step it prints. Every figure it gives is MODELLED; these tests check the arithmetic of
-the model, not the H200 (there is none here)."""
+the step it prints: each launch, concurrent branches on the shared machine, the
+data-parallel step's all-reduce. Every figure it gives is MODELLED; these tests check the
+arithmetic of the model, not the H200 (there is none here)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import cost_model  # noqa: E402
-from cost_model import (MODEL, Design, LaunchFacts, Model, floor_time,  # noqa: E402
-                        hbm_bandwidth, model_kernel, model_library, shared_wavefronts, tail)
+from cost_model import (MODEL, UNSHARED, Design, LaunchFacts, Model, Segment,  # noqa: E402
+                        collective_seconds, floor_time, hbm_bandwidth, kernel_profile,
+                        library_profile, machine_of, model_kernel, model_library,
+                        profile_seconds, program_seconds, rates, shared_wavefronts,
+                        side_by_side, tail, water_fill)
 from sass_audit import H200, KernelAudit, Occupancy  # noqa: E402
+
+from cgc.core.affine import LoopVariable  # noqa: E402
+from cgc.core.ir import Concurrent, Launch, PhaseRegion, Repeat  # noqa: E402
 
 
 def test_floor_is_the_longer_of_bytes_and_products():
@@ -217,3 +224,334 @@ def test_an_unknown_config_is_a_diagnostic(script):
     assert result.returncode == 1
     assert "cgc: error: unknown config 'nope'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---- concurrent branches: the critical path over branches, the machine shared ----------
+
+US = 1e-6
+H200_MACHINE = machine_of(H200)  # 132 SMs, 4.8 TB/s
+
+
+def _launch(name):
+    """A launch node for hand-built programs: priced by name (_price), nothing else read."""
+    return Launch(name, (1, 1, 1), (), (), None)
+
+
+def _price(table):
+    """price(launch, point): the launch's profile from `table` by name; a callable entry
+    is given the repeat point (an iteration-dependent launch)."""
+    def price(launch, point):
+        entry = table[launch.image]
+        return entry(point) if callable(entry) else entry
+    return price
+
+
+def test_water_fill_gives_small_demands_all_they_ask():
+    # 1 SM and 132 SMs on 132: the small one gets its SM, the big one the other 131
+    assert water_fill([1, 132], 132) == [1, 131]
+    # two that fit: each what it asks
+    assert water_fill([24, 100], 132) == [24, 100]
+    # two full ones: half each
+    assert water_fill([132, 132], 132) == [66, 66]
+    # 24 (NCCL's channels) beside a full product: 24 and 108
+    assert water_fill([132, 24], 132) == [108, 24]
+
+
+def test_two_branches_by_hand():
+    """Two branches on 132 SMs. Fitting side by side (66 + 66 SMs): the longer one, 20 us.
+    Not fitting (100 + 100 SMs): 66 each, both at 0.66 of their speed; the 10 us one ends
+    at 10 / 0.66 = 15.15 us, when the other has done 10 of its 20 us; it finishes alone in
+    10 more: 25.15 us (the sum would be 30, the SM-time bound 3000 / 132 = 22.7)."""
+    fit = side_by_side([[Segment(10 * US, sms=66)], [Segment(20 * US, sms=66)]], H200_MACHINE)
+    assert profile_seconds(fit) == pytest.approx(20 * US)
+    crowded = side_by_side([[Segment(10 * US, sms=100)], [Segment(20 * US, sms=100)]],
+                           H200_MACHINE)
+    assert profile_seconds(crowded) == pytest.approx(10 * US / 0.66 + 10 * US)
+    assert crowded[0].sms == pytest.approx(132) and crowded[-1].sms == pytest.approx(100)
+    # each branch alone on its own machine: the critical path, the longer branch
+    assert profile_seconds(side_by_side([[Segment(10 * US, sms=100)],
+                                         [Segment(20 * US, sms=100)]], UNSHARED)) == \
+        pytest.approx(20 * US)
+
+
+def test_a_branch_that_fills_the_machine_gains_nothing():
+    """Kernels holding every SM for their whole time leave the other branch nothing: side by
+    side they take their sum. A 1-block kernel beside one leaves it 131 of 132 SMs: it costs
+    1/132 of its time, not its time."""
+    full = [[Segment(10 * US, sms=132)], [Segment(5 * US, sms=132)]]
+    assert profile_seconds(side_by_side(full, H200_MACHINE)) == pytest.approx(15 * US)
+    small = [[Segment(100 * US, sms=132)], [Segment(50 * US, sms=1)]]
+    assert profile_seconds(side_by_side(small, H200_MACHINE)) == \
+        pytest.approx(100 * US + 50 * US / 132)
+    # HBM shared too: two memory-bound kernels on few SMs, each at 4.8 TB/s alone
+    memory = [[Segment(10 * US, sms=10, hbm=4.8e12)], [Segment(10 * US, sms=10, hbm=4.8e12)]]
+    assert profile_seconds(side_by_side(memory, H200_MACHINE)) == pytest.approx(20 * US)
+
+
+def test_two_products_side_by_side_save_only_a_launch_overhead():
+    """Two cuBLAS products (which hold every SM) in two branches: the sum of their bodies;
+    what concurrency saves is one launch overhead, the second launch's gap hidden behind the
+    first product's work. With no overhead it saves nothing."""
+    work = 2.0 * 8192 * 768 * 768
+    facts = LaunchFacts("p", 0, 0, floor_bytes=10**7, flops=work, library=True)
+    for model, saved in ((MODEL, MODEL.launch_overhead_s),
+                         (Model(launch_overhead_s=0.0), 0.0)):
+        one = library_profile(facts, model_library(facts, H200, model), H200)
+        assert profile_seconds(one) == pytest.approx(model_library(facts, H200, model).time)
+        both = side_by_side([one, one], H200_MACHINE)
+        assert profile_seconds(both) == pytest.approx(2 * profile_seconds(one) - saved)
+
+
+def test_nested_branches_and_a_repeat_inside_a_branch():
+    """concurrently { A | B then concurrently { C | repeat i in 0..2 { E(i) } } } then F.
+    E(i) takes (i + 1) x 10 us, so the repeat is 60 us and must see its iterations.
+    Unshared, the critical path: max(A, B + max(C, E0 + E1 + E2)) + F = 100 + 5 us.
+    In order: every launch once, 215 us. Shared, by the rule (every launch holding 100 SMs
+    of 132; F all 132; whatever runs at a moment shares the SMs, whichever branch it is in):
+      0      A, B at 0.66: B ends at 30 / 0.66 = 45.45 us (A has 70 left);
+      45.45  A, C, E0 at 0.44 (44 SMs each): E0 ends 10 / 0.44 = 22.73 later, 68.18
+             (A 60 left, C 10 left);
+      68.18  A, C, E1 at 0.44: C ends at 90.91 (A 50 left, E1 10 left);
+      90.91  A, E1 at 0.66: E1 ends at 106.06 (A 40 left);
+      106.06 A, E2 at 0.66: E2 ends 30 / 0.66 later, 151.52 (A 10 left);
+      151.52 A alone: 161.52; then F: 166.52 us."""
+    variable = LoopVariable("i", 3, 9999)
+    A, B, C, E, F = (_launch(n) for n in "ABCEF")
+    inner = Concurrent(((C,), (Repeat(variable, (E,), None),)), None)
+    body = (PhaseRegion("p", (Concurrent(((A,), (B, inner)), None),), None), F)
+    full = {"A": (Segment(100 * US, sms=100),), "B": (Segment(30 * US, sms=100),),
+            "C": (Segment(20 * US, sms=100),), "F": (Segment(5 * US, sms=132),),
+            "E": lambda point: (Segment((point[variable] + 1) * 10 * US, sms=100),)}
+    price = _price(full)
+    assert program_seconds(body, price, UNSHARED) == \
+        pytest.approx((max(100, 30 + max(20, 10 + 20 + 30)) + 5) * US)
+    assert program_seconds(body, price) == pytest.approx((100 + 30 + 20 + 60 + 5) * US)
+    b = 30 / 0.66
+    e0 = b + 10 / 0.44
+    c = e0 + 10 / 0.44
+    e1 = c + 10 / 0.66
+    e2 = e1 + 30 / 0.66
+    a = e2 + (100 - 0.66 * b - 0.44 * (c - b) - 0.66 * (e2 - c))
+    assert a == pytest.approx(161.52, abs=0.01)
+    assert program_seconds(body, price, H200_MACHINE) == pytest.approx((a + 5) * US)
+    # the inner branches alone take 70.30 us (C and E0 at 0.66, C and E1, E1 alone, E2)
+    assert program_seconds((inner,), price, H200_MACHINE) == \
+        pytest.approx((2 * 10 / 0.66 + 10 + 30) * US)
+    # no machine to share: a branch left empty (a collective at one rank) costs nothing
+    assert program_seconds((Concurrent(((A,), ()), None), F), price, H200_MACHINE) == \
+        pytest.approx(105 * US)
+
+
+def test_rates_share_bandwidth_in_proportion():
+    """HBM asked beyond 4.8 TB/s: each drawer slowed alike; a segment that draws none is not
+    slowed; NVLink shared by two collectives, half each."""
+    speed = rates([Segment(1, sms=10, hbm=3.6e12), Segment(1, sms=10, hbm=2.4e12),
+                   Segment(1, sms=10)], H200_MACHINE)
+    assert speed == pytest.approx([0.8, 0.8, 1.0])
+    assert rates([Segment(1, sms=24, link=1.0)] * 2, H200_MACHINE) == pytest.approx([0.5, 0.5])
+
+
+def test_kernel_profile_waves_and_tail():
+    """300 blocks, 2 an SM: two waves of 264 slots, the last with 36 blocks on 36 SMs, each
+    wave half the body (the model's tail); bytes drawn in proportion to each wave's blocks;
+    the overhead holds nothing; a last block holds one SM."""
+    facts = LaunchFacts("k", 300, 128, floor_bytes=3 * 10**8, flops=0)
+    parts = {"overhead": 1.5 * US, "last block": 3 * US, "total": 104.5 * US}
+    profile = kernel_profile(facts, cost_model.Modelled(0.0, parts), 2, H200)
+    assert [s.seconds for s in profile] == pytest.approx([1.5 * US, 50 * US, 50 * US, 3 * US])
+    assert [s.sms for s in profile] == [0, 132, 36, 1]
+    assert profile[1].hbm == pytest.approx(3e8 * 264 / 300 / (50 * US))
+    assert profile[2].hbm == pytest.approx(3e8 * 36 / 300 / (50 * US))
+    # one wave of 64 blocks (the layer-norm backward's grid) holds 64 SMs, leaving 68
+    small = kernel_profile(LaunchFacts("k", 64, 256, 0, 0),
+                           cost_model.Modelled(0.0, {"overhead": 0.0, "total": 10 * US}), 1,
+                           H200)
+    assert [(s.seconds, s.sms) for s in small] == [(pytest.approx(10 * US), 64)]
+
+
+def test_collective_time_by_hand():
+    """NCCL's ring: 2(N-1)/N x bytes at the protocol's bus bandwidth plus NCCL's latency
+    (base + 2(N-1) steps). 494.4 MB on 8 ranks: Simple, 8.4 + 14 x 3.4 = 56 us, and 1.75 x
+    494.4 MB at 370 GB/s; 3 KB on 8 ranks: LL, 6.6 + 14 x 0.6 = 15 us; one rank: nothing."""
+    nbytes = 123_606_528 * 4
+    protocol, latency, transfer = collective_seconds(nbytes, 8)
+    assert protocol == "Simple"
+    assert latency == pytest.approx(56 * US)
+    assert transfer == pytest.approx(1.75 * nbytes / 370e9)
+    protocol, latency, transfer = collective_seconds(3072, 8)
+    assert protocol == "LL" and latency == pytest.approx(15 * US)
+    assert transfer == pytest.approx(1.75 * 3072 / 87.7e9)
+    assert collective_seconds(nbytes, 1) == (None, 0.0, 0.0)
+    # two ranks: the ring's factor 2(N-1)/N is 1
+    assert collective_seconds(nbytes, 2)[2] == pytest.approx(nbytes / 370e9)
+
+
+# ---- whole programs --------------------------------------------------------------------
+
+def _program(path, entry=None, config="gpt2"):
+    from cgc.frontend.api import analyse, evaluate
+    return evaluate(analyse([str(path)]), str(path), entry=entry, config=config)
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """scripts/branch_examples.py's schedules, written out."""
+    import branch_examples
+    return branch_examples.write(str(tmp_path_factory.mktemp("branches")))
+
+
+@pytest.fixture(scope="module")
+def bucketed(examples):
+    return _program(examples["bucketed.cg"])
+
+
+@pytest.fixture(scope="module")
+def products(examples):
+    return _program(examples["products.cg"])
+
+
+@pytest.fixture(scope="module")
+def exposed():
+    return cost_model.exposed_program("gpt2")
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _program(ROOT / "schedules" / "train.cg")
+
+
+@pytest.fixture(scope="module")
+def audits():
+    from sass_audit import ToolchainMissing, audit_file
+    try:
+        return audit_file(str(ROOT / "schedules" / "train.cg"), "gpt2")
+    except ToolchainMissing as error:
+        pytest.skip(f"no CUDA toolchain for the audit: {error}")
+
+
+def test_the_bucketed_example_reduces_the_whole_bank_once(bucketed, exposed):
+    """The bucketed example reduces every gradient once: the bank's 494.4 MB in 12 x 8 + 3
+    calls, eleven buckets each beside a layer's backward and layer 0's beside the scatter;
+    the reference (the all-reduce after the backward) has one call, in no branch."""
+    assert cost_model.collective_bytes(bucketed) == cost_model.collective_bytes(exposed) \
+        == 123_606_528 * 4
+    assert sum(1 for l, _, _ in bucketed.unrolled() if l.image.collective) == 12 * 8 + 3
+    assert sum(1 for l, _, _ in exposed.unrolled() if l.image.collective) == 1
+    assert len(_collective_regions(bucketed.body)) == 12
+    assert _collective_regions(exposed.body) == []
+
+
+def _collective_regions(body):
+    """The Concurrent nodes with a collective launch in a branch."""
+    return [n for n in _nodes(body) if isinstance(n, Concurrent) and any(
+        isinstance(m, Launch) and m.image.collective for m in _nodes(n.body))]
+
+
+def _nodes(body):
+    for node in body:
+        yield node
+        if not isinstance(node, Launch):
+            yield from _nodes(node.body)
+
+
+def test_in_order_is_the_sum_of_the_launches(train):
+    """With no machine, the profile is the old sum over launches (the floor table's); the
+    critical path alone is never longer than the branches on the shared machine, nor those
+    than the sum."""
+    rows = cost_model.step_rows(train, None)
+    times = cost_model.step_times(train, None)
+    assert times.in_order == pytest.approx(sum(r["floor"] for r in rows.values()))
+    assert times.critical_path <= times.shared * (1 + 1e-9)
+    assert times.shared <= times.in_order * (1 + 1e-9)
+
+
+def test_one_rank_reduces_nothing(train, exposed, bucketed):
+    """At one rank the data-parallel steps are train.cg's (at the floor)."""
+    one = cost_model.step_times(train, None).shared
+    assert cost_model.step_times(exposed, None, 1).shared == pytest.approx(one)
+    assert cost_model.step_times(bucketed, None, 1).shared == pytest.approx(one)
+    assert cost_model.step_times(exposed, None, 8).shared > one * 1.05
+
+
+def test_buckets_scale_better_at_the_floor(exposed, bucketed):
+    """At the floor (no compiler): every rank count above one, the bucketed step is
+    quicker than the one all-reduce after the backward, and its branches side by side are
+    quicker than taken in order."""
+    for ranks in (2, 4, 8):
+        old = cost_model.step_times(exposed, None, ranks)
+        new = cost_model.step_times(bucketed, None, ranks)
+        assert new.shared < old.shared
+        assert new.shared < new.in_order
+
+
+def test_the_shipped_data_parallel_step_overlaps_its_all_reduce(exposed):
+    """schedules/train_parallel.cg's buckets, at the floor: quicker than the all-reduce
+    after the backward at 8 ranks, every gradient still reduced once."""
+    shipped = _program(ROOT / "schedules" / "train_parallel.cg")
+    assert cost_model.collective_bytes(shipped) == 123_606_528 * 4
+    assert _collective_regions(shipped.body)
+    assert cost_model.step_times(shipped, None, 8).shared < \
+        cost_model.step_times(exposed, None, 8).shared
+
+
+def test_buckets_scale_better_as_built(audits, exposed, bucketed):
+    """As built (the audit): the bucketed step's scaling efficiency beats the exposed one's
+    at 2, 4 and 8 ranks, and both are below 100% (the all-reduce is not free)."""
+    old = cost_model.scaling(exposed, audits, [1, 2, 4, 8])
+    new = cost_model.scaling(bucketed, audits, [1, 2, 4, 8])
+    assert old.times[1].shared == pytest.approx(new.times[1].shared)
+    for ranks in (2, 4, 8):
+        assert new.efficiency(ranks) > old.efficiency(ranks)
+        assert new.efficiency(ranks) < 1.0
+    # the exposed step's penalty is its one all-reduce, seen whole (the launch in between
+    # holds every SM: nothing overlaps it)
+    _, latency, transfer = collective_seconds(123_606_528 * 4, 8)
+    assert old.times[8].shared - old.times[1].shared == pytest.approx(
+        latency + transfer + MODEL.launch_overhead_s, rel=1e-6)
+
+
+def test_products_beside_their_chain_as_built(audits, train, products):
+    """The one-GPU example (nested branches, inside a repeat, inside a branch beside the
+    scatter's one-block sort): the same launches as train.cg, so in order its step is
+    train.cg's. Side by side it saves the sort (one SM of 132 beside the forward: hidden
+    but for 1/132 of it) and the launch gaps the branches hide (4 products a layer beside
+    another launch), but nothing of the products' own time: they hold every SM. Unshared,
+    the critical path is much shorter: the machine, not the dependencies, is the limit."""
+    one = cost_model.step_times(train, audits)
+    times = cost_model.step_times(products, audits)
+    assert times.in_order == pytest.approx(one.in_order, rel=1e-9)
+    sort = cost_model.step_rows(train, audits)["cgImageScatterOrder"]["modelled"]
+    saved = times.in_order - times.shared
+    gaps = 4 * 12 * MODEL.launch_overhead_s
+    assert sort < saved < sort + gaps + 1e-6
+    assert times.critical_path < 0.9 * times.shared
+    # at the floor the products are tensor-bound side by side: no saving
+    floor = cost_model.step_times(products, None)
+    assert floor.shared == pytest.approx(floor.in_order, rel=1e-9)
+
+
+def test_grouping_a_branchs_collectives_pays_one_latency(audits, bucketed):
+    """Model.group_collectives: a bucket's eight calls as one NCCL group pay one latency;
+    the step is quicker, and by less than the latencies saved (the calls were overlapped)."""
+    plain = cost_model.step_times(bucketed, audits, 8).shared
+    grouped = cost_model.step_times(bucketed, audits, 8,
+                                    model=Model(group_collectives=True)).shared
+    assert grouped < plain
+    price = cost_model.Pricer(bucketed, audits, 8)
+    tasks = cost_model.program_tasks(bucketed.body, price)
+    grouped_tasks = cost_model.program_tasks(
+        bucketed.body, cost_model.Pricer(bucketed, audits, 8,
+                                         model=Model(group_collectives=True)))
+    # 99 calls become 13 groups (12 buckets, the rest)
+    assert len(tasks) - len(grouped_tasks) == 99 - 13
+
+
+def test_scaling_prints_in_one_run_without_a_compiler():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), "--floor",
+                             "--ranks", "1,2,4,8"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Data parallel" in result.stdout and "MODELLED" in result.stdout
+    assert "| 8 |" in result.stdout and "one all-reduce after the backward" in result.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), "--floor",
+                          "--ranks", "0,2"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "at least 1" in bad.stderr

@@ -125,6 +125,19 @@ def test_the_values_ground_truth_sees_a_plan_that_shares_live_bytes(monkeypatch)
     assert verdict == "differ" and "bytes differ" in why, why
 
 
+def test_the_values_ground_truth_sees_branches_that_are_not_independent(lane, monkeypatch):
+    """The detector, broken on purpose: the checker's independence proof turned off, the
+    backward made concurrent with the forward that feeds it. The checker then accepts it,
+    and the runs with the branches interleaved end with other bits than in program order."""
+    from cgc.checking import concurrency
+    record = judge(lane, "train.cg", "cgThen made cgConcurrently in cgTrainStep")
+    assert record["verdict"] == "rejected" and "concurrency" in record["rules"], record
+    monkeypatch.setattr(concurrency.Independence, "run", lambda self: None)
+    record = judge(lane, "train.cg", "cgThen made cgConcurrently in cgTrainStep")
+    assert record["verdict"] == "accepted", record
+    assert record["values"] == "differ" and "interleaved" in record["values_why"], record
+
+
 def test_a_slice_of_the_campaign_has_no_false_accepts():
     """Mutants of every kind and schedule and random schedules against the NumPy machine,
     a sample of them against the sanitized kernels too."""
@@ -136,8 +149,8 @@ def test_a_slice_of_the_campaign_has_no_false_accepts():
     assert summary["errors"] == 0, text
     assert summary["false accepts"] == 0, text
     kinds = summary["by kind"]
-    assert set(kinds) >= {"grid", "binding", "removed", "reordered", "storage", "extent",
-                          "lifetime", "combined", "random"}, text
+    assert set(kinds) >= {"grid", "binding", "removed", "reordered", "concurrency", "storage",
+                          "extent", "lifetime", "combined", "random"}, text
     assert summary["values compared"] >= 60, text  # every accepted variant GT1 runs
     accepted = sum(row.get("accepted", 0) for row in kinds.values())
     gt1 = sum(row.get("gt1 fault", 0) for row in kinds.values())

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cgc.frontend.api import analyse, evaluate
-from cgc.core.ir import Launch, PhaseRegion, Repeat, format_program
+from cgc.core.ir import Concurrent, Launch, PhaseRegion, Repeat, format_program
 
 from conftest import ROOT, SCHEDULES
 
@@ -61,18 +61,32 @@ def test_the_saved_backward_reads_each_layers_items_and_recomputes_nothing():
     (loop,) = [node for node in train.body if isinstance(node, Repeat)
                and node.variable.name == "fromTop"]
     (phase,) = loop.body
-    images = [launch.image.name for launch in phase.body]
+    launches = list(launches_in(phase.body))
+    images = [launch.image.name for launch in launches]
     # No layer norm forward, no attention forward, no GELU forward: read, not recomputed.
     assert not {"cgImageLayerNorm", "cgImageAttention", "cgImageGelu"} & set(images)
-    views = {p.view.label for launch in phase.body for p in launch.pointers}
+    views = {p.view.label for launch in launches for p in launch.pointers}
     assert {"cgSavedFcAct[1 - fromTop]", "cgSavedQkv[1 - fromTop]",
             "cgSavedAttentionLse[1 - fromTop]", "cgSavedMiddle[1 - fromTop]"} <= views
     assert not any(label in views for label in ("cgQkv", "cgFcAct", "cgMiddle"))
 
 
+def launches_in(nodes):
+    for node in nodes:
+        if isinstance(node, Launch):
+            yield node
+        else:
+            yield from launches_in(node.body)
+
+
 def test_every_phase_of_the_step_appears_in_order():
-    phases = [node.phase for node in program("train", "tiny").body
-              if isinstance(node, PhaseRegion)]
-    assert phases == ["cgPhaseEmbedding", "cgPhaseLayerForward",
+    def phases_in(nodes):  # the branches of a concurrent region in order
+        for node in nodes:
+            if isinstance(node, Concurrent):
+                yield from phases_in(node.body)
+            elif isinstance(node, PhaseRegion):
+                yield node.phase
+    phases = list(phases_in(program("train", "tiny").body))
+    assert phases == ["cgPhaseEmbedding", "cgPhaseLayerForward", "cgPhaseScatter",
                       "cgPhaseLoss", "cgPhaseOutput", "cgPhaseOutputGradient", "cgPhaseScatter",
                       "cgPhaseGradientNorm", "cgPhaseUpdate"]

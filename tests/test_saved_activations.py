@@ -81,8 +81,8 @@ def test_both_steps_are_checked_as_the_whole_step(schedules):
     """The second (step ...) role makes the recomputing step a whole step too: a forward
     taken out of it leaves the backward reading boundaries nothing wrote."""
     checked(schedules / "train_recompute.cg")
-    edit(schedules / "train_recompute.cg", "(cgThen cgForward (cgThen cgRecomputeBackward",
-         "(cgThen cgZeroGradients (cgThen cgRecomputeBackward")
+    edit(schedules / "train_recompute.cg", "(cgConcurrently cgForward cgSortIds)",
+         "(cgConcurrently cgZeroGradients cgSortIds)")
     with pytest.raises(CompileError) as error:
         checked(schedules / "train_recompute.cg")
     assert any("cgBoundaries" in d.message and "'cgRecomputeTrainStep'" in d.message
@@ -99,7 +99,7 @@ def test_both_steps_are_checked_as_the_whole_step(schedules):
 
 
 def test_the_saved_backward_after_a_forward_that_saves_nothing_is_refused(schedules):
-    edit(schedules / "train.cg", "(cgThen cgForwardSaved", "(cgThen cgForward")
+    edit(schedules / "train.cg", "(cgConcurrently cgForwardSaved", "(cgConcurrently cgForward")
     with pytest.raises(CompileError) as error:
         checked(schedules / "train.cg")
     messages = [d.message for d in error.value.diagnostics]

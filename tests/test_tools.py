@@ -48,7 +48,8 @@ def scramble(text: str, seed: int) -> str:
         if any(last <= c < start for c, _ in comments) or value in ("def", "image", "config",
                                                                     "constant", "buffer", "bank",
                                                                     "entry", "arena", "phase",
-                                                                    "import") and start and text[start - 1] == "\n":
+                                                                    "import", "roles",
+                                                                    "require") and start and text[start - 1] == "\n":
             out.append(between)  # keep comments and the line starts of declarations
         elif between:
             # never a bare newline: a token in column 1 could start a declaration

@@ -251,9 +251,10 @@ class Independence:
                        "what another branch writes")
             span = touch.binding.span
         elif kind == "state":
-            message = (f"'{image.name}' in branch {second} and in branch {first}{_where(touch.point)}: "
-                       "the image keeps state of its own on the device (deviceState), so no "
-                       "two launches of it may run at the same time")
+            message = (f"'{image.name}' is launched in branch {second} and in branch {first}, "
+                       f"which may run at the same time{_where(touch.point)}: the image keeps "
+                       "state of its own on the device (deviceState), so no two launches of it "
+                       "may run at the same time")
             span = launch.span
         elif kind == "communicator":
             message = (f"the collectives '{image.name}' in branch {second} and '{rival}' in "
@@ -317,3 +318,33 @@ def scheduled(program: Program):
                 yield from walk(node.body, node.phase, point, stream, busy)
 
     yield from walk(program.body, None, {}, 0, frozenset({0}))
+
+
+def interleaved(program: Program, seed: int):
+    """(launch, phase, point) for every launch the program makes, in one interleaving of its
+    concurrent branches drawn from `seed` (each branch's own order kept): what a machine runs
+    to show that a region's order does not matter where the checker says so."""
+    import random
+    rng = random.Random(seed)
+
+    def walk(nodes, phase, point):
+        found = []
+        for node in nodes:
+            if isinstance(node, Launch):
+                found.append((node, phase, point))
+            elif isinstance(node, Repeat):
+                for iteration in range(node.variable.count):
+                    found += walk(node.body, phase, {**point, node.variable: iteration})
+            elif isinstance(node, Concurrent):
+                branches = [walk(branch, phase, point) for branch in node.branches]
+                branches = [list(reversed(b)) for b in branches if b]
+                while branches:
+                    branch = rng.choice(branches)
+                    found.append(branch.pop())
+                    if not branch:
+                        branches.remove(branch)
+            else:
+                found += walk(node.body, node.phase, point)
+        return found
+
+    return walk(program.body, None, {})

@@ -139,9 +139,11 @@ class Machine:
 
     # ---- running -------------------------------------------------------------------
 
-    def run(self, trace: list | None = None) -> None:
-        """The whole program; with `trace`, each launch's (image, phase, start, end) times."""
-        for launch, phase, point in self.program.unrolled():
+    def run(self, trace: list | None = None, order=None) -> None:
+        """The whole program; with `trace`, each launch's (image, phase, start, end) times;
+        with `order`, its launches in that order (an interleaving of concurrent branches:
+        checking/concurrency.py) instead of the program's."""
+        for launch, phase, point in order if order is not None else self.program.unrolled():
             start = time.perf_counter()
             self.launch(launch, phase, point)
             if trace is not None:

@@ -1250,6 +1250,24 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
 #endif
 
+// ---- streams: concurrent branches (cgConcurrently) ------------------------------------
+// Stream 0 is the step's own, cg_step's argument; the others are made once, in cg_prepare:
+// a side stream for each branch that runs beside another (1 here). A branch's stream waits for
+// what its parent's did before the branches (cg_fork); the parent waits for every branch
+// before what follows them (cg_join). Under graph capture the same calls make the graph's
+// parallel branches.
+static cudaStream_t cg_streams[2] = {};
+static cudaEvent_t cg_events[8] = {};
+
+static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
+  cg_check(cudaEventRecord(event, parent), where);
+  cg_check(cudaStreamWaitEvent(branch, event, 0), where);
+}
+
+static void cg_join(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
+  cg_check(cudaEventRecord(event, branch), where);
+  cg_check(cudaStreamWaitEvent(parent, event, 0), where);
+}
 
 // A kernel launch. The CPU build of this file (cgc/backends/cuda_cpu) defines it to run the
 // kernel's blocks on the host; everywhere else it is CUDA's own launch.
@@ -1273,7 +1291,7 @@ static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 1189286656 bytes: 13 step buffers
 static char* cg_arena = nullptr;  // 2472542208 bytes: 21 arena slots, shared where never live together
-static char* cg_lt_workspace = nullptr;  // 33554432 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper), for every product
+static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankP.cgQkvWeight
@@ -1316,15 +1334,15 @@ static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
-static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
 static float* cgLogitsGradientSlot = nullptr;  // float32[412090368]: arena slot
-static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
 static __nv_bfloat16* cgFcPre = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
 static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
+static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
+static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgQkv = nullptr;  // low[18874368]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
 static float* cgMiddle = nullptr;  // float32[6291456]: arena slot
@@ -1352,8 +1370,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_buffers, 0, 1189286656UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 2472542208UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 2472542208UL), "clearing cg_arena");
-  cg_check(cudaMalloc(&cg_lt_workspace, 33554432UL), "allocating cg_lt_workspace");
-  cg_check(cudaMemset(cg_lt_workspace, 0, 33554432UL), "clearing cg_lt_workspace");
+  cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
+  cg_check(cudaMemset(cg_lt_workspace, 0, 67108864UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
   cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 154533888UL);
   cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 239468544UL);
@@ -1395,25 +1413,25 @@ static void cg_allocate() {
   cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1189286144UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1189286400UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 0UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 37748736UL);
   cgFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 50331648UL);
   cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 62914560UL);
   cgGradientNormed = reinterpret_cast<float*>(cg_arena + 62914560UL);
   cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 75497472UL);
-  cgQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 100663296UL);
-  cgDy0 = reinterpret_cast<float*>(cg_arena + 138412032UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 163577856UL);
-  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 188743680UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 201326592UL);
-  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 213909504UL);
-  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 226492416UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 239075328UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 239468544UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 239534080UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 88080384UL);
+  cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 100663296UL);
+  cgQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 150994944UL);
+  cgDy0 = reinterpret_cast<float*>(cg_arena + 188743680UL);
+  cgMiddle = reinterpret_cast<float*>(cg_arena + 213909504UL);
+  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 239075328UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 251658240UL);
+  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 264241152UL);
+  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 276824064UL);
+  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 289406976UL);
+  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 289800192UL);
+  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 289865728UL);
   cgLogitsGradientHalfSlot = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1648361472UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 1189286656UL);
@@ -1432,15 +1450,15 @@ static void cg_allocate() {
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
-  CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
   CG_REGION(cgLogitsGradientSlot, 1648361472UL);
-  CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgDy1, 25165824UL);
   CG_REGION(cgFcPre, 50331648UL);
   CG_REGION(cgGradientAttention, 12582912UL);
   CG_REGION(cgGradientNormed, 25165824UL);
   CG_REGION(cgAttentionDelta, 393216UL);
+  CG_REGION(cgNormPartials, 393216UL);
+  CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgQkv, 37748736UL);
   CG_REGION(cgDy0, 25165824UL);
   CG_REGION(cgMiddle, 25165824UL);
@@ -1463,6 +1481,8 @@ static void cg_release() {
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
   cudaFree(cg_lt_workspace);
+  for (cudaEvent_t& event : cg_events) cudaEventDestroy(event), event = nullptr;
+  for (int s = 1; s < 2; ++s) cudaStreamDestroy(cg_streams[s]), cg_streams[s] = nullptr;
 }
 
 // ---- matrix products through cuBLASLt (row-major, float32 accumulation) ----------------
@@ -1562,6 +1582,9 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
   // Without the program's allocations (a harness that binds its own buffers), no workspace.
   const size_t workspace = cg_lt_workspace != nullptr ? 33554432UL : 0;
   char* stream_workspace = cg_lt_workspace;
+  // Each stream its own: products on two streams at once never share a workspace.
+  for (int s = 1; s < 2 && stream_workspace != nullptr; ++s)
+    if (stream == cg_streams[s]) stream_workspace = cg_lt_workspace + s * 33554432UL;
   CgMatmulPlan shape{};
   shape.op_b = op_b, shape.op_a = op_a, shape.m = m, shape.n = n, shape.k = k, shape.ldb = ldb, shape.lda = lda;
   shape.d_type = d_type, shape.epilogue = epilogue, shape.workspace = workspace;
@@ -1636,6 +1659,10 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 // Once, before the first step: the cuBLASLt handle; kernels that take more than 48 KiB of
 // shared memory say so.
 static void cg_prepare() {
+  for (int s = 1; s < 2; ++s)
+    cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
+  for (int e = 0; e < 8; ++e)
+    cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
   cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 55296), "cgImageAttentionBackward shared memory");
 }
@@ -1646,98 +1673,130 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:529:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:529:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:532:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:532:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
-  // library.cg:538:7 cgImageLoss
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  // library.cg:526:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:538:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:526:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:55:9 cgImageCrossEntropyBackward
+  // backward.cg:60:9 cgImageCrossEntropyBackward
   CG_LAUNCH(cgImageCrossEntropyBackward, dim3(8192, 393, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradientSlot, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.0001220703125f);
-  CG_LAUNCHED("backward.cg:55:9 cgImageCrossEntropyBackward");
+  CG_LAUNCHED("backward.cg:60:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:176:9 (from backward.cg:65:19) cgImageCastDown
+  // library.cg:176:9 (from backward.cg:70:19) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(201216, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 412090368);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:65:19) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight
-  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:67:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 50304, 768, 8192);
-  // library.cg:38:13 (from backward.cg:71:17) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:71:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:238:17 (from backward.cg:73:17) cgImageLayerNormBackward
+  CG_LAUNCHED("library.cg:176:9 (from backward.cg:70:19) cgImageCastDown");
+  // library.cg:38:13 (from backward.cg:72:15) cgImageProductWeight
+  cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:72:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 50304, 768, 8192);
+  // library.cg:38:13 (from backward.cg:76:17) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:76:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:238:17 (from backward.cg:78:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, 8192);
-  CG_LAUNCHED("library.cg:238:17 (from backward.cg:73:17) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:238:17 (from backward.cg:78:17) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm
+  // library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // library.cg:280:7 (from backward.cg:81:11) cgImageRotary
+  CG_LAUNCHED("library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:86:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
+  // library.cg:280:7 (from backward.cg:86:11) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("library.cg:280:7 (from backward.cg:81:11) cgImageRotary");
-  // library.cg:314:31 (from backward.cg:81:11) cgImageAttention
+  CG_LAUNCHED("library.cg:280:7 (from backward.cg:86:11) cgImageRotary");
+  // library.cg:314:31 (from backward.cg:86:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 46080, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:314:31 (from backward.cg:81:11) cgImageAttention");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual
-  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:314:31 (from backward.cg:86:11) cgImageAttention");
+  // library.cg:38:13 (from backward.cg:86:11) cgImageProductResidual
+  cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from backward.cg:81:11) cgImageLayerNorm");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductGelu
-  cgImageProductGelu(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  // library.cg:176:9 (from backward.cg:81:11) cgImageCastDown
+  CG_LAUNCHED("library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm");
+  // library.cg:38:13 (from backward.cg:86:11) cgImageProductGelu
+  cgImageProductGelu(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  // library.cg:176:9 (from backward.cg:86:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:81:11) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:262:19 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), 8192);
-  CG_LAUNCHED("library.cg:262:19 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
-  // library.cg:176:9 (from backward.cg:81:11) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:81:11) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:443:49 (from backward.cg:81:11) cgImageAttentionDelta
-  CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-  CG_LAUNCHED("library.cg:443:49 (from backward.cg:81:11) cgImageAttentionDelta");
-  // library.cg:451:51 (from backward.cg:81:11) cgImageAttentionBackward
-  CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-  CG_LAUNCHED("library.cg:451:51 (from backward.cg:81:11) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
-  // library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:81:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:262:19 (from backward.cg:81:11) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
-  CG_LAUNCHED("library.cg:262:19 (from backward.cg:81:11) cgImageLayerNormBackwardAdd");
+  CG_LAUNCHED("library.cg:176:9 (from backward.cg:86:11) cgImageCastDown");
+  // concurrently, library.cg:405:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:405:33");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedGeluBackward
+    cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  }
+  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:405:33");
+  // concurrently, library.cg:414:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:414:35");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+    // library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), 8192);
+    CG_LAUNCHED("library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
+    // library.cg:176:9 (from backward.cg:86:11) cgImageCastDown
+    CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
+    CG_LAUNCHED("library.cg:176:9 (from backward.cg:86:11) cgImageCastDown");
+  }
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:414:35");
+  // concurrently, library.cg:433:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:433:37");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:442:43 (from backward.cg:86:11) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
+    CG_LAUNCHED("library.cg:442:43 (from backward.cg:86:11) cgImageAttentionDelta");
+    // library.cg:446:43 (from backward.cg:86:11) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCHED("library.cg:446:43 (from backward.cg:86:11) cgImageAttentionBackward");
+  }
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:433:37");
+  // concurrently, library.cg:456:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:456:37");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+    // library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
+    CG_LAUNCHED("library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
+  }
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:456:37");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:88:13 cgImageScatter
+  // backward.cg:93:13 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:88:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:93:13 cgImageScatter");
 }
 
 // One training step: cgBackward.

@@ -1445,6 +1445,24 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
 #endif
 
+// ---- streams: concurrent branches (cgConcurrently) ------------------------------------
+// Stream 0 is the step's own, cg_step's argument; the others are made once, in cg_prepare:
+// a side stream for each branch that runs beside another (1 here). A branch's stream waits for
+// what its parent's did before the branches (cg_fork); the parent waits for every branch
+// before what follows them (cg_join). Under graph capture the same calls make the graph's
+// parallel branches.
+static cudaStream_t cg_streams[2] = {};
+static cudaEvent_t cg_events[10] = {};
+
+static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
+  cg_check(cudaEventRecord(event, parent), where);
+  cg_check(cudaStreamWaitEvent(branch, event, 0), where);
+}
+
+static void cg_join(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
+  cg_check(cudaEventRecord(event, branch), where);
+  cg_check(cudaStreamWaitEvent(parent, event, 0), where);
+}
 
 // A kernel launch. The CPU build of this file (cgc/backends/cuda_cpu) defines it to run the
 // kernel's blocks on the host; everywhere else it is CUDA's own launch.
@@ -1467,8 +1485,8 @@ static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradi
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 1189286656 bytes: 13 step buffers
-static char* cg_arena = nullptr;  // 2548039680 bytes: 20 arena slots, shared where never live together
-static char* cg_lt_workspace = nullptr;  // 33554432 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper), for every product
+static char* cg_arena = nullptr;  // 2561048576 bytes: 20 arena slots, shared where never live together
+static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
 static float* cgBankP_cgQkvWeight = nullptr;  // float32[21233664] x 12 items: cgBankP.cgQkvWeight
@@ -1516,7 +1534,6 @@ static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgSavedFcAct = nullptr;  // low[301989888]: arena slot
-static int* cgScatterOrder = nullptr;  // int32[8192]: arena slot
 static __nv_bfloat16* cgSavedFcPre = nullptr;  // low[301989888]: arena slot
 static __nv_bfloat16* cgSavedQkv = nullptr;  // low[226492416]: arena slot
 static float* cgSavedMiddle = nullptr;  // float32[75497472]: arena slot
@@ -1525,16 +1542,17 @@ static __nv_bfloat16* cgSavedNormed1 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgSavedNormed2 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
-static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
 static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
 static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
-static __nv_bfloat16* cgGradientLow = nullptr;  // low[6291456]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
+static __nv_bfloat16* cgGradientLow = nullptr;  // low[6291456]: arena slot
 static float* cgSavedAttentionLse = nullptr;  // float32[1179648]: arena slot
 static float* cgSavedStatistics1 = nullptr;  // float32[196608]: arena slot
 static float* cgSavedStatistics2 = nullptr;  // float32[196608]: arena slot
+static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
+static int* cgScatterOrder = nullptr;  // int32[8192]: arena slot
 
 static void cg_allocate() {
   cg_check(cudaMalloc(&cg_bank_cgBankP, 494426112UL), "allocating cg_bank_cgBankP");
@@ -1549,10 +1567,10 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_buffers, 1189286656UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 1189286656UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 2548039680UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 2548039680UL), "clearing cg_arena");
-  cg_check(cudaMalloc(&cg_lt_workspace, 33554432UL), "allocating cg_lt_workspace");
-  cg_check(cudaMemset(cg_lt_workspace, 0, 33554432UL), "clearing cg_lt_workspace");
+  cg_check(cudaMalloc(&cg_arena, 2561048576UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2561048576UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
+  cg_check(cudaMemset(cg_lt_workspace, 0, 67108864UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
   cgBankP_cgQkvWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 154533888UL);
   cgBankP_cgOutputWeight = reinterpret_cast<float*>(cg_bank_cgBankP + 239468544UL);
@@ -1599,7 +1617,6 @@ static void cg_allocate() {
   cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1189286144UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1189286400UL);
   cgSavedFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 0UL);
   cgSavedFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 603979776UL);
   cgSavedQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1207959552UL);
   cgSavedMiddle = reinterpret_cast<float*>(cg_arena + 1660944384UL);
@@ -1608,19 +1625,20 @@ static void cg_allocate() {
   cgSavedNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2264924160UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 2415919104UL);
   cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2453667840UL);
   cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2466250752UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 2466250752UL);
   cgDy1 = reinterpret_cast<float*>(cg_arena + 2491416576UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2516582400UL);
   cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2516582400UL);
-  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2541748224UL);
-  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2546466816UL);
-  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2547253248UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2541748224UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2554331136UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2559049728UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2559836160UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 2560622592UL);
+  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 2561015808UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 1189286656UL);
-  CG_SHARED_ALLOCATION(cg_arena, 2548039680UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2561048576UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgTargets, 32768UL);
   CG_REGION(cgLoss, 32768UL);
@@ -1635,7 +1653,6 @@ static void cg_allocate() {
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgSavedFcAct, 603979776UL);
-  CG_REGION(cgScatterOrder, 32768UL);
   CG_REGION(cgSavedFcPre, 603979776UL);
   CG_REGION(cgSavedQkv, 452984832UL);
   CG_REGION(cgSavedMiddle, 301989888UL);
@@ -1644,16 +1661,17 @@ static void cg_allocate() {
   CG_REGION(cgSavedNormed2, 150994944UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
-  CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgGradientAttention, 12582912UL);
   CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgDy0, 25165824UL);
   CG_REGION(cgDy1, 25165824UL);
-  CG_REGION(cgGradientLow, 12582912UL);
   CG_REGION(cgGradientNormed, 25165824UL);
+  CG_REGION(cgGradientLow, 12582912UL);
   CG_REGION(cgSavedAttentionLse, 4718592UL);
   CG_REGION(cgSavedStatistics1, 786432UL);
   CG_REGION(cgSavedStatistics2, 786432UL);
+  CG_REGION(cgNormPartials, 393216UL);
+  CG_REGION(cgScatterOrder, 32768UL);
 }
 
 static void cg_release() {
@@ -1665,6 +1683,8 @@ static void cg_release() {
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
   cudaFree(cg_lt_workspace);
+  for (cudaEvent_t& event : cg_events) cudaEventDestroy(event), event = nullptr;
+  for (int s = 1; s < 2; ++s) cudaStreamDestroy(cg_streams[s]), cg_streams[s] = nullptr;
 }
 
 // ---- matrix products through cuBLASLt (row-major, float32 accumulation) ----------------
@@ -1764,6 +1784,9 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
   // Without the program's allocations (a harness that binds its own buffers), no workspace.
   const size_t workspace = cg_lt_workspace != nullptr ? 33554432UL : 0;
   char* stream_workspace = cg_lt_workspace;
+  // Each stream its own: products on two streams at once never share a workspace.
+  for (int s = 1; s < 2 && stream_workspace != nullptr; ++s)
+    if (stream == cg_streams[s]) stream_workspace = cg_lt_workspace + s * 33554432UL;
   CgMatmulPlan shape{};
   shape.op_b = op_b, shape.op_a = op_a, shape.m = m, shape.n = n, shape.k = k, shape.ldb = ldb, shape.lda = lda;
   shape.d_type = d_type, shape.epilogue = epilogue, shape.workspace = workspace;
@@ -1833,6 +1856,10 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 // Once, before the first step: the cuBLASLt handle; kernels that take more than 48 KiB of
 // shared memory say so.
 static void cg_prepare() {
+  for (int s = 1; s < 2; ++s)
+    cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
+  for (int e = 0; e < 10; ++e)
+    cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
   cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 55296), "cgImageAttentionBackward shared memory");
 }
@@ -1874,83 +1901,119 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   }
 }
 
+// phase cgPhaseScatter
+static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
+  // backward.cg:11:5 cgImageScatterOrder
+  CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
+  CG_LAUNCHED("backward.cg:11:5 cgImageScatterOrder");
+}
+
 // phase cgPhaseLoss
-static void cg_phase_2_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:529:5) cgImageLayerNorm
+static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
+  // library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:529:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:532:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:532:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
-static void cg_phase_3_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:553:11 (from backward.cg:24:11) cgImageClassifier
+static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
+  // library.cg:541:11 (from backward.cg:29:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:553:11 (from backward.cg:24:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:541:11 (from backward.cg:29:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
-static void cg_phase_4_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
-  // library.cg:38:13 (from backward.cg:24:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:24:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:238:17 (from backward.cg:24:11) cgImageLayerNormBackward
+static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
+  // library.cg:38:13 (from backward.cg:29:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:29:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+  // library.cg:38:13 (from backward.cg:29:11) cgImageProductData
+  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:29:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:238:17 (from backward.cg:29:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, 8192);
-  CG_LAUNCHED("library.cg:238:17 (from backward.cg:24:11) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:238:17 (from backward.cg:29:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
-static void cg_phase_5_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:176:9 (from backward.cg:26:7) cgImageCastDown
+static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
+  // library.cg:176:9 (from backward.cg:31:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:26:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-  // library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), 8192);
-  CG_LAUNCHED("library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
-  // library.cg:176:9 (from backward.cg:26:7) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:26:7) cgImageCastDown");
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:443:49 (from backward.cg:26:7) cgImageAttentionDelta
-  CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
-  CG_LAUNCHED("library.cg:443:49 (from backward.cg:26:7) cgImageAttentionDelta");
-  // library.cg:451:51 (from backward.cg:26:7) cgImageAttentionBackward
-  CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
-  CG_LAUNCHED("library.cg:451:51 (from backward.cg:26:7) cgImageAttentionBackward");
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
-  // library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
-  cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-  // library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
-  CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
-  CG_LAUNCHED("library.cg:262:19 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
+  CG_LAUNCHED("library.cg:176:9 (from backward.cg:31:7) cgImageCastDown");
+  // concurrently, library.cg:405:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:405:33");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward
+    cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
+  }
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:405:33");
+  // concurrently, library.cg:414:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:414:35");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+    // library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), 8192);
+    CG_LAUNCHED("library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
+    // library.cg:176:9 (from backward.cg:31:7) cgImageCastDown
+    CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
+    CG_LAUNCHED("library.cg:176:9 (from backward.cg:31:7) cgImageCastDown");
+  }
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:414:35");
+  // concurrently, library.cg:433:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:433:37");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:442:43 (from backward.cg:31:7) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
+    CG_LAUNCHED("library.cg:442:43 (from backward.cg:31:7) cgImageAttentionDelta");
+    // library.cg:446:43 (from backward.cg:31:7) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
+    CG_LAUNCHED("library.cg:446:43 (from backward.cg:31:7) cgImageAttentionBackward");
+  }
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:433:37");
+  // concurrently, library.cg:456:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:456:37");
+  {  // branch 0, on this stream
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+    // library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
+    CG_LAUNCHED("library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
+  }
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:456:37");
 }
 
 // phase cgPhaseScatter
-static void cg_phase_6_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:12:7 cgImageScatterOrder
-  CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
-  CG_LAUNCHED("backward.cg:12:7 cgImageScatterOrder");
-  // backward.cg:15:7 cgImageScatterSorted
+static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
+  // backward.cg:19:5 cgImageScatterSorted
   CG_LAUNCH(cgImageScatterSorted, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
-  CG_LAUNCHED("backward.cg:15:7 cgImageScatterSorted");
+  CG_LAUNCHED("backward.cg:19:5 cgImageScatterSorted");
 }
 
 // phase cgPhaseGradientNorm
-static void cg_phase_7_cgPhaseGradientNorm(cudaStream_t stream) {
+static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
   // optimizer.cg:9:9 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 123606528);
   CG_LAUNCHED("optimizer.cg:9:9 cgImageSquareSum");
@@ -1960,7 +2023,7 @@ static void cg_phase_7_cgPhaseGradientNorm(cudaStream_t stream) {
 }
 
 // phase cgPhaseUpdate
-static void cg_phase_8_cgPhaseUpdate(cudaStream_t stream) {
+static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
   // optimizer.cg:19:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("optimizer.cg:19:9 cgImageStepAdvance");
@@ -1971,17 +2034,26 @@ static void cg_phase_8_cgPhaseUpdate(cudaStream_t stream) {
 
 // One training step: cgTrainStep.
 void cg_step(cudaStream_t stream) {
-  cg_phase_0_cgPhaseEmbedding(stream);
-  cg_phase_1_cgPhaseLayerForward(stream);
-  cg_phase_2_cgPhaseLoss(stream);
-  cg_phase_3_cgPhaseOutput(stream);
-  cg_phase_4_cgPhaseOutputGradient(stream);
-  for (int fromTop = 0; fromTop < 12; ++fromTop) {
-    cg_phase_5_cgPhaseLayerBackward(stream, fromTop);
+  // concurrently, train.cg:10:11: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[0], "train.cg:10:11");
+  {  // branch 0, on this stream
+    cg_phase_0_cgPhaseEmbedding(stream);
+    cg_phase_1_cgPhaseLayerForward(stream);
   }
-  cg_phase_6_cgPhaseScatter(stream);
-  cg_phase_7_cgPhaseGradientNorm(stream);
-  cg_phase_8_cgPhaseUpdate(stream);
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    cg_phase_2_cgPhaseScatter(stream);
+  }
+  cg_join(stream, cg_streams[1], cg_events[1], "train.cg:10:11");
+  cg_phase_3_cgPhaseLoss(stream);
+  cg_phase_4_cgPhaseOutput(stream);
+  cg_phase_5_cgPhaseOutputGradient(stream);
+  for (int fromTop = 0; fromTop < 12; ++fromTop) {
+    cg_phase_6_cgPhaseLayerBackward(stream, fromTop);
+  }
+  cg_phase_7_cgPhaseScatter(stream);
+  cg_phase_8_cgPhaseGradientNorm(stream);
+  cg_phase_9_cgPhaseUpdate(stream);
 }
 
 // ======================================================================================
