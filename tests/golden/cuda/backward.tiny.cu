@@ -1672,14 +1672,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:526:7 cgImageLoss
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:536:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:526:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:536:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -1726,8 +1726,8 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // library.cg:176:9 (from backward.cg:86:11) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
   CG_LAUNCHED("library.cg:176:9 (from backward.cg:86:11) cgImageCastDown");
-  // concurrently, library.cg:405:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:405:33");
+  // concurrently, library.cg:403:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:403:33");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
@@ -1737,7 +1737,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedGeluBackward
     cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
   }
-  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:405:33");
+  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:403:33");
   // concurrently, library.cg:414:35: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:414:35");
   {  // branch 0, on this stream
@@ -1756,8 +1756,8 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCHED("library.cg:176:9 (from backward.cg:86:11) cgImageCastDown");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:414:35");
-  // concurrently, library.cg:433:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:433:37");
+  // concurrently, library.cg:435:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:435:37");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
@@ -1766,16 +1766,16 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedLow
     cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:442:43 (from backward.cg:86:11) cgImageAttentionDelta
+    // library.cg:446:43 (from backward.cg:86:11) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:442:43 (from backward.cg:86:11) cgImageAttentionDelta");
-    // library.cg:446:43 (from backward.cg:86:11) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:446:43 (from backward.cg:86:11) cgImageAttentionDelta");
+    // library.cg:452:43 (from backward.cg:86:11) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 18432, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:446:43 (from backward.cg:86:11) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:452:43 (from backward.cg:86:11) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:433:37");
-  // concurrently, library.cg:456:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:456:37");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:435:37");
+  // concurrently, library.cg:464:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:464:37");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
@@ -1788,7 +1788,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), 256);
     CG_LAUNCHED("library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:456:37");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:464:37");
 }
 
 // phase cgPhaseScatter

@@ -1910,18 +1910,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:541:11 (from backward.cg:29:11) cgImageClassifier
+  // library.cg:551:11 (from backward.cg:29:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:541:11 (from backward.cg:29:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:551:11 (from backward.cg:29:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -1940,8 +1940,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // library.cg:176:9 (from backward.cg:31:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
   CG_LAUNCHED("library.cg:176:9 (from backward.cg:31:7) cgImageCastDown");
-  // concurrently, library.cg:405:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:405:33");
+  // concurrently, library.cg:403:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:403:33");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
@@ -1951,7 +1951,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward
     cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:405:33");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:403:33");
   // concurrently, library.cg:414:35: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:414:35");
   {  // branch 0, on this stream
@@ -1970,8 +1970,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCHED("library.cg:176:9 (from backward.cg:31:7) cgImageCastDown");
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:414:35");
-  // concurrently, library.cg:433:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:433:37");
+  // concurrently, library.cg:435:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:435:37");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
@@ -1980,16 +1980,16 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow
     cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:442:43 (from backward.cg:31:7) cgImageAttentionDelta
+    // library.cg:446:43 (from backward.cg:31:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:442:43 (from backward.cg:31:7) cgImageAttentionDelta");
-    // library.cg:446:43 (from backward.cg:31:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:446:43 (from backward.cg:31:7) cgImageAttentionDelta");
+    // library.cg:452:43 (from backward.cg:31:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:446:43 (from backward.cg:31:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:452:43 (from backward.cg:31:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:433:37");
-  // concurrently, library.cg:456:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:456:37");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:435:37");
+  // concurrently, library.cg:464:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:464:37");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
@@ -2002,7 +2002,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
     CG_LAUNCHED("library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:456:37");
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:464:37");
 }
 
 // phase cgPhaseScatter

@@ -1909,18 +1909,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:517:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:520:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:541:11 (from backward.cg:43:11) cgImageClassifier
+  // library.cg:551:11 (from backward.cg:43:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:541:11 (from backward.cg:43:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:551:11 (from backward.cg:43:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -1957,8 +1957,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // library.cg:176:9 (from backward.cg:45:7) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
   CG_LAUNCHED("library.cg:176:9 (from backward.cg:45:7) cgImageCastDown");
-  // concurrently, library.cg:405:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:405:33");
+  // concurrently, library.cg:403:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:403:33");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
@@ -1968,7 +1968,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedGeluBackward
     cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:405:33");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:403:33");
   // concurrently, library.cg:414:35: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:414:35");
   {  // branch 0, on this stream
@@ -1987,8 +1987,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCHED("library.cg:176:9 (from backward.cg:45:7) cgImageCastDown");
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:414:35");
-  // concurrently, library.cg:433:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:433:37");
+  // concurrently, library.cg:435:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:435:37");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
@@ -1997,16 +1997,16 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedLow
     cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:442:43 (from backward.cg:45:7) cgImageAttentionDelta
+    // library.cg:446:43 (from backward.cg:45:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:442:43 (from backward.cg:45:7) cgImageAttentionDelta");
-    // library.cg:446:43 (from backward.cg:45:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:446:43 (from backward.cg:45:7) cgImageAttentionDelta");
+    // library.cg:452:43 (from backward.cg:45:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 18432, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:446:43 (from backward.cg:45:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:452:43 (from backward.cg:45:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:433:37");
-  // concurrently, library.cg:456:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:456:37");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:435:37");
+  // concurrently, library.cg:464:37: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:464:37");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
@@ -2019,7 +2019,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), 256);
     CG_LAUNCHED("library.cg:262:19 (from backward.cg:45:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:456:37");
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:464:37");
 }
 
 // phase cgPhaseScatter
