@@ -1068,7 +1068,17 @@ def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int
             if kinds is None or variant.kind in kinds:
                 syntax.append((schedule, entry, variant.kind, variant.description, index))
     if limit is not None and len(syntax) > limit:
-        syntax = sorted(random.Random(seed).sample(syntax, limit), key=lambda s: s[4])
+        # a few of every kind, however rare (the second-order and concurrency mutants are
+        # few among thousands), and the rest at random
+        chooser = random.Random(seed)
+        by_kind = defaultdict(list)
+        for item in syntax:
+            by_kind[item[2]].append(item)
+        kept = [item for kind in sorted(by_kind) for item in
+                chooser.sample(by_kind[kind], min(5, len(by_kind[kind])))]
+        rest = [item for item in syntax if item not in kept]
+        kept += chooser.sample(rest, max(0, limit - len(kept)))
+        syntax = sorted(kept, key=lambda s: (s[0], s[4]))
     for schedule, entry, kind, description, index in syntax:
         found.append(Case(len(found), schedule, entry, kind, description, index))
     for overrides in constant_sets(constants, seed):

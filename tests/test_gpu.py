@@ -133,6 +133,26 @@ def test_graph_replay_equals_eager_launches_bit_for_bit():
         assert (eager.memory[name] == graphed.memory[name]).all(), name
 
 
+def test_the_branches_on_streams_give_the_bits_of_the_serial_step(tmp_path):
+    """The step's concurrent branches on streams of their own, captured as a graph's
+    parallel branches and replayed, against the same step with every cgConcurrently written
+    cgThen: the same bits in every bank (tests/test_concurrency.py does it on the CPU)."""
+    import shutil
+    for path in SCHEDULES.glob("*.cg"):
+        shutil.copy(path, tmp_path / path.name)
+        (tmp_path / path.name).write_text(path.read_text().replace("(cgConcurrently", "(cgThen"))
+    serial_path = str(tmp_path / "train.cg")
+    concurrent = open_run("cupy", analyse([PATH]), PATH, "tiny", {}, 0)
+    serial = open_run("cupy", analyse([serial_path]), serial_path, "tiny", {}, 0)
+    assert len(concurrent.streams) > 1 and len(serial.streams) == 1
+    for seed in range(3):  # eager, captured, replayed
+        batch = tokens(concurrent, seed=seed)
+        assert concurrent.step(*batch).loss == serial.step(*batch).loss, seed
+    for role in ("parameters", "gradients", "state"):
+        for name, values in concurrent.bank_values(role).items():
+            assert values.tobytes() == serial.bank_values(role)[name].tobytes(), (role, name)
+
+
 def test_the_standalone_program_prints_the_losses_of_the_cupy_run(tmp_path):
     frontend = analyse([PATH])
     reference = open_run("numpy", frontend, PATH, "tiny", {}, 0)

@@ -275,11 +275,13 @@ def test_every_collective_the_language_accepts_has_its_nccl_call():
 
 
 def test_the_cupy_backend_all_reduces_the_gradient_bank_through_nccl_in_the_graph(monkeypatch):
-    """Through tests/fake_cupy.py (no GPU): the collective is one ncclAllReduce of the whole
-    gradient bank, in place, float32, averaged, on the run's stream, made at the first
-    (eager) step on a communicator from the id the run's communicator broadcast, and then
-    replayed from the captured graph; the steps match the numpy backend's. (Mutation: with
-    the collective left out of the prepared calls, the counts below fail.)"""
+    """Through tests/fake_cupy.py (no GPU): the collectives are ncclAllReduces of the
+    gradient bank's entries, a bucket a layer, each in place, float32, averaged, on the
+    communicator's own stream, made at the first (eager) step on a communicator from the id
+    the run's communicator broadcast, and then replayed from the captured graph; together
+    they reduce every element of the bank once a step, and the steps match the numpy
+    backend's. (Mutation: with the collective left out of the prepared calls, the counts
+    below fail; with a join left out, the fake runs the bucket late and the losses part.)"""
     import fake_cupy
 
     class Recording(parallel.SingleRank):
@@ -296,17 +298,32 @@ def test_the_cupy_backend_all_reduces_the_gradient_bank_through_nccl_in_the_grap
     run = open_run("cupy", frontend, PARALLEL, "tiny32", {}, seed=4)
     run.communicator = Recording()
     batches = Batches(load_corpus(None), 4, 64, 4)
+    program = run.program
+    buckets = 8 * program.constants["cgLayers"] + 3  # eight entries a layer, three outside
     for step in range(3):
         ids, targets = batches.next()
         expected, loss = reference.step(ids, targets).loss, run.step(ids, targets).loss
         assert abs(loss - expected) <= 1e-5 * expected, step
-        assert len(fake_cupy.nccl_calls) == step + 1  # once a step, graph replays included
+        # every bucket once a step, graph replays included
+        assert len(fake_cupy.nccl_calls) == buckets * (step + 1)
     assert run.graph is not None and len(fake_cupy.nccl_communicators) == 1
     assert Recording.broadcasts == [fake_cupy.UNIQUE_ID]
-    bank = run.program.storages["cgBankG.*"]
-    address = run.address(bank)
-    assert set(fake_cupy.nccl_calls) == {("allReduce", address, address, bank.count, 7, 4,
-                                          run.stream.ptr)}
+    communicator_stream = run.streams[-1].ptr
+    assert communicator_stream != run.stream.ptr
+    entries = {run.address(program.storages[f"cgBankG.{entry.name}"]):
+               program.storages[f"cgBankG.{entry.name}"] for entry in program.entries}
+    reduced = []
+    for number, (kind, send, receive, count, data_type, operator, stream) in \
+            enumerate(fake_cupy.nccl_calls[:buckets]):
+        # the layers' buckets beside the backward; the last, after the scatter, on its own
+        on = communicator_stream if number < buckets - 3 else run.stream.ptr
+        assert (kind, send, data_type, operator, stream) == ("allReduce", receive, 7, 4, on)
+        base = max(address for address in entries if address <= send)
+        storage = entries[base]
+        assert (send - base) % (4 * count) == 0 and count == storage.item_count
+        reduced.append((send, count))
+    assert len(set(reduced)) == buckets  # each item of each entry once
+    assert sum(count for _, count in reduced) == sum(entries[a].count for a in entries)
 
 
 def test_the_standalone_program_of_the_parallel_step_replays_a_dump_on_one_rank(tmp_path):
@@ -335,7 +352,9 @@ def test_only_a_program_with_a_collective_includes_nccl_and_it_calls_it_once_in_
     assert parallel_text.count("#include <nccl.h>") == 1
     assert "ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclAvg, " \
            "cg_nccl, stream)" in parallel_text
-    assert parallel_text.count("cgImageAllReduce(stream, ") == 1  # one launch in the step
+    # a bucket a layer: eight entries in the repeat's body, eight for layer 0, three outside
+    assert parallel_text.count("cgImageAllReduce(stream, ") == 19
+    assert "branch 0, on the communicator's stream" in parallel_text
 
 
 def test_ranks_on_the_command_line_are_checked(capsys, monkeypatch):
