@@ -17,15 +17,20 @@ Two campaigns share the mutations and the judging:
   another of the same element type, a slot index moved, a pointer or scalar dropped, an item
   index moved, a scalar's value changed, a launch put in another phase or in none), removed
   launches (a launch, or one side of a `cgThen`, replaced by `cgNothing`), reordered launches
-  (the two sides of a `cgThen` swapped, or two neighbours), storage sizes (-1, /2, a stack
+  (the two sides of a `cgThen` swapped, or two neighbours), concurrency (a `cgThen` made a
+  `cgConcurrently`, the launches after a join moved into one of its branches, a branch's
+  arena slot renamed to one the other branch uses), storage sizes (-1, /2, a stack
   one item short), write extents shortened (a grid dimension or scalar that a write-only
   pointer's extent depends on taken to three quarters, a count to 16), slot lifetimes moved
   (an arena slot renamed to another, or two exchanged, throughout one definition), pairs of
   those, and constants (random small values of the model's shape, as `--set` does); and
-  random well-typed schedules (scripts/random_schedules.py). Each is judged by the checker,
-  by ground truth 1, by the values ground truth (ground truth 1 on the memory plan's shared
-  arena against ground truth 1 with a slot each: the reference is deterministic, so where
-  nothing read is another slot's leftover the two end with the same bits), and by ground
+  random well-typed schedules (scripts/random_schedules.py; a third of their joins
+  concurrent). Each is judged by the checker, by ground truth 1, by the values ground truth
+  (ground truth 1 on the memory plan's shared arena against ground truth 1 with a slot each,
+  and, for a program with concurrent branches, against ground truth 1 with the branches'
+  launches interleaved in orders drawn from INTERLEAVINGS: the reference is deterministic,
+  so where nothing read is another slot's leftover and no branch touches what another
+  writes, they all end with the same bits), and by ground
   truth 2: the emitted kernels run on the CPU under AddressSanitizer and
   UndefinedBehaviorSanitizer, each launch fenced to the views it binds, its outputs
   poisoned (scripts/ground_truth_emulated.py). The run's

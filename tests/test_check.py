@@ -505,3 +505,32 @@ def test_a_value_read_before_the_program_writes_it_lives_to_the_end(tmp_path):
         "(cgScale (cgArena cgSlotB) cgA 8)")
     assert live == {"cgSlotA": [[0, 0], [3, 4]], "cgSlotB": [[1, 2], [4, 4]]}
     assert not _shares(plan, "cgSlotA", "cgSlotB")
+
+
+def test_regions_nested_past_the_proofs_budget_are_an_error_not_a_hang(tmp_path, monkeypatch):
+    """Each region compares the accesses of its branches, a region inside another counting
+    them again: nesting regions n deep costs n^2. Past TOUCH_LIMIT it is a diagnostic at the
+    region where the budget ran out (3,000 levels took minutes before there was a budget)."""
+    from cgc.checking import concurrency
+    from conftest import ROOT
+    shutil.copy(ROOT / "tests" / "checker" / "_base.cg", tmp_path / "_base.cg")
+    term = "(cgScale cgB cgA cgRows)"
+    for level in range(40):
+        term = (f"(cgConcurrently (cgThen (cgScale (cgItem cgItems 0) cgA cgRows) {term}) "
+                f"(cgScale (cgItem cgItems 1) cgA cgRows))")
+    path = tmp_path / "deep.cg"
+    path.write_text('import "_base.cg"\ndef cgStep : Schedule =\n'
+                    f"  (cgPhase cgPhaseForward {term})\n")
+    def messages():
+        program = evaluate(analyse([str(path)]), str(path), entry="cgStep")
+        with pytest.raises(CompileError) as error:
+            check(program)
+        return [d.message for d in error.value.diagnostics]
+
+    monkeypatch.setattr(concurrency, "TOUCH_LIMIT", 200)
+    said = messages()
+    assert any("make more than 200 accesses to compare" in m for m in said), said
+    monkeypatch.setattr(concurrency, "TOUCH_LIMIT", 10 ** 6)
+    said = messages()
+    assert not any("accesses to compare" in m for m in said)
+    assert any("concurrent branches may not touch" in m for m in said)  # item 0 in two branches

@@ -29,6 +29,7 @@ the emitted program is the same on every run (`branch_streams`).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from ..core.diagnostics import Note
@@ -57,8 +58,13 @@ def branch_streams(node: Concurrent, parent: int, busy: frozenset[int]) -> list[
 
 
 def _collectives_only(nodes) -> bool:
-    launches = list(_launches(nodes))
-    return bool(launches) and all(launch.image.collective for launch in launches)
+    """Whether the nodes launch collectives and nothing else (stops at the first other)."""
+    found = False
+    for launch in _launches(nodes):
+        if not launch.image.collective:
+            return False
+        found = True
+    return found
 
 
 def _launches(nodes):
@@ -132,25 +138,6 @@ class Touch:
     shift: int  # the allocation's element of the storage's element 0 (memory only)
 
 
-def _touches(program: Program, nodes, point, stream: int, busy: frozenset[int]):
-    """Everything the launches of `nodes` touch at `point` (every iteration of the repeats
-    inside them), on `stream`."""
-    for node in nodes:
-        if isinstance(node, Launch):
-            yield from _launch_touches(program, node, point, stream)
-        elif isinstance(node, Repeat):
-            for iteration in range(node.variable.count if point is not None else 1):
-                inner = None if point is None else {**point, node.variable: iteration}
-                yield from _touches(program, node.body, inner, stream, busy)
-        elif isinstance(node, Concurrent):
-            streams = branch_streams(node, stream, busy)
-            inner_busy = busy | {s for s in streams if s != COMMUNICATOR}
-            for branch, branch_stream in zip(node.branches, streams):
-                yield from _touches(program, branch, point, branch_stream, inner_busy)
-        else:
-            yield from _touches(program, node.body, point, stream, busy)
-
-
 def _launch_touches(program: Program, launch: Launch, point, stream: int):
     image = launch.image
     for binding in launch.pointers:
@@ -179,6 +166,58 @@ def _where(point) -> str:
     return " at " + ", ".join(f"{v.name} = {value}" for v, value in point.items())
 
 
+class Cover:
+    """Which touch first reached each element of one resource, among those given so far:
+    disjoint segments sorted by their start, and the gaps no touch has reached yet. A touch
+    fills only the gaps it meets, so each of its elements keeps the first touch that reached
+    it, and a query finds a touch that shares an element with a range in O(log n)."""
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.owners: list[tuple] = []  # (branch, touch)
+        self.gap_starts: list[int] = [0]
+        self.gap_ends: list[float] = [float("inf")]
+
+    def find(self, low: int, high: int):
+        """(branch, touch) of a segment sharing an element with [low, high), or None."""
+        at = bisect.bisect_right(self.starts, low) - 1
+        for index in (at, at + 1):
+            if 0 <= index < len(self.starts) and self.starts[index] < high and \
+                    self.ends[index] > low:
+                return self.owners[index]
+        return None
+
+    def add(self, low: int, high: int, owner: tuple) -> None:
+        at = max(bisect.bisect_right(self.gap_starts, low) - 1, 0)
+        while at < len(self.gap_starts) and self.gap_starts[at] < high:
+            start, end = self.gap_starts[at], self.gap_ends[at]
+            a, b = max(start, low), min(end, high)
+            if a >= b:
+                at += 1
+                continue
+            where = bisect.bisect_left(self.starts, a)
+            self.starts.insert(where, a)
+            self.ends.insert(where, b)
+            self.owners.insert(where, owner)
+            leftovers = [(x, y) for x, y in ((start, a), (b, end)) if x < y]
+            self.gap_starts[at:at + 1] = [x for x, _ in leftovers]
+            self.gap_ends[at:at + 1] = [y for _, y in leftovers]
+            at += len(leftovers)
+
+
+# The accesses the proof compares, every concurrent region counting those of its branches
+# (a region inside another counts again there): past this, cgc says so rather than run on.
+TOUCH_LIMIT = 250_000
+
+
+class _TooMany(Exception):
+    """The proof's budget spent, at this region."""
+
+    def __init__(self, node: Concurrent):
+        self.node = node
+
+
 class Independence:
     """The proof for one program: every concurrent region, at every iteration point."""
 
@@ -186,45 +225,69 @@ class Independence:
         self.program = program
         self.checker = checker  # reports, with the call chains of check.py
         self.said: set[tuple] = set()
+        self.compared = 0
 
     def run(self) -> None:
         exact = self.program.launches_made() <= UNROLL_LIMIT
-        self.walk(self.program.body, {} if exact else None, 0, frozenset({0}))
+        try:
+            self.walk(self.program.body, {} if exact else None, 0, frozenset({0}))
+        except _TooMany as too_many:
+            self.checker.report.error(
+                f"the concurrent regions of this program make more than {TOUCH_LIMIT:,} "
+                "accesses to compare (a region inside another counts its accesses again), "
+                "more than cgc proves independent: nest fewer regions, or make them "
+                "smaller", too_many.node.span)
 
-    def walk(self, nodes, point, stream: int, busy: frozenset[int]) -> None:
+    def walk(self, nodes, point, stream: int, busy: frozenset[int]) -> list[Touch]:
+        """What the launches of `nodes` touch at `point` (every iteration of the repeats
+        inside them), each concurrent region among them proven on the way."""
+        found: list[Touch] = []
         for node in nodes:
             if isinstance(node, Launch):
-                continue
-            if isinstance(node, Repeat):
+                found.extend(_launch_touches(self.program, node, point, stream))
+            elif isinstance(node, Repeat):
                 for iteration in range(node.variable.count if point is not None else 1):
                     inner = None if point is None else {**point, node.variable: iteration}
-                    self.walk(node.body, inner, stream, busy)
+                    found.extend(self.walk(node.body, inner, stream, busy))
             elif isinstance(node, Concurrent):
                 streams = branch_streams(node, stream, busy)
                 inner_busy = busy | {s for s in streams if s != COMMUNICATOR}
-                touched = [list(_touches(self.program, branch, point, branch_stream, inner_busy))
-                           for branch, branch_stream in zip(node.branches, streams)]
-                for later in range(1, len(touched)):
-                    for earlier in range(later):
-                        self.compare(node, earlier, touched[earlier], later, touched[later])
-                for branch, branch_stream in zip(node.branches, streams):
-                    self.walk(branch, point,
-                              stream if branch_stream == COMMUNICATOR else branch_stream,
-                              inner_busy)
+                branches = [self.walk(branch, point,
+                                      stream if branch_stream == COMMUNICATOR else branch_stream,
+                                      inner_busy)
+                            for branch, branch_stream in zip(node.branches, streams)]
+                self.compared += sum(map(len, branches))
+                if self.compared > TOUCH_LIMIT:
+                    raise _TooMany(node)
+                self.prove(node, branches)
+                for touched in branches:
+                    found.extend(touched)
             else:
                 assert isinstance(node, PhaseRegion)
-                self.walk(node.body, point, stream, busy)
+                found.extend(self.walk(node.body, point, stream, busy))
+        return found
 
-    def compare(self, node: Concurrent, first: int, a: list[Touch], second: int,
-                b: list[Touch]) -> None:
-        by_resource: dict[tuple, list[Touch]] = {}
-        for touch in a:
-            by_resource.setdefault(touch.resource, []).append(touch)
-        for touch in b:
-            for other in by_resource.get(touch.resource, ()):
-                if (touch.writes or other.writes) and touch.low < other.high and \
-                        other.low < touch.high:
-                    self.conflict(node, first, other, second, touch)
+    def prove(self, node: Concurrent, branches: list[list[Touch]]) -> None:
+        """Each touch against what the branches before its own touched: a write against
+        every access, a read against the writes."""
+        writes: dict[tuple, Cover] = {}
+        accesses: dict[tuple, Cover] = {}
+        for number, touched in enumerate(branches):
+            for touch in touched:
+                cover = (accesses if touch.writes else writes).get(touch.resource)
+                found = cover.find(touch.low, touch.high) if cover is not None else None
+                if found is not None:
+                    self.conflict(node, found[0], found[1], number, touch)
+            if number == len(branches) - 1:
+                break  # nothing comes after the last branch to compare with it
+            for touch in touched:
+                if touch.low < touch.high:
+                    for table, wanted in ((accesses, True), (writes, touch.writes)):
+                        if wanted:
+                            if touch.resource not in table:
+                                table[touch.resource] = Cover()
+                            table[touch.resource].add(touch.low, touch.high, (number, touch))
+
 
     def conflict(self, node: Concurrent, first: int, other: Touch, second: int,
                  touch: Touch) -> None:
