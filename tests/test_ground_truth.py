@@ -79,16 +79,17 @@ def test_an_unbound_pointer_has_no_c_program(lane):
 
 
 def test_a_slot_moved_onto_one_live_across_it_keeps_both_values(lane):
-    """Every use of cgGradientAttention in a layer's backward moved onto cgSavedQkv's bytes
-    (a slot the backward reads in every later layer): accepted, and the step computes what
+    """Every use of cgGradientAttention in a layer's backward moved onto cgSavedNormed1's
+    bytes (a stacked slot the backward reads in every later layer): the step computes what
     it computes with a slot each. The plan that took a write binding a slot's whole view as
-    a whole write let another slot into cgSavedQkv's bytes between the partial write and the
-    read: 304 bytes of the gradient norm's partial sums came out different."""
-    record = judge(lane, "train.cg", "slot cgGradientAttention renamed cgSavedQkv throughout "
-                                     "cgLayerBackwardFrom")
+    a whole write let another slot into such a slot's bytes between the partial write and the
+    read (with cgSavedQkv, a mutant the campaign no longer draws: 304 bytes of the gradient
+    norm's partial sums came out different)."""
+    record = judge(lane, "train.cg", "slot cgGradientAttention renamed cgSavedNormed1 "
+                                     "throughout cgLayerBackwardFrom")
     assert record["gt1"] == "safe", record
-    # The (covers ...) clauses refuse it now (the product that wrote the gradient must cover
-    # its output, and reaches 4096 of cgSavedQkv's 24576 elements); the values ground truth
+    # The (covers ...) clauses refuse it (the product that writes the gradient must cover
+    # its output, and reaches one item of the stacked slot); the values ground truth
     # runs on every safe variant all the same, and the plan must keep both slots' values
     # whatever the checker's verdict.
     assert record["verdict"] in ("accepted", "rejected"), record

@@ -3,10 +3,16 @@
 The host C++ compiler builds the emitted .cu with the project's own CUDA-on-CPU headers
 (cgc/backends/cuda_cpu/include: every CUDA thread a fiber, blocks over the cores, shared
 memory per block, warp collectives, WMMA, bfloat16 as the device rounds it, cuBLAS's
-gemmEx and cuBLASLt's matmul on the CPU) into a shared library, cached by content. A small driver, generated
+gemmEx and cuBLASLt's matmul on the CPU, streams whose concurrent launches run interleaved)
+into a shared library, cached by content. A small driver, generated
 here and compiled in the same translation unit, exports the host program's step, its
 allocations, and one entry point per kernel image and cuBLAS product, so a run can go
 through the emitted host program (`cg_step`) or launch by launch, as the CuPy backend does.
+
+The shadow build (`shadow=True`, or CGC_EMULATED_SHADOW=1 for a run) records which launch read
+and wrote each element of global memory while launches may run at the same time, and reports
+any element two unordered launches touch where one writes: `Conflict` values, and for a run a
+`ConcurrencyConflict` fault (docs/emulation.md, "Streams and the shadow").
 """
 
 from __future__ import annotations
@@ -52,6 +58,19 @@ RED_ZONE = 256  # bytes after every step buffer and arena slot in the sanitizer 
 RACECHECK_FLAGS = ("-std=c++17", "-O1", "-g", "-pthread", "-w", "-fsanitize=thread")
 RACECHECK_ENVIRONMENT = {"TSAN_OPTIONS": "halt_on_error=0:atexit_sleep_ms=0:report_signal_unsafe=0:"
                                          "exitcode=66"}
+# The shadow: GCC's ThreadSanitizer instrumentation (every load, store and atomic becomes a call
+# of __tsan_read4(p) and the like) WITHOUT ThreadSanitizer's runtime: compiled with these flags,
+# then linked without -fsanitize=thread, so that cgcpu/shadow.h's definitions are what the
+# calls reach (-U__SANITIZE_THREAD__: the headers must not take it for a racecheck build).
+SHADOW_FLAGS = ("-std=c++17", "-O2", "-pthread", "-w", "-fsanitize=thread", "-U__SANITIZE_THREAD__",
+                "-DCG_CPU_SHADOW=1", "--param", "tsan-instrument-func-entry-exit=0")
+SHADOW_LINK = ("-pthread", "-rdynamic")  # -rdynamic: reports name __device__ variables (dladdr)
+# -fno-gnu-unique: each run loads its own copy of the library, and its own copy it must be; the
+# emulator's singletons (function-local statics) would otherwise be STB_GNU_UNIQUE, one for the
+# whole process whatever dlopen's RTLD_LOCAL says, and a second run would find the first's
+# configuration and shadow.
+SHADOW_LIBRARY_FLAGS = (*SHADOW_FLAGS, "-fPIC", "-fno-gnu-unique")
+SHADOW_LIBRARY_LINK = ("-shared", "-pthread")
 
 
 class BuildFailed(RunFault):
@@ -86,18 +105,23 @@ def content_key(*parts: str | bytes) -> str:
     return digest.hexdigest()[:24]
 
 
-def build(source: str, output_name: str, flags=FLAGS, extra: tuple = ()) -> Path:
+def build(source: str, output_name: str, flags=FLAGS, extra: tuple = (),
+          link: tuple | None = None) -> Path:
     """Compiles `source` (C++ that includes the emitted file) for the host, once per content:
     the result is cached under the cache folder by a hash of the source, the headers, the
     flags and the compiler's version, with its size and SHA-256 recorded beside it. A cached
     file that does not match its record (cut short, overwritten, the record lost) is built
-    again, never loaded: a truncated library would fail dlopen or end in SIGBUS."""
+    again, never loaded: a truncated library would fail dlopen or end in SIGBUS. With `link`,
+    the source is compiled to an object file with `flags`, then linked with `link` alone (the
+    shadow build: instrumented, but not linked with the sanitizer's runtime)."""
     headers = b"".join(p.read_bytes() for p in header_files())
-    key = content_key(source, headers, " ".join((*flags, *extra)), _compiler_version())
+    key = content_key(source, headers, " ".join((*flags, *extra)), _compiler_version(),
+                      " ".join(link) if link is not None else "")
     base = cache_dir()
     folder = (base / "emulated") if base is not None else Path(tempfile.gettempdir()) / "cgc-emulated"
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{output_name}-{key}{'.so' if '-shared' in flags else ''}"
+    shared = "-shared" in flags or (link is not None and "-shared" in link)
+    target = folder / f"{output_name}-{key}{'.so' if shared else ''}"
     if _intact(target):
         return target
     # Built under a temporary name in the cache folder itself, so that the rename that
@@ -108,9 +132,13 @@ def build(source: str, output_name: str, flags=FLAGS, extra: tuple = ()) -> Path
         with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
             path = Path(scratch) / f"{output_name}.cpp"
             path.write_text(source, encoding="utf-8")
+            compiled = str(Path(scratch) / f"{output_name}.o") if link is not None else built
             command = [COMPILER, *flags, *extra, f"-I{HEADERS}", "-x", "c++", str(path),
-                       "-o", built]
+                       *(["-c"] if link is not None else []), "-o", compiled]
             result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode == 0 and link is not None:
+                result = subprocess.run([COMPILER, compiled, *link, "-o", built],
+                                        capture_output=True, text=True)
         if result.returncode != 0:
             raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
                               + result.stderr[-20000:])
@@ -215,9 +243,15 @@ def driver_source(program, plan, emitted_text: str) -> str:
     for index, name in enumerate(names):
         lines.append(f"  if (i == {index}) return {name};")
     lines += ["  return nullptr;", "}", "",
+              # The step runs on a stream of its own, as the standalone program's does: its
+              # launches are queued and run when the stream is waited for, the concurrent ones
+              # interleaved (on the legacy stream each would run as it is issued).
+              "static cudaStream_t cg_emulated_stream = nullptr;",
               "int cg_emulated_prepare() { cg_allocate(); cg_prepare(); "
+              "cudaStreamCreate(&cg_emulated_stream); "
               "return static_cast<int>(cudaGetLastError()); }",
-              "int cg_emulated_step() { cg_step(cudaStream_t{}); "
+              "int cg_emulated_step() { cg_step(cg_emulated_stream); "
+              "cudaStreamSynchronize(cg_emulated_stream); "
               "return static_cast<int>(cudaGetLastError()); }",
               "const char* cg_emulated_error_string(int e) { "
               "return cudaGetErrorString(static_cast<cudaError_t>(e)); }",
@@ -226,6 +260,14 @@ def driver_source(program, plan, emitted_text: str) -> str:
               "cgcpu::set_schedule_seed(seed); }",
               "void cg_emulated_set_blocks(const long long* blocks, int count) { "
               "cgcpu::set_block_sample(blocks, count < 0 ? 0 : static_cast<std::size_t>(count)); }",
+              "void cg_emulated_set_interleave_seed(unsigned long long seed) { "
+              "cgcpu::set_interleave_seed(seed); }",
+              # The shadow's reports since the last call (empty outside the shadow build).
+              "const char* cg_emulated_shadow_reports() { "
+              "static std::string taken; taken = cgcpu::shadow_take_reports(); "
+              "return taken.c_str(); }",
+              "void cg_emulated_shadow_print(int print) { cgcpu::shadow_print_reports(print != 0); }",
+              "int cg_emulated_shadow_active() { return cgcpu::shadow_active() ? 1 : 0; }",
               ""]
     if has_collectives(program):  # NCCL's CPU twin carries its collectives through this
         lines += ["void cg_emulated_set_nccl_transport(cgcpu::nccl_transport transport) { "
@@ -235,14 +277,18 @@ def driver_source(program, plan, emitted_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def standalone(program, sanitize: bool = False, racecheck: bool = False) -> Path:
+def standalone(program, sanitize: bool = False, racecheck: bool = False,
+               shadow: bool = False) -> Path:
     """The emitted file's own program (its main replays a `cgc run --dump` folder), built
     for the host; with `sanitize`, under ASan and UBSan, with red zones between buffers; with
     `racecheck`, under ThreadSanitizer, with its barriers numbered (number_barriers) so that
-    CG_CPU_DISABLE_BARRIER can skip one of them."""
+    CG_CPU_DISABLE_BARRIER can skip one of them; with `shadow`, the shadow build."""
     from ...checking.memory import plan_memory
     plan = plan_memory(program, red_zone=RED_ZONE if sanitize else 0)
     text = emit_program(program, plan).text
+    if shadow:
+        return build(text, f"standalone-shadow-{program.config}", flags=SHADOW_FLAGS,
+                     link=SHADOW_LINK)
     if racecheck:
         return build(number_barriers(text)[0], f"standalone-racecheck-{program.config}",
                      flags=RACECHECK_FLAGS)
@@ -538,15 +584,164 @@ def racecheck(program, dump: str, steps: int = 1, disabled_barrier: int | None =
     return racecheck_run(program, dump, steps, disabled_barrier, **options).races
 
 
+# ---- the shadow: launches that may run at the same time ----------------------------------
+
+@dataclass(frozen=True)
+class ConflictAccess:
+    """One side of a conflict: the op (a kernel, cublasLtMatmul, ncclAllReduce, a copy ...),
+    the CG_LAUNCHED string of its launch site (None where none was given) and what it did:
+    "read", "write" or "atomic"."""
+
+    kernel: str
+    site: str | None
+    access: str
+
+    def __str__(self) -> str:
+        return f"{self.access} by {self.kernel}" + (f" ({self.site})" if self.site else "")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A shadow report: two ops that CUDA does not order (different streams, no event or host
+    wait between them) touched the same bytes, one of them writing. `memory` is "global" (an
+    allocation: `base` its address, `size` its bytes) or "symbol" (a program variable:
+    `symbol`); `offset` is the first byte both touched, from the allocation's start, and
+    `bytes` the extent from there to the last; `first` was issued before `second`. `buffers`,
+    where the run knows its memory plan, names the storages those bytes belong to."""
+
+    memory: str
+    base: int | None
+    symbol: str | None
+    size: int
+    offset: int
+    bytes: int
+    first: ConflictAccess
+    second: ConflictAccess
+    buffers: tuple = ()
+
+    @property
+    def kernels(self) -> tuple:
+        return self.first.kernel, self.second.kernel
+
+    @property
+    def sites(self) -> tuple:
+        return self.first.site, self.second.site
+
+    def __str__(self) -> str:
+        if self.memory == "symbol":
+            where = f"the variable {self.symbol}"
+        else:
+            where = f"an allocation of {self.size} bytes"
+        named = f" ({', '.join(self.buffers)})" if self.buffers else ""
+        return (f"{self.first} and {self.second} may run at the same time: {where}, bytes "
+                f"{self.offset} to {self.offset + self.bytes}{named}")
+
+
+_SHADOW = re.compile(r"^cuda_cpu shadow: (global|symbol) (\S+) (\d+) (\d+) (\d+) (read|write|atomic) "
+                     r"\[([^\]]*)\] \[([^\]]*)\] (read|write|atomic) \[([^\]]*)\] \[([^\]]*)\]$")
+
+
+def parse_shadow(text: str) -> list[Conflict]:
+    """The conflicts in a shadow build's report lines (cgcpu/shadow.h), in order."""
+    found = []
+    for line in text.splitlines():
+        match = _SHADOW.match(line)
+        if match is None:
+            continue
+        memory, where, size, offset, extent, kind1, name1, site1, kind2, name2, site2 = match.groups()
+        found.append(Conflict(
+            memory, int(where, 16) if memory == "global" else None,
+            where if memory == "symbol" else None, int(size), int(offset), int(extent),
+            ConflictAccess(name1, None if site1 == "?" else site1, kind1),
+            ConflictAccess(name2, None if site2 == "?" else site2, kind2)))
+    return found
+
+
+class ConcurrencyConflict(RunFault):
+    """The shadow found ops that may run at the same time touching the same memory, one of
+    them writing (`conflicts`)."""
+
+    def __init__(self, conflicts: list):
+        self.conflicts = list(conflicts)
+        super().__init__("launches that may run at the same time touch the same memory, one "
+                         "of them writing:\n" + "\n".join(f"  {c}" for c in self.conflicts))
+
+
+def _storages_at(program, plan, home: str, offset: int, extent: int) -> tuple:
+    """The storages of memory home `home` that [offset, offset + extent) overlaps."""
+    names = []
+    for label, storage in program.storages.items():
+        try:
+            where, start = storage_home(program, plan, storage)
+        except (KeyError, ValueError):
+            continue
+        size = storage.count * element_bytes(storage.element, program.low)
+        if where == home and start < offset + max(extent, 1) and offset < start + size:
+            names.append(label)
+    return tuple(sorted(names))
+
+
+@dataclass
+class ShadowResult:
+    conflicts: list
+    status: int
+    stdout: str
+    stderr: str
+
+
+def shadow_run(program, dump: str, steps: int = 1, seed: int | None = None,
+               threads: int | None = None, timeout: float = 600) -> ShadowResult:
+    """The emitted program replaying `steps` steps of a `cgc run --dump` folder in the shadow
+    build, its concurrent launches interleaved in the order of `seed` (CG_CPU_INTERLEAVE_SEED)
+    on `threads` workers: the conflicts (each named with the storages it touched, where the
+    allocation's size says which memory home it is), the exit status and the output."""
+    from ...checking.memory import plan_memory
+    binary = standalone(program, shadow=True)
+    environment = dict(os.environ)
+    for name, value in (("CG_CPU_INTERLEAVE_SEED", seed), ("CG_CPU_THREADS", threads)):
+        environment.pop(name, None)
+        if value is not None:
+            environment[name] = str(value)
+    result = subprocess.run([str(binary), dump, str(steps)], capture_output=True, text=True,
+                            env=environment, timeout=timeout)
+    # The program's allocations by size (the banks', the step buffers', the arena's): the
+    # report's allocation is the memory home of that size, where only one has it.
+    plan = plan_memory(program)
+    by_size: dict[int, list] = {}
+    for bank, (_, _, size, _) in plan.banks.items():
+        by_size.setdefault(size, []).append(bank)
+    by_size.setdefault(max(plan.buffers_bytes, 256), []).append("buffers")
+    by_size.setdefault(max(plan.arena_bytes, 256), []).append("arena")
+    conflicts = []
+    for conflict in parse_shadow(result.stderr):
+        candidates = by_size.get(conflict.size, [])
+        if conflict.memory == "global" and len(candidates) == 1:
+            conflict = Conflict(**{**conflict.__dict__, "buffers": _storages_at(
+                program, plan, candidates[0], conflict.offset, conflict.bytes)})
+        conflicts.append(conflict)
+    return ShadowResult(conflicts, result.returncode, result.stdout, result.stderr)
+
+
 class EmulatedRun(Run):
     name = "emulated"
 
-    def __init__(self, program, plan, seed: int):
+    def __init__(self, program, plan, seed: int, shadow: bool | None = None):
         super().__init__(program, plan, seed)
         self.low = program.low
         self.emitted = emit_program(program, plan)
+        # The shadow build, asked for here or by the environment (CGC_EMULATED_SHADOW=1): every
+        # step's conflicts between launches that may run at the same time are a fault.
+        if shadow is None:
+            shadow = os.environ.get("CGC_EMULATED_SHADOW", "") not in ("", "0")
+        self.shadow = shadow
+        self.conflicts: list[Conflict] = []
         started = time.perf_counter()
-        self.library_path = build(driver_source(program, plan, self.emitted.text), "step")
+        source = driver_source(program, plan, self.emitted.text)
+        if shadow:
+            self.library_path = build(source, "step-shadow", flags=SHADOW_LIBRARY_FLAGS,
+                                      link=SHADOW_LIBRARY_LINK)
+        else:
+            self.library_path = build(source, "step")
         self.build_seconds = time.perf_counter() - started
         # The host program keeps its allocations in globals: each run loads its own copy of
         # the library (dlopen shares one loaded path between every handle to it).
@@ -556,6 +751,8 @@ class EmulatedRun(Run):
         library = self.library = ctypes.CDLL(str(private))
         library.cg_emulated_allocation.restype = ctypes.c_void_p
         library.cg_emulated_error_string.restype = ctypes.c_char_p
+        library.cg_emulated_shadow_reports.restype = ctypes.c_char_p
+        library.cg_emulated_shadow_print(ctypes.c_int(0))  # read back here, not printed
         self._check(library.cg_emulated_prepare(), "preparing")
         self.memory = {}
         homes = [*plan.banks, "buffers", "arena"]
@@ -624,6 +821,32 @@ class EmulatedRun(Run):
         pseudo-random order drawn from the seed, the launch and the block), for every later
         launch of this run (CG_CPU_SCHEDULE_SEED)."""
         self.library.cg_emulated_set_schedule_seed(ctypes.c_ulonglong(seed))
+
+    def set_interleave_seed(self, seed: int) -> None:
+        """The order in which the blocks of launches that may run at the same time are handed
+        out (0: round robin; else pseudo-random picks drawn from the seed), for every later
+        step of this run (CG_CPU_INTERLEAVE_SEED)."""
+        self.library.cg_emulated_set_interleave_seed(ctypes.c_ulonglong(seed))
+
+    @property
+    def shadow_active(self) -> bool:
+        """Whether this run's library records accesses (the shadow build, its memory reserved)."""
+        return bool(self.library.cg_emulated_shadow_active())
+
+    def take_conflicts(self) -> list[Conflict]:
+        """The shadow's conflicts since the last call (none outside the shadow build), each
+        named with the storages it touched."""
+        text = self.library.cg_emulated_shadow_reports().decode(errors="replace")
+        homes = {self.memory[home].ctypes.data: home for home in self.memory}
+        found = []
+        for conflict in parse_shadow(text):
+            home = homes.get(conflict.base)
+            if home is not None:
+                conflict = Conflict(**{**conflict.__dict__, "buffers": _storages_at(
+                    self.program, self.plan, home, conflict.offset, conflict.bytes)})
+            found.append(conflict)
+        self.conflicts += found
+        return found
 
     def set_blocks(self, blocks=None) -> None:
         """Block sampling: every later launch runs only these linear block indices (negative:
@@ -699,13 +922,18 @@ class EmulatedRun(Run):
         started = time.perf_counter()
         if trace is None and self.through_host_program:
             self._check(self.library.cg_emulated_step(), "the step")
-            return time.perf_counter() - started
-        for (launch, phase, _), call in zip(self.program.unrolled(), self.calls):
-            before = time.perf_counter()
-            call()
-            if trace is not None:
-                trace.append((launch.image.name, phase, before, time.perf_counter()))
-        return time.perf_counter() - started
+        else:
+            for (launch, phase, _), call in zip(self.program.unrolled(), self.calls):
+                before = time.perf_counter()
+                call()
+                if trace is not None:
+                    trace.append((launch.image.name, phase, before, time.perf_counter()))
+        seconds = time.perf_counter() - started
+        if self.shadow:
+            conflicts = self.take_conflicts()
+            if conflicts:
+                raise ConcurrencyConflict(conflicts)
+        return seconds
 
 
 Backend = EmulatedRun

@@ -1444,6 +1444,11 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #ifndef CG_LAUNCHED
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
 #endif
+// After a library call (a cuBLASLt product, an NCCL collective): nothing on a GPU; the CPU
+// build (cgc/backends/cuda_cpu) names the op it issued, for its faults and shadow reports.
+#ifndef CG_ISSUED
+#define CG_ISSUED(where)
+#endif
 
 // ---- streams: concurrent branches (cgConcurrently) ------------------------------------
 // Stream 0 is the step's own, cg_step's argument; the others are made once, in cg_prepare:
@@ -1797,6 +1802,7 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
     cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, where);
   cg_check(cublasLtMatmul(cg_lt, plan.desc, &alpha, b, plan.b_layout, a, plan.a_layout, &beta, c, plan.c_layout, d,
                           plan.d_layout, &plan.algo, stream_workspace, workspace, stream), where);
+  CG_ISSUED(where);
 }
 
 // At the end of the program: every plan's descriptor and layouts, then the handle.

@@ -64,7 +64,7 @@ int main() {
   CHECK(std::strcmp(cudaGetErrorString(cudaErrorInvalidConfiguration), "invalid configuration argument") == 0,
         "configuration error string");
 
-  // Streams: in order, and synchronous.
+  // Streams: in order (a created stream's work runs when the host waits for it).
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   std::vector<int> host(256, 7), back(256, 0);

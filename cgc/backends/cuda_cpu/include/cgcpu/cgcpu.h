@@ -19,6 +19,8 @@
 #include "device_math.h"
 #include "fiber.h"
 #include "state.h"
+#include "shadow.h"
+#include "stream.h"
 #include "scheduler.h"
 #include "warp.h"
 #include "ptx.h"

@@ -7,7 +7,8 @@
 // adds the products in order of k, starting from 0, in float; then alpha * sum + beta * C. The
 // result is deterministic and independent of the number of threads (rows of C are split among
 // the workers; each element's arithmetic is fixed). cuBLAS itself accumulates in an order it
-// does not specify (README.md).
+// does not specify (README.md). A product is an op of the handle's stream (stream.h): its
+// arguments are checked when it is called, the product made when the op runs.
 #pragma once
 
 #include <cmath>
@@ -130,7 +131,7 @@ inline float gemm_load(const void* base, cudaDataType_t type, std::size_t at) {
 // op(X) of a column-major X, as a row-major rows x columns float matrix: X itself when not
 // transposed (leading dimension ld), else X^T. Both operands of GemmEx and cublasLtMatmul
 // (op(A) m x k, op(B) k x n) are read this way.
-inline std::vector<float> gemm_gather(const void* x, cudaDataType_t type, bool transposed, int rows,
+CGCPU_NO_TSAN inline std::vector<float> gemm_gather(const void* x, cudaDataType_t type, bool transposed, int rows,
                                       int columns, int ld) {
   std::vector<float> out(static_cast<std::size_t>(rows) * columns);
   for (int i = 0; i < rows; ++i)
@@ -247,6 +248,54 @@ CGCPU_NO_TSAN inline void gemm_rows(void* context, std::uint64_t group) {
   }
 }
 
+// A product as an op: op(A) and op(B) gathered into float when it starts (they may be written by
+// earlier ops of the stream), then rows of D in groups of kGemmRows as its items. Its operands
+// are declared to the shadow by start (the arithmetic is not instrumented).
+struct GemmWork : Work {
+  GemmJob job{};
+  const void* a_in = nullptr;
+  const void* b_in = nullptr;
+  cudaDataType_t in = CUDA_R_32F;
+  bool ta = false, tb = false;
+  int lda = 0, ldb = 0;
+  std::vector<float> a, b;
+  struct Range {
+    const void* p;
+    std::int64_t rows, cols, ld;
+    std::size_t element;
+    int kind;
+  };
+  std::vector<Range> ranges;
+  const void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+
+  std::uint64_t start(Op&) override {
+    if (sticky() != cudaSuccess) return 0;
+    for (const Range& r : ranges) shadow_matrix(r.p, r.rows, r.cols, r.ld, r.element, r.kind);
+    shadow_scratch(workspace, workspace_bytes);
+    TsanIgnore ignore;
+    a = gemm_gather(a_in, in, ta, job.m, job.k, lda);
+    b = gemm_gather(b_in, in, tb, job.k, job.n, ldb);
+    job.a = a.data();
+    job.b = b.data();
+    return expected_items();
+  }
+  std::uint64_t expected_items() const override {
+    return static_cast<std::uint64_t>((job.m + kGemmRows - 1) / kGemmRows);
+  }
+  bool item(Op&, std::uint64_t group) override {
+    gemm_rows(&job, group);
+    return false;
+  }
+};
+
+// Issues a product on `stream`; on the legacy stream it has run when this returns.
+inline void issue_gemm(cudaStream_t stream, const char* name, std::unique_ptr<GemmWork> work) {
+  std::lock_guard<std::recursive_mutex> device(device_mutex());
+  enqueue(stream, name, std::move(work));
+  if (is_legacy(stream)) run_pending();
+}
+
 // Whether a column-major rows x cols matrix with leading dimension ld of `element` bytes lies
 // inside one allocation.
 inline bool gemm_operand_ok(const void* p, int rows, int cols, int ld, std::size_t element) {
@@ -298,13 +347,22 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
     sticky_error.compare_exchange_strong(expected, cudaErrorIllegalAddress);
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
-  std::lock_guard<std::recursive_mutex> device(device_mutex());
-  TsanIgnore ignore;
-  // op(A) as m x k and op(B) as k x n, row-major float.
-  const std::vector<float> a = gemm_gather(A, Atype, ta, m, k, lda);
-  const std::vector<float> b = gemm_gather(B, Btype, tb, k, n, ldb);
-  GemmJob job{m, n, k, a.data(), b.data(), C, Ctype, ldc, alpha_value, beta_value};
-  pool().parallel_for(static_cast<std::uint64_t>((m + kGemmRows - 1) / kGemmRows), &gemm_rows, &job);
+  std::unique_ptr<GemmWork> work(new GemmWork);
+  work->job = GemmJob{m, n, k, nullptr, nullptr, C, Ctype, ldc, alpha_value, beta_value};
+  work->a_in = A;
+  work->b_in = B;
+  work->in = Atype;
+  work->ta = ta;
+  work->tb = tb;
+  work->lda = lda;
+  work->ldb = ldb;
+  if (k > 0) {
+    work->ranges.push_back({A, a_rows, a_cols, lda, a_size, kShadowRead});
+    work->ranges.push_back({B, b_rows, b_cols, ldb, a_size, kShadowRead});
+  }
+  if (beta_value != 0.0f) work->ranges.push_back({C, m, n, ldc, c_size, kShadowRead});
+  work->ranges.push_back({C, m, n, ldc, c_size, kShadowWrite});
+  issue_gemm(handle->stream, "cublasGemmEx", std::move(work));
   return CUBLAS_STATUS_SUCCESS;
 }
 

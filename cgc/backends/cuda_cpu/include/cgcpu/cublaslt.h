@@ -304,19 +304,40 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     sticky_error.compare_exchange_strong(expected, cudaErrorIllegalAddress);
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
-  std::lock_guard<std::recursive_mutex> device(device_mutex());
-  TsanIgnore ignore;
-  // op(A) as m x k and op(B) as k x n, row-major float (read before D is written: D may be C).
-  const std::vector<float> a = gemm_gather(A, in, ta, m, k, lda);
-  const std::vector<float> b = gemm_gather(B, in, tb, k, n, ldb);
-  GemmJob job{m, n, k, a.data(), b.data(), D, out, ldd, alpha_value, beta_value};
-  job.c_in = C;
-  job.ldc_in = ldd;
-  job.epilogue = desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX ? kGemmGeluAux
-                 : desc->epilogue == CUBLASLT_EPILOGUE_DGELU  ? kGemmDgelu
-                                                              : kGemmPlain;
-  job.aux = const_cast<void*>(desc->aux);
-  job.ldaux = ldaux;
-  pool().parallel_for(static_cast<std::uint64_t>((m + kGemmRows - 1) / kGemmRows), &gemm_rows, &job);
+  // The descriptor, layouts, alpha and beta are read now (the caller may change them before the
+  // product runs, as cuBLASLt allows); op(A) and op(B) are read when it runs, before D is written
+  // (D may be C).
+  std::unique_ptr<GemmWork> work(new GemmWork);
+  work->job = GemmJob{m, n, k, nullptr, nullptr, D, out, ldd, alpha_value, beta_value};
+  work->job.c_in = C;
+  work->job.ldc_in = ldd;
+  work->job.epilogue = desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX ? kGemmGeluAux
+                       : desc->epilogue == CUBLASLT_EPILOGUE_DGELU  ? kGemmDgelu
+                                                                    : kGemmPlain;
+  work->job.aux = const_cast<void*>(desc->aux);
+  work->job.ldaux = ldaux;
+  work->a_in = A;
+  work->b_in = B;
+  work->in = in;
+  work->ta = ta;
+  work->tb = tb;
+  work->lda = lda;
+  work->ldb = ldb;
+  if (k > 0) {
+    work->ranges.push_back({A, a_rows, a_cols, lda, a_size, kShadowRead});
+    work->ranges.push_back({B, b_rows, b_cols, ldb, a_size, kShadowRead});
+  }
+  if (beta_value != 0.0f) work->ranges.push_back({C, m, n, ldd, d_size, kShadowRead});
+  if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU) work->ranges.push_back({desc->aux, m, n, ldaux, d_size, kShadowRead});
+  if (desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX)
+    work->ranges.push_back({desc->aux, m, n, ldaux, d_size, kShadowWrite});
+  work->ranges.push_back({D, m, n, ldd, d_size, kShadowWrite});
+  // cuBLASLt may use all the workspace it is given as scratch: two products at once must not
+  // share one (the twin itself needs none).
+  if (workspaceBytes > 0 && device_range(workspace, workspaceBytes)) {
+    work->workspace = workspace;
+    work->workspace_bytes = workspaceBytes;
+  }
+  issue_gemm(stream, "cublasLtMatmul", std::move(work));
   return CUBLAS_STATUS_SUCCESS;
 }

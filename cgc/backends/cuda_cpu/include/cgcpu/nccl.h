@@ -5,8 +5,11 @@
 // communicator of several fails with ncclInvalidUsage until a transport is set.
 //
 // The types, values and signatures are NCCL's own (nccl.h of NCCL 2.x), so that the emitted
-// file compiles unchanged against either. Streams are the emulator's: every launch before a
-// collective has finished when the collective runs, as a stream orders them on a GPU.
+// file compiles unchanged against either. A collective is an op of its stream (stream.h),
+// ordered as CUDA orders it (the shadow compares it with the ops it may run beside), but it runs
+// when it is issued, after everything queued before it, on the calling host thread: the transport
+// calls into the process that loaded the program, and its failure is the call's result, as the
+// emitted program expects (a GPU's NCCL may also report it later).
 #pragma once
 
 #include <atomic>
@@ -119,18 +122,60 @@ inline std::size_t cgcpu_nccl_bytes(ncclDataType_t type) {
   }
 }
 
+namespace cgcpu {
+namespace detail {
+
+inline ncclResult_t nccl_all_reduce_now(const void* send, void* receive, std::size_t count, ncclDataType_t type,
+                                        ncclRedOp_t op, ncclComm_t comm) {
+  const std::size_t bytes = count * cgcpu_nccl_bytes(type);
+  shadow_range(send, bytes, kShadowRead);
+  shadow_fill(receive, bytes);
+  // Always: in place too, so that a sanitizer sees the whole range a collective binds even on
+  // one rank, where nothing else touches it (a count past the buffer is a report, not silence).
+  std::memmove(receive, send, bytes);
+  if (comm->ranks == 1) return ncclSuccess;  // the sum, the mean... of one rank: itself
+  nccl_transport transport = nccl_transport_slot().load();
+  if (transport == nullptr) return ncclInvalidUsage;
+  return transport(receive, count, static_cast<int>(type), static_cast<int>(op)) == 0 ? ncclSuccess
+                                                                                       : ncclRemoteError;
+}
+
+struct NcclWork : Work {
+  const void* send;
+  void* receive;
+  std::size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t op;
+  ncclComm_t comm;
+  ncclResult_t result = ncclSuccess;
+  bool host_only() const override { return true; }
+  std::uint64_t start(Op&) override {
+    if (sticky() != cudaSuccess) return 0;
+    result = nccl_all_reduce_now(send, receive, count, type, op, comm);
+    return 0;
+  }
+};
+
+}  // namespace detail
+}  // namespace cgcpu
+
 inline ncclResult_t ncclAllReduce(const void* send, void* receive, std::size_t count,
                                   ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream) {
-  (void)stream;  // the emulator's launches have all finished: the stream is in order
   if (comm == nullptr || (count > 0 && (send == nullptr || receive == nullptr)))
     return ncclInvalidArgument;
-  // Always: in place too, so that a sanitizer sees the whole range a collective binds even on
-  // one rank, where nothing else touches it (a count past the buffer is a report, not silence).
-  std::memmove(receive, send, count * cgcpu_nccl_bytes(type));
-  if (comm->ranks == 1) return ncclSuccess;  // the sum, the mean... of one rank: itself
-  cgcpu::nccl_transport transport = cgcpu::detail::nccl_transport_slot().load();
-  if (transport == nullptr) return ncclInvalidUsage;
-  return transport(receive, count, static_cast<int>(type), static_cast<int>(op)) == 0
-             ? ncclSuccess : ncclRemoteError;
+  if (!cgcpu::detail::stream_valid(stream)) return ncclInvalidArgument;
+  if (comm->ranks > 1 && cgcpu::detail::nccl_transport_slot().load() == nullptr) return ncclInvalidUsage;
+  std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
+  std::unique_ptr<cgcpu::detail::NcclWork> work(new cgcpu::detail::NcclWork);
+  work->send = send;
+  work->receive = receive;
+  work->count = count;
+  work->type = type;
+  work->op = op;
+  work->comm = comm;
+  cgcpu::detail::NcclWork* const own = work.get();
+  std::shared_ptr<cgcpu::detail::Op> issued = cgcpu::detail::enqueue(stream, "ncclAllReduce", std::move(work));
+  cgcpu::detail::run_pending();
+  return own->result;  // the op (and its work) outlive the run: `issued` holds them
 }

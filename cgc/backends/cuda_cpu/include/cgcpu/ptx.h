@@ -50,7 +50,7 @@ inline float register_half(std::uint32_t r, int e) {
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: gather A, B, C from the lanes' registers
 // by the documented layout, multiply, scatter D back the same way.
-inline void complete_mma_16816(Worker& w, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_mma_16816(Worker& w, WarpState& warp, std::uint32_t lanes) {
   const Post& lead = *warp.post[0];
   require_whole_warp(w, warp, lanes, lead);
   float A[16][16], B[16][8], C[16][8];
@@ -107,7 +107,7 @@ CGCPU_NO_TSAN inline void tsan_row_reads(Worker& w, const WarpState& warp) {
 }
 
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16.
-inline void complete_ldmatrix_x4(Worker& w, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_ldmatrix_x4(Worker& w, WarpState& warp, std::uint32_t lanes) {
   const Post& lead = *warp.post[0];
   require_whole_warp(w, warp, lanes, lead);
   std::uint16_t M[4][8][8];  // matrix, row, column

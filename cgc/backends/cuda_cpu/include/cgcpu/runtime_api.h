@@ -1,9 +1,10 @@
 // cuda_cpu: the CUDA runtime API the emitted host programs use, on host memory.
 // "Device" memory is host memory from operator new (256-byte aligned, the exact size asked
-// for, so ASan sees every byte past an allocation). Streams are synchronous: a launch, copy or
-// product has finished when its call returns. Errors behave as on a GPU: a bad call returns
-// its error and leaves it for cudaGetLastError (cleared by reading); a kernel that faults
-// leaves a sticky cudaErrorLaunchFailure that every later call returns.
+// for, so ASan sees every byte past an allocation; in the shadow build, from the shadow's
+// region). Work on the legacy default stream has run when its call returns; work on created
+// streams is queued and runs when the host waits (stream.h). Errors behave as on a GPU: a bad
+// call returns its error and leaves it for cudaGetLastError (cleared by reading); a kernel that
+// faults leaves a sticky cudaErrorLaunchFailure that every later call returns.
 #pragma once
 
 #include <chrono>
@@ -15,16 +16,10 @@
 #include <set>
 
 #include "scheduler.h"
+#include "shadow.h"
 #include "state.h"
+#include "stream.h"
 #include "types.h"
-
-struct CUstream_st {
-  unsigned flags;
-};
-struct CUevent_st {
-  std::chrono::steady_clock::time_point time;
-  bool recorded;
-};
 
 namespace cgcpu {
 namespace detail {
@@ -34,6 +29,7 @@ constexpr std::size_t kAllocationAlignment = 256;
 struct Registry {
   std::mutex mutex;
   std::map<std::uintptr_t, std::size_t> allocations;  // start -> bytes
+  std::map<std::uintptr_t, std::size_t> pinned;       // cudaMallocHost: start -> bytes
   std::set<const void*> streams, events;
 };
 inline Registry& registry() {
@@ -50,6 +46,31 @@ inline bool device_range(const void* p, std::size_t bytes) {
   if (it == r.allocations.begin()) return false;
   --it;
   return at >= it->first && at - it->first <= it->second && bytes <= it->second - (at - it->first);
+}
+
+// The allocation holding `at` (the shadow's reports).
+inline bool shadow_find_allocation(std::uintptr_t at, std::uintptr_t* base, std::size_t* size) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.allocations.upper_bound(at);
+  if (it == r.allocations.begin()) return false;
+  --it;
+  if (at - it->first >= it->second) return false;
+  *base = it->first;
+  *size = it->second;
+  return true;
+}
+
+// Whether [p, p + bytes) is page-locked host memory (cudaMallocHost): copies to and from it are
+// asynchronous; other host memory is pageable, and its copies synchronise as CUDA's do.
+inline bool pinned_range(const void* p, std::size_t bytes) {
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.pinned.upper_bound(at);
+  if (it == r.pinned.begin()) return false;
+  --it;
+  return at - it->first <= it->second && bytes <= it->second - (at - it->first);
 }
 
 inline bool stream_valid(cudaStream_t stream) {
@@ -71,6 +92,27 @@ inline bool event_valid(cudaEvent_t event) {
     if (sticky_now != cudaSuccess) return ::cgcpu::detail::record(sticky_now); \
   } while (0)
 
+}  // namespace detail
+}  // namespace cgcpu
+
+namespace cgcpu {
+namespace detail {
+inline void* allocate_device(std::size_t bytes) {
+  if (shadow_enabled()) return shadow_allocate(bytes);
+  return ::operator new(bytes, std::align_val_t(kAllocationAlignment), std::nothrow);
+}
+inline void free_device(void* pointer, std::size_t bytes) {
+  if (shadow_enabled())
+    shadow_release(pointer, bytes);
+  else
+    ::operator delete(pointer, std::align_val_t(kAllocationAlignment));
+}
+// A stream's entry, once the stream is destroyed (its queue has run).
+inline void retire_stream(unsigned index) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (index < d.streams.size()) d.streams[index].alive = false;
+}
 }  // namespace detail
 }  // namespace cgcpu
 
@@ -150,6 +192,7 @@ inline cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
+  cgcpu::detail::wait_device();
   CGCPU_STICKY_GUARD();
   return cudaSuccess;
 }
@@ -157,13 +200,16 @@ inline cudaError_t cudaDeviceSynchronize() {
 // and clears a sticky error (as a GPU does after cudaDeviceReset).
 inline cudaError_t cudaDeviceReset() {
   std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
+  cgcpu::detail::wait_device();
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    for (auto& entry : r.allocations)
-      ::operator delete(reinterpret_cast<void*>(entry.first), std::align_val_t(cgcpu::detail::kAllocationAlignment));
+    for (auto& entry : r.allocations) cgcpu::detail::free_device(reinterpret_cast<void*>(entry.first), entry.second);
     r.allocations.clear();
-    for (const void* s : r.streams) delete static_cast<const CUstream_st*>(s);
+    for (const void* s : r.streams) {
+      cgcpu::detail::retire_stream(static_cast<const CUstream_st*>(s)->index);
+      delete static_cast<const CUstream_st*>(s);
+    }
     r.streams.clear();
     for (const void* e : r.events) delete static_cast<const CUevent_st*>(e);
     r.events.clear();
@@ -178,12 +224,13 @@ inline cudaError_t cudaDeviceReset() {
 }
 
 // ---- memory -------------------------------------------------------------------------------
+
 inline cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   if (pointer == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *pointer = nullptr;
   CGCPU_STICKY_GUARD();
   if (bytes == 0) return cudaSuccess;
-  void* memory = ::operator new(bytes, std::align_val_t(cgcpu::detail::kAllocationAlignment), std::nothrow);
+  void* memory = cgcpu::detail::allocate_device(bytes);
   if (memory == nullptr) return cgcpu::detail::record(cudaErrorMemoryAllocation);
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   {
@@ -198,24 +245,32 @@ inline cudaError_t cudaMalloc(T** pointer, std::size_t bytes) {
   return cudaMalloc(reinterpret_cast<void**>(pointer), bytes);
 }
 
+// As on a GPU, freeing waits for the device: no queued op may still use the memory.
 inline cudaError_t cudaFree(void* pointer) {
+  cgcpu::detail::wait_device();
   CGCPU_STICKY_GUARD();
   if (pointer == nullptr) return cudaSuccess;
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
+  std::size_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     auto found = r.allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
     if (found == r.allocations.end()) return cgcpu::detail::record(cudaErrorInvalidValue);
+    bytes = found->second;
     r.allocations.erase(found);
   }
-  ::operator delete(pointer, std::align_val_t(cgcpu::detail::kAllocationAlignment));
+  cgcpu::detail::free_device(pointer, bytes);
   return cudaSuccess;
 }
 
 inline cudaError_t cudaMallocHost(void** pointer, std::size_t bytes) {
   if (pointer == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *pointer = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(cgcpu::detail::kAllocationAlignment), std::nothrow);
-  return *pointer == nullptr ? cgcpu::detail::record(cudaErrorMemoryAllocation) : cudaSuccess;
+  if (*pointer == nullptr) return cgcpu::detail::record(cudaErrorMemoryAllocation);
+  cgcpu::detail::Registry& r = cgcpu::detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.pinned[reinterpret_cast<std::uintptr_t>(*pointer)] = bytes;
+  return cudaSuccess;
 }
 template <class T>
 inline cudaError_t cudaMallocHost(T** pointer, std::size_t bytes) {
@@ -225,49 +280,138 @@ inline cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int
   return cudaMallocHost(pointer, bytes);
 }
 inline cudaError_t cudaFreeHost(void* pointer) {
+  cgcpu::detail::wait_device();
+  {
+    cgcpu::detail::Registry& r = cgcpu::detail::registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.pinned.erase(reinterpret_cast<std::uintptr_t>(pointer));
+  }
   ::operator delete(pointer, std::align_val_t(cgcpu::detail::kAllocationAlignment));
   return cudaSuccess;
 }
 
-inline cudaError_t cudaMemcpy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind) {
+namespace cgcpu {
+namespace detail {
+
+// A copy or a memset as an op: made when the op runs, its ranges declared to the shadow (the
+// copy is libc's, which the instrumentation does not see).
+struct CopyWork : Work {
+  void* to;
+  const void* from;
+  std::size_t bytes;
+  bool to_device, from_device;
+  std::vector<unsigned char> staged;  // a pageable source, copied when the call was made
+  std::uint64_t start(Op&) override {
+    const void* source = staged.empty() ? from : staged.data();
+    if (from_device) shadow_range(from, bytes, kShadowRead);
+    if (to_device) shadow_fill(to, bytes);
+    std::memcpy(to, source, bytes);  // overlapping ranges are an error (ASan reports them)
+    return 0;
+  }
+};
+struct MemsetWork : Work {
+  void* to;
+  int value;
+  std::size_t bytes;
+  std::uint64_t start(Op&) override {
+    shadow_fill(to, bytes);
+    std::memset(to, value, bytes);
+    return 0;
+  }
+};
+
+inline bool is_device(const void* p, std::size_t bytes) { return device_range(p, bytes); }
+
+// cudaMemcpyAsync's rules (CUDA Runtime API, "API synchronization behavior"): device to device
+// is asynchronous; from pageable host memory, the stream's earlier work is waited for and the
+// source staged before the call returns (the copy into device memory may finish later); to
+// pageable host memory, the call returns once the copy is done; with page-locked host memory
+// (cudaMallocHost) both directions are asynchronous; host to host is synchronous.
+inline cudaError_t copy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
+                        cudaStream_t stream, const char* name) {
   CGCPU_STICKY_GUARD();
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cgcpu::detail::record(cudaErrorInvalidMemcpyDirection);
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return record(cudaErrorInvalidMemcpyDirection);
   if (bytes == 0) return cudaSuccess;
-  if (destination == nullptr || source == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
+  if (destination == nullptr || source == nullptr) return record(cudaErrorInvalidValue);
+  bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (kind == cudaMemcpyDefault) {  // unified addressing: the pointers say
+    to_device = is_device(destination, bytes);
+    from_device = is_device(source, bytes);
+  }
   // The device side of a copy must lie inside one allocation (as on a GPU).
-  const bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if ((to_device && !cgcpu::detail::device_range(destination, bytes)) ||
-      (from_device && !cgcpu::detail::device_range(source, bytes)))
-    return cgcpu::detail::record(cudaErrorInvalidValue);
-  std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
-  std::memcpy(destination, source, bytes);  // overlapping ranges are an error (ASan reports them)
+  if ((to_device && !device_range(destination, bytes)) || (from_device && !device_range(source, bytes)))
+    return record(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> device(device_mutex());
+  std::unique_ptr<CopyWork> work(new CopyWork);
+  work->to = destination;
+  work->from = source;
+  work->bytes = bytes;
+  work->to_device = to_device;
+  work->from_device = from_device;
+  if (!to_device && !from_device) {  // host to host
+    wait_stream(stream);
+    std::memcpy(destination, source, bytes);
+    return cudaSuccess;
+  }
+  const bool pageable_source = !from_device && !pinned_range(source, bytes);
+  const bool pageable_target = !to_device && !pinned_range(destination, bytes);
+  if (pageable_source) {
+    wait_stream(stream);
+    const unsigned char* from = static_cast<const unsigned char*>(source);
+    work->staged.assign(from, from + bytes);
+  }
+  enqueue(stream, name, std::move(work));
+  if (pageable_target) {
+    wait_stream(stream);
+  } else if (is_legacy(stream)) {
+    run_pending();
+  }
+  return sticky() != cudaSuccess ? record(sticky()) : cudaSuccess;
+}
+
+inline cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_t stream, const char* name) {
+  CGCPU_STICKY_GUARD();
+  if (bytes == 0) return cudaSuccess;
+  if (!device_range(pointer, bytes)) return record(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> device(device_mutex());
+  std::unique_ptr<MemsetWork> work(new MemsetWork);
+  work->to = pointer;
+  work->value = value;
+  work->bytes = bytes;
+  enqueue(stream, name, std::move(work));
+  if (is_legacy(stream)) run_pending();
   return cudaSuccess;
+}
+
+}  // namespace detail
+}  // namespace cgcpu
+
+// cudaMemcpy is the legacy stream's copy, with cudaMemcpyAsync's rules for pageable memory.
+inline cudaError_t cudaMemcpy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind) {
+  return cgcpu::detail::copy(destination, source, bytes, kind, nullptr, "cudaMemcpy");
 }
 inline cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
                                    cudaStream_t stream = nullptr) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
-  return cudaMemcpy(destination, source, bytes, kind);
+  return cgcpu::detail::copy(destination, source, bytes, kind, stream, "cudaMemcpyAsync");
 }
 
+// cudaMemset is asynchronous with respect to the host for device memory, on the legacy stream.
 inline cudaError_t cudaMemset(void* pointer, int value, std::size_t bytes) {
-  CGCPU_STICKY_GUARD();
-  if (bytes == 0) return cudaSuccess;
-  if (!cgcpu::detail::device_range(pointer, bytes)) return cgcpu::detail::record(cudaErrorInvalidValue);
-  std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
-  std::memset(pointer, value, bytes);
-  return cudaSuccess;
+  return cgcpu::detail::fill(pointer, value, bytes, nullptr, "cudaMemset");
 }
 inline cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t stream = nullptr) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
-  return cudaMemset(pointer, value, bytes);
+  return cgcpu::detail::fill(pointer, value, bytes, stream, "cudaMemsetAsync");
 }
 
-// ---- streams and events (synchronous) -------------------------------------------------------
+// ---- streams and events (stream.h) ---------------------------------------------------------
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (stream == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   CGCPU_STICKY_GUARD();
-  CUstream_st* s = new CUstream_st{flags};
+  const unsigned index = cgcpu::detail::add_stream((flags & cudaStreamNonBlocking) == 0);
+  CUstream_st* s = new CUstream_st{flags, index};
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.streams.insert(s);
@@ -275,25 +419,45 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int 
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+// The stream's work is run first (CUDA lets it finish after the call returns).
 inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr || cgcpu::detail::is_legacy(stream) || !cgcpu::detail::stream_valid(stream))
+    return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  cgcpu::detail::run_pending();
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    if (stream == nullptr || r.streams.erase(stream) == 0) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+    if (r.streams.erase(stream) == 0) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   }
+  cgcpu::detail::retire_stream(stream->index);
   delete stream;
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  cgcpu::detail::wait_stream(stream);
   CGCPU_STICKY_GUARD();
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
 
+// `stream`'s later work waits for the work before the event's last record (in host order; an
+// event never recorded: nothing).
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0) {
+  if (!cgcpu::detail::event_valid(event) || !cgcpu::detail::stream_valid(stream))
+    return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  if (flags != 0) return cgcpu::detail::record(cudaErrorInvalidValue);
+  CGCPU_STICKY_GUARD();
+  if (cgcpu::detail::skip_this_wait()) return cudaSuccess;  // CG_CPU_SKIP_WAIT
+  std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
+  cgcpu::detail::enqueue(stream, "cudaStreamWaitEvent", nullptr, event, nullptr);
+  if (cgcpu::detail::is_legacy(stream)) cgcpu::detail::run_pending();
+  return cudaSuccess;
+}
+
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   if (event == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
-  CUevent_st* e = new CUevent_st{std::chrono::steady_clock::now(), false};
+  CUevent_st* e = new CUevent_st{std::chrono::steady_clock::now(), false, false, 0, 0, {}};
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.events.insert(e);
@@ -304,12 +468,22 @@ inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateW
 inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
   if (!cgcpu::detail::event_valid(event) || !cgcpu::detail::stream_valid(stream))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
-  event->time = std::chrono::steady_clock::now();
-  event->recorded = true;
+  CGCPU_STICKY_GUARD();
+  std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
+  cgcpu::detail::enqueue(stream, "cudaEventRecord", nullptr, nullptr, event);
+  if (cgcpu::detail::is_legacy(stream)) cgcpu::detail::run_pending();
   return cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!cgcpu::detail::event_valid(event)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  cgcpu::detail::run_pending();
+  std::vector<std::uint64_t> clock;
+  {
+    cgcpu::detail::Device& d = cgcpu::detail::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    clock = event->clock;
+  }
+  cgcpu::detail::host_waited(clock);
   CGCPU_STICKY_GUARD();
   return cudaSuccess;
 }
@@ -318,11 +492,13 @@ inline cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, 
   if (milliseconds == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   if (!cgcpu::detail::event_valid(start) || !cgcpu::detail::event_valid(end))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  cgcpu::detail::run_pending();
   if (!start->recorded || !end->recorded) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
   return cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  cgcpu::detail::run_pending();  // a queued record still refers to it
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -354,3 +530,15 @@ template <class T>
 inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, int value) {
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attribute, value);
 }
+
+// After every launch in the emitted host program (its own definition is the fallback): names the
+// launch (cgcpu::launch_site: faults and the shadow's reports say where it was issued), then the
+// emitted program's check of the launch's error.
+#ifndef CG_LAUNCHED
+#define CG_LAUNCHED(where) (::cgcpu::launch_site(where), cg_check(cudaGetLastError(), where))
+#endif
+// After a library call (a cuBLASLt product, an NCCL collective) in the emitted host program,
+// where the emitted file says CG_ISSUED(where) (nothing on a GPU): names the op it issued.
+#ifndef CG_ISSUED
+#define CG_ISSUED(where) ::cgcpu::launch_site(where)
+#endif

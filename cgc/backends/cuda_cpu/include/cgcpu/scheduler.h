@@ -1,6 +1,7 @@
 // cuda_cpu: kernel launches. Every CUDA thread is a fiber; a block's fibers run cooperatively
 // on one OS worker thread, switching only at barriers and warp collectives; the blocks of a
-// launch are spread over the worker pool and run in parallel. Launches are synchronous.
+// launch are spread over the worker pool and run in parallel. A launch is an op of its stream
+// (stream.h): on the legacy default stream it has run when the launch returns.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "fiber.h"
 #include "state.h"
+#include "stream.h"
 #include "vector_types.h"
 
 namespace cgcpu {
@@ -32,9 +34,6 @@ inline thread_local uint3 tls_block_idx{0, 0, 0};
 inline thread_local dim3 tls_block_dim{1, 1, 1};
 inline thread_local dim3 tls_grid_dim{1, 1, 1};
 inline thread_local unsigned char* tls_dynamic_shared = nullptr;
-
-struct Worker;
-inline thread_local Worker* tls_worker = nullptr;  // set while this OS thread runs a block
 
 // ---- a launch, type-erased -------------------------------------------------------------
 struct LaunchInfo {
@@ -108,11 +107,11 @@ struct Fiber {
 // The emulator's bookkeeping in a CUDA thread (racecheck): hidden from TSan, and counted, so
 // that a thread a fault abandons inside it can be cleaned up (run_block).
 struct FiberIgnore {
-  explicit FiberIgnore(Fiber& fiber) : fiber(fiber) {
+  CGCPU_SHADOW_SKIP explicit FiberIgnore(Fiber& fiber) : fiber(fiber) {
     tsan_ignore_begin();
     ++fiber.tsan_ignores;
   }
-  ~FiberIgnore() {
+  CGCPU_SHADOW_SKIP ~FiberIgnore() {
     --fiber.tsan_ignores;
     tsan_ignore_end();
   }
@@ -170,13 +169,13 @@ struct Worker {
     }
   }
 
-  void push(unsigned fiber) {
+  CGCPU_SHADOW_SKIP void push(unsigned fiber) {
     std::size_t tail = queue_head + queue_count;
     if (tail >= queue.size()) tail -= queue.size();
     queue[tail] = fiber;
     ++queue_count;
   }
-  Fiber* pop() {
+  CGCPU_SHADOW_SKIP Fiber* pop() {
     if (queue_count == 0) return nullptr;
     if (rng != 0 && queue_count > 1) {  // random order: swap a random entry to the head
       rng ^= rng << 13;
@@ -192,7 +191,7 @@ struct Worker {
   }
 };
 
-inline Worker& this_worker() {
+CGCPU_SHADOW_SKIP inline Worker& this_worker() {
   static thread_local Worker worker;
   return worker;
 }
@@ -262,13 +261,6 @@ inline void prepare_overflow_report() {
 #endif
 }
 
-inline std::uint64_t mix(std::uint64_t x) {  // splitmix64
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // ---- messages ------------------------------------------------------------------------------
 inline std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 inline std::string strformat(const char* fmt, ...) {
@@ -309,7 +301,7 @@ inline std::string block_text(const Worker& w) {
 }
 
 // ---- switching -----------------------------------------------------------------------------
-inline void enter(Worker& w, Fiber& to) {
+CGCPU_SHADOW_SKIP inline void enter(Worker& w, Fiber& to) {
   w.current = &to;
   to.state = FiberState::Running;
   tls_thread_idx = to.index;
@@ -317,7 +309,7 @@ inline void enter(Worker& w, Fiber& to) {
 
 // The current fiber waits (its state says for what): run the next ready fiber, or return to
 // the scheduler when none is ready (all done, or a deadlock).
-__attribute__((noinline)) inline void suspend(Worker& w) {
+CGCPU_SHADOW_SKIP __attribute__((noinline)) inline void suspend(Worker& w) {
   Fiber* self = w.current;
   Fiber* next = w.pop();
   if (next != nullptr) {
@@ -353,7 +345,7 @@ __attribute__((noinline)) inline void suspend(Worker& w) {
   context_leave(self->context, w.scheduler, w.scheduler_stack, w.scheduler_stack_size);
 }
 
-inline Worker& device_worker(const char* what) {
+CGCPU_SHADOW_SKIP inline Worker& device_worker(const char* what) {
   Worker* w = tls_worker;
   if (w == nullptr || w->current == nullptr) {
     std::fprintf(stderr, "cuda_cpu: %s called outside a kernel\n", what);
@@ -366,7 +358,7 @@ inline Worker& device_worker(const char* what) {
 // All threads of the block must arrive at the same barrier (same call site, same kind); a
 // thread arriving at a different one is a fault, and threads that exited or wait elsewhere
 // while others wait here are a deadlock, reported when no fiber can run.
-__attribute__((noinline)) inline int block_barrier(const char* what, int predicate, const char* file,
+CGCPU_SHADOW_SKIP __attribute__((noinline)) inline int block_barrier(const char* what, int predicate, const char* file,
                                                    int line) {
   __asm__ volatile("" ::: "memory");
   Worker& w = device_worker(what);
@@ -421,7 +413,7 @@ __attribute__((noinline)) inline int block_barrier(const char* what, int predica
 // Completes the collective of `mask` if every lane it names that has not exited has posted it.
 // Lanes that exited (or do not exist) are not waited for: __syncwarp counts them as arrived,
 // and a shuffle that reads one gets an undefined value (all bits set).
-inline bool try_complete(Worker& w, WarpState& warp, std::uint32_t mask) {
+CGCPU_SHADOW_SKIP inline bool try_complete(Worker& w, WarpState& warp, std::uint32_t mask) {
   const std::uint32_t need = mask & warp.present & ~warp.exited;
   if (need == 0 || (warp.posted & need) != need) return false;
   for (std::uint32_t m = need; m != 0; m &= m - 1) {
@@ -453,7 +445,7 @@ inline bool try_complete(Worker& w, WarpState& warp, std::uint32_t mask) {
 // Posts this lane's part of a collective, waits for the others, returns this lane's result.
 // Racecheck: only __syncwarp orders memory (a shuffle, vote or WMMA operation does not, as on a
 // GPU); the operands and results travel through the emulator's bookkeeping, hidden from TSan.
-__attribute__((noinline)) inline std::uint64_t warp_collective(const Post& post) {
+CGCPU_SHADOW_SKIP __attribute__((noinline)) inline std::uint64_t warp_collective(const Post& post) {
   __asm__ volatile("" ::: "memory");
   Worker& w = device_worker(post.what);
   Fiber& self = *w.current;
@@ -521,7 +513,7 @@ CGCPU_NO_TSAN inline void tsan_tile_access(Worker& w, const WarpState& warp, con
 #endif
 }
 
-inline void require_whole_warp(Worker& w, const WarpState& warp, std::uint32_t lanes, const Post& p) {
+CGCPU_SHADOW_SKIP inline void require_whole_warp(Worker& w, const WarpState& warp, std::uint32_t lanes, const Post& p) {
   if (lanes != 0xFFFFFFFFu || warp.present != 0xFFFFFFFFu) {
     fiber_fault(w, "%s (%s:%d) needs all 32 lanes of the warp; lanes present and not exited: 0x%08x", p.what,
                 p.file, p.line, lanes);
@@ -624,7 +616,7 @@ CGCPU_NO_TSAN inline void tsan_replace_fiber(void*& fiber, int ignores, void* se
 #endif
 
 // Runs block `linear_block` of `launch` on this OS thread, to completion (or a fault).
-inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
+CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
   TsanIgnore ignore;
   Worker& w = this_worker();
   tls_worker = &w;
@@ -744,46 +736,62 @@ inline std::size_t shared_limit(const void* kernel) {
 
 inline bool stream_valid(cudaStream_t stream);  // runtime_api.h
 
-// The fault of the lowest-numbered block that faulted: blocks are handed out in order and a
-// fault only stops new ones from starting, so every lower block has run; the report does not
-// depend on the number of workers.
-struct LaunchFault {
+// A launch as an op of its stream (stream.h): its blocks are its items. The fault reported is
+// the lowest-numbered block's that faulted: a launch's blocks are handed out in order and a
+// fault only stops new ones from being handed out, so every lower block has run; the report
+// does not depend on the number of workers or on what ran beside it.
+struct KernelWork : Work {
+  LaunchInfo info{};
+  std::vector<std::uint64_t> sample;  // the blocks to run (block sampling)
+  bool sampled = false;
+  std::uint64_t blocks = 0;
   std::mutex mutex;
-  bool any = false;
-  std::uint64_t block = 0;
+  bool faulted = false;
+  std::uint64_t fault_block = 0;
   std::string message;
-};
 
-struct BlockJob {
-  const LaunchInfo* launch;
-  LaunchFault* fault;
-  const std::uint64_t* sample;  // the blocks to run (block sampling), or null: all of them
-};
-
-inline void run_block_job(void* context, std::uint64_t index) {
-  BlockJob& job = *static_cast<BlockJob*>(context);
-  const std::uint64_t block = job.sample != nullptr ? job.sample[index] : index;
-  run_block(*job.launch, block);
-  Worker& w = this_worker();
-  if (w.fault) {
-    std::lock_guard<std::mutex> lock(job.fault->mutex);
-    if (!job.fault->any || block < job.fault->block) {
-      job.fault->any = true;
-      job.fault->block = block;
-      job.fault->message = w.message;
-    }
-    pool().cancel();
+  std::uint64_t start(Op&) override {
+    if (sticky() != cudaSuccess) return 0;  // a kernel faulted before: the context is lost
+    return expected_items();
   }
-}
+  std::uint64_t expected_items() const override { return sampled ? sample.size() : blocks; }
+  CGCPU_SHADOW_SKIP bool item(Op&, std::uint64_t index) override {
+    const std::uint64_t block = sampled ? sample[index] : index;
+    run_block(info, block);
+    Worker& w = this_worker();
+    if (!w.fault) return false;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!faulted || block < fault_block) {
+      faulted = true;
+      fault_block = block;
+      message = w.message;
+    }
+    return true;
+  }
+  void finish(Op& op) override {
+    if (!faulted) return;
+    if (op.site != nullptr)
+      std::fprintf(stderr, "cuda_cpu: %s (launched at %s)\n", message.c_str(), op.site);
+    else
+      std::fprintf(stderr, "cuda_cpu: %s\n", message.c_str());
+    std::fflush(stderr);
+    if (config().abort_on_fault) std::abort();
+    int expected = cudaSuccess;
+    sticky_error.compare_exchange_strong(expected, cudaErrorLaunchFailure);
+    op.error = cudaErrorLaunchFailure;
+  }
+};
 
 inline std::atomic<std::uint64_t>& launch_serial() {
   static std::atomic<std::uint64_t> serial{0};
   return serial;
 }
 
-// Checks a launch as the CUDA runtime does, then runs it. Returns the launch's own error (the
-// configuration); a fault while running sets the sticky cudaErrorLaunchFailure.
-inline cudaError_t launch(LaunchInfo& info, const void* kernel) {
+// Checks a launch as the CUDA runtime does, then issues it on `stream`. Returns the launch's own
+// error (the configuration); a fault while running sets the sticky cudaErrorLaunchFailure (and,
+// on the legacy stream, where the launch has run when this returns, is returned too).
+inline cudaError_t launch(std::unique_ptr<KernelWork> work, const void* kernel, cudaStream_t stream) {
+  LaunchInfo& info = work->info;
   if (tls_worker != nullptr) {
     std::fprintf(stderr, "cuda_cpu: kernel %s launched from device code (not supported)\n", info.name);
     std::abort();
@@ -797,36 +805,31 @@ inline cudaError_t launch(LaunchInfo& info, const void* kernel) {
     return record(cudaErrorInvalidConfiguration);
   if (info.shared > shared_limit(kernel)) return record(cudaErrorInvalidValue);
   std::lock_guard<std::recursive_mutex> lock(device_mutex());
+  // Numbered in the order issued: the fibers' order (CG_CPU_SCHEDULE_SEED) depends on it, not on
+  // when the launch runs.
   info.serial = launch_serial().fetch_add(1);
-  LaunchFault fault;
-  BlockJob job{&info, &fault, nullptr};
-  const std::uint64_t blocks = static_cast<std::uint64_t>(g.x) * g.y * g.z;
-  // Block sampling (CG_CPU_BLOCKS, cgcpu::set_block_sample): the listed blocks that exist, in
-  // increasing order, each once.
-  std::vector<std::uint64_t> sample;
+  work->blocks = static_cast<std::uint64_t>(g.x) * g.y * g.z;
+  // Block sampling (CG_CPU_BLOCKS, cgcpu::set_block_sample) as it is when the launch is issued:
+  // the listed blocks that exist, in increasing order, each once.
   {
     Config& c = config();
-    std::lock_guard<std::mutex> lock(c.blocks_mutex);
+    std::lock_guard<std::mutex> blocks_lock(c.blocks_mutex);
     for (long long listed : c.blocks) {
-      const long long block = listed < 0 ? static_cast<long long>(blocks) + listed : listed;
-      if (block >= 0 && static_cast<std::uint64_t>(block) < blocks) sample.push_back(static_cast<std::uint64_t>(block));
+      const long long block = listed < 0 ? static_cast<long long>(work->blocks) + listed : listed;
+      if (block >= 0 && static_cast<std::uint64_t>(block) < work->blocks)
+        work->sample.push_back(static_cast<std::uint64_t>(block));
     }
     if (!c.blocks.empty()) {
-      std::sort(sample.begin(), sample.end());
-      sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
-      job.sample = sample.data();
+      std::sort(work->sample.begin(), work->sample.end());
+      work->sample.erase(std::unique(work->sample.begin(), work->sample.end()), work->sample.end());
+      work->sampled = true;
     }
   }
-  pool().parallel_for(job.sample != nullptr ? sample.size() : blocks, &run_block_job, &job);
-  if (fault.any) {
-    std::fprintf(stderr, "cuda_cpu: %s\n", fault.message.c_str());
-    std::fflush(stderr);
-    if (config().abort_on_fault) std::abort();
-    int expected = cudaSuccess;
-    sticky_error.compare_exchange_strong(expected, cudaErrorLaunchFailure);
-    return record(cudaErrorLaunchFailure);
-  }
-  return cudaSuccess;
+  const char* name = info.name;
+  std::shared_ptr<Op> op = enqueue(stream, name, std::move(work));
+  if (!is_legacy(stream)) return cudaSuccess;
+  run_pending(false);  // CG_LAUNCHED names it, then publishes the shadow's reports
+  return op->error != cudaSuccess ? record(op->error) : cudaSuccess;
 }
 
 template <class T>
@@ -848,19 +851,22 @@ class Launcher {
       record(cudaErrorInvalidResourceHandle);
       return;
     }
-    Bound bound{kernel_, std::tuple<typename std::decay<Params>::type...>(
-                             implicit_convert<typename std::decay<Params>::type>(std::forward<Args>(args))...)};
-    LaunchInfo info{name_, grid_, block_, shared_, &Launcher::invoke, &bound, 0};
-    launch(info, reinterpret_cast<const void*>(kernel_));
+    // The arguments are copied into the op, which may run after this returns.
+    std::unique_ptr<BoundWork> work(new BoundWork(
+        kernel_, std::tuple<typename std::decay<Params>::type...>(
+                     implicit_convert<typename std::decay<Params>::type>(std::forward<Args>(args))...)));
+    work->info = LaunchInfo{name_, grid_, block_, shared_, &Launcher::invoke, work.get(), 0};
+    launch(std::move(work), reinterpret_cast<const void*>(kernel_), stream_);
   }
 
  private:
-  struct Bound {
+  struct BoundWork : KernelWork {
+    BoundWork(Kernel k, std::tuple<typename std::decay<Params>::type...>&& a) : kernel(k), arguments(std::move(a)) {}
     Kernel kernel;
     std::tuple<typename std::decay<Params>::type...> arguments;
   };
   static void invoke(const void* self) {
-    const Bound& bound = *static_cast<const Bound*>(self);
+    const BoundWork& bound = *static_cast<const BoundWork*>(self);
     std::apply(bound.kernel, bound.arguments);  // every thread gets its own copies
   }
 

@@ -30,6 +30,13 @@ namespace cgcpu {
 //                      that exist (block sampling; unset or empty: every block).
 // CG_CPU_DISABLE_BARRIER  a barrier site number: cgcpu::barrier_disabled(n) is true for it
 //                      (the racecheck campaign's hook; default -1, none).
+// CG_CPU_INTERLEAVE_SEED  the order in which the blocks of launches that may run at the same
+//                      time (on different streams, unordered by events) are handed out:
+//                      0 (default) round robin over them, any other value pseudo-random picks
+//                      drawn from it (stream.h).
+// CG_CPU_SKIP_WAIT     a number n: the n-th cudaStreamWaitEvent of the process (from 0) waits
+//                      for nothing (the concurrency campaign's hook: a join or fork removed,
+//                      which the shadow must report; default -1, none).
 struct Config {
   unsigned threads = 1;
   std::size_t stack_bytes = 64 * 1024;
@@ -37,6 +44,9 @@ struct Config {
   bool abort_on_fault = false;
   std::atomic<std::uint64_t> seed{0};
   std::atomic<long> disabled_barrier{-1};
+  std::atomic<std::uint64_t> interleave_seed{0};
+  std::atomic<long> skipped_wait{-1};
+  std::atomic<long> waits{0};
   // Block sampling: written by the host between launches (under the device lock).
   std::mutex blocks_mutex;
   std::vector<long long> blocks;
@@ -74,6 +84,8 @@ inline Config& config() {
     c->abort_on_fault = detail::env_long("CG_CPU_ABORT", 0) != 0;
     c->seed.store(static_cast<std::uint64_t>(detail::env_long("CG_CPU_SCHEDULE_SEED", 0)));
     c->disabled_barrier.store(detail::env_long("CG_CPU_DISABLE_BARRIER", -1));
+    c->interleave_seed.store(static_cast<std::uint64_t>(detail::env_long("CG_CPU_INTERLEAVE_SEED", 0)));
+    c->skipped_wait.store(detail::env_long("CG_CPU_SKIP_WAIT", -1));
     if (const char* text = std::getenv("CG_CPU_BLOCKS")) {
       for (const char* at = text; *at != '\0';) {
         char* end = nullptr;
@@ -110,8 +122,32 @@ inline bool barrier_disabled(long site) {
   return site == config().disabled_barrier.load(std::memory_order_relaxed);
 }
 
+// Emulator extension, the concurrency campaign's hook: the n-th cudaStreamWaitEvent of the
+// process (from 0) waits for nothing; -1: none.
+inline void set_skipped_wait(long n) {
+  config().skipped_wait.store(n);
+  config().waits.store(0);
+}
+namespace detail {
+inline bool skip_this_wait() {
+  const long n = config().waits.fetch_add(1);
+  return n == config().skipped_wait.load(std::memory_order_relaxed);
+}
+}  // namespace detail
+
 // ---- error state -------------------------------------------------------------------------
 namespace detail {
+inline std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct Worker;
+inline thread_local Worker* tls_worker = nullptr;  // set while this OS thread runs a block
+inline bool tls_worker_active() { return tls_worker != nullptr; }
+
 // The last error of this host thread (cudaGetLastError clears it), and the sticky error a
 // faulting kernel leaves: as on a GPU, every later call returns it.
 inline thread_local cudaError_t tls_last_error = cudaSuccess;
@@ -127,7 +163,7 @@ inline cudaError_t sticky() { return static_cast<cudaError_t>(sticky_error.load(
 // ---- the worker pool -------------------------------------------------------------------
 // parallel_for(count, fn, context) runs fn(context, i) for every i < count on the calling
 // thread and up to config().threads - 1 helper threads; each takes the next index in turn.
-// One job at a time (launches and products are serialised by the caller's lock).
+// One job at a time: the queue of stream.h (run_pending), each thread one participant.
 namespace detail {
 typedef void (*IndexFunction)(void* context, std::uint64_t index);
 
@@ -226,7 +262,7 @@ inline Pool& pool() {
   return instance;
 }
 
-// Launches, products and copies run one at a time (streams are synchronous on the CPU).
+// The host's calls that issue or run work, one at a time (stream.h runs the queue under it).
 inline std::recursive_mutex& device_mutex() {
   static std::recursive_mutex m;
   return m;

@@ -17,7 +17,7 @@ enum ShuffleMode { kShuffleIndex, kShuffleUp, kShuffleDown, kShuffleXor };
 
 // PTX shfl.sync: c = ((32 - width) << 8) | clamp; clamp is 0 for .up, 31 otherwise.
 template <int Mode>
-inline void complete_shuffle(Worker&, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_shuffle(Worker&, WarpState& warp, std::uint32_t lanes) {
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) {
     const int lane = __builtin_ctz(m);
     const Post& p = *warp.post[lane];
@@ -40,7 +40,7 @@ inline void complete_shuffle(Worker&, WarpState& warp, std::uint32_t lanes) {
   }
 }
 
-inline void complete_ballot(Worker&, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_ballot(Worker&, WarpState& warp, std::uint32_t lanes) {
   std::uint64_t ballot = 0;
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) {
     const int lane = __builtin_ctz(m);
@@ -49,22 +49,22 @@ inline void complete_ballot(Worker&, WarpState& warp, std::uint32_t lanes) {
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) warp.result[__builtin_ctz(m)] = ballot;
 }
 
-inline void complete_any(Worker&, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_any(Worker&, WarpState& warp, std::uint32_t lanes) {
   bool any = false;
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) any = any || warp.post[__builtin_ctz(m)]->value != 0;
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) warp.result[__builtin_ctz(m)] = any;
 }
 
-inline void complete_all(Worker&, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_all(Worker&, WarpState& warp, std::uint32_t lanes) {
   bool all = true;
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) all = all && warp.post[__builtin_ctz(m)]->value != 0;
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) warp.result[__builtin_ctz(m)] = all;
 }
 
-inline void complete_sync(Worker&, WarpState&, std::uint32_t) {}
+CGCPU_SHADOW_SKIP inline void complete_sync(Worker&, WarpState&, std::uint32_t) {}
 
 template <int Op>  // 0 add, 1 min, 2 max, 3 and, 4 or, 5 xor (unsigned 32-bit; signed min/max: 6, 7)
-inline void complete_reduce(Worker&, WarpState& warp, std::uint32_t lanes) {
+CGCPU_SHADOW_SKIP inline void complete_reduce(Worker&, WarpState& warp, std::uint32_t lanes) {
   std::uint32_t acc = static_cast<std::uint32_t>(warp.post[__builtin_ctz(lanes)]->value);
   for (std::uint32_t m = lanes & (lanes - 1); m != 0; m &= m - 1) {
     const std::uint32_t v = static_cast<std::uint32_t>(warp.post[__builtin_ctz(m)]->value);
@@ -82,7 +82,7 @@ inline void complete_reduce(Worker&, WarpState& warp, std::uint32_t lanes) {
   for (std::uint32_t m = lanes; m != 0; m &= m - 1) warp.result[__builtin_ctz(m)] = acc;
 }
 
-inline Post make_post(CompleteFunction complete, const char* what, unsigned mask, const char* file, int line) {
+CGCPU_SHADOW_SKIP inline Post make_post(CompleteFunction complete, const char* what, unsigned mask, const char* file, int line) {
   Post p;
   std::memset(&p, 0, sizeof p);
   p.complete = complete;
