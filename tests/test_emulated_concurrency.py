@@ -33,7 +33,6 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cgc.backends.cuda.emit import emit_program
@@ -388,3 +387,37 @@ def test_the_standalone_program_in_the_shadow_build_replays_a_dump(tmp_path, mon
     assert broken.conflicts and all(c.buffers for c in broken.conflicts), broken.stderr[-3000:]
     assert len(parse_shadow(broken.stderr)) == len(broken.conflicts)
 
+
+
+@pytest.mark.slow
+def test_the_shadow_catches_branches_the_checker_would_refuse(tmp_path, monkeypatch):
+    """The checker's verdict turned off for a step whose optimizer runs beside the backward
+    that writes the gradients it reads: the shadow build reports the two launches and the
+    gradient bank. With the verdict on, the same step never reaches a backend."""
+    import shutil
+    from cgc.checking import concurrency
+    from cgc.core.diagnostics import CompileError
+    for source in SCHEDULES.glob("*.cg"):
+        shutil.copy(source, tmp_path / source.name)
+    train = tmp_path / "train.cg"
+    text = train.read_text()
+    step = "(cgThen cgSavedBackward cgOptimizer)"
+    assert step in text
+    train.write_text(text.replace(step, "(cgConcurrently cgSavedBackward cgOptimizer)"))
+    path = str(train)
+    with pytest.raises(CompileError, match="concurrent branches may not touch"):
+        open_run("emulated", analyse([path]), path, "tiny", {}, 0)
+    monkeypatch.setattr(concurrency.Independence, "run", lambda self: None)
+    monkeypatch.setenv("CGC_EMULATED_SHADOW", "1")
+    run = open_run("emulated", analyse([path]), path, "tiny", {}, 0)
+    assert run.shadow_active
+    program = run.program
+    ids, targets = Batches(load_corpus(None), program.role("batch"), program.role("context"),
+                           0).next()
+    with pytest.raises(ConcurrencyConflict) as raised:
+        run.step(ids, targets)
+    conflicts = raised.value.conflicts
+    assert conflicts and any("cgBankG" in " ".join(map(str, c.buffers)) for c in conflicts), \
+        conflicts
+    assert any("cgImageAdamW" in " ".join(c.kernels) or "cgImageSquareSum" in
+               " ".join(c.kernels) for c in conflicts), conflicts
