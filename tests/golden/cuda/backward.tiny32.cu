@@ -1249,7 +1249,7 @@ static void cg_check(cublasStatus_t status, const char* where) {
 #ifndef CG_LAUNCHED
 #define CG_LAUNCHED(where) cg_check(cudaGetLastError(), where)
 #endif
-// After a library call (a cuBLASLt product, an NCCL collective): nothing on a GPU; the CPU
+// After a library call (a cuBLASLt product, a collective): nothing on a GPU; the CPU
 // build (cgc/backends/cuda_cpu) names the op it issued, for its faults and shadow reports.
 #ifndef CG_ISSUED
 #define CG_ISSUED(where)
