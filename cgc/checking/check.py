@@ -25,7 +25,7 @@ from ..core.ir import (
 )
 from ..core.roles import flowing
 from .concurrency import Independence
-from .flow import follow, reach
+from .flow import element_range, elements_of, follow, reach
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -37,26 +37,9 @@ STAGE_ROLES = {"forward": (), "data": (), "backward": ("gradients",),
                "optimizer": ("parameters", "state", "copies")}
 
 
-def _elements(storage, low: int, high: int) -> str:
-    """'Elements low..high-1 of ' a storage, by stack item where it is a stack; nothing when
-    they are all of it."""
-    if (low, high) == (0, storage.count):
-        return ""
-    return _range(storage, low, high) + " of "
-
-
 def _pronoun(storage, low: int, high: int) -> str:
-    return "it" if _range(storage, low, high).startswith(("item ", "element ")) or \
+    return "it" if element_range(storage, low, high).startswith(("item ", "element ")) or \
         (low, high) == (0, storage.count) else "them"
-
-
-def _range(storage, low: int, high: int) -> str:
-    if storage.stack and low % storage.item_count == 0 and high % storage.item_count == 0:
-        first, last = low // storage.item_count, high // storage.item_count - 1
-        return f"item {first}" if first == last else f"items {first} to {last}"
-    if high - low == 1:
-        return f"element {low}"
-    return f"elements {low} to {high - 1}"
 
 
 def _where(variables: tuple[LoopVariable, ...], values: dict[LoopVariable, int]) -> str:
@@ -121,7 +104,7 @@ class Checker:
             kind = "step buffer" if storage.kind == "buffer" else "arena slot"
             where = "" if point is None else _where(tuple(point), point)
             self.error(read.launch, f"'{read.launch.image.name}' reads "
-                                    f"{_elements(storage, *hole)}the {kind} '{storage.name}' "
+                                    f"{elements_of(storage, *hole)}the {kind} '{storage.name}' "
                                     f"through pointer {binding.index} '{parameter.name}'{where}, "
                                     f"but nothing earlier in the step '{step}' writes "
                                     f"{_pronoun(storage, *hole)}", binding.span, rule)
@@ -133,7 +116,7 @@ class Checker:
             hole = (0, storage.count) if values is None else values.first_gap(0, storage.count)
             if hole is not None:
                 self.report.error(
-                    f"the step '{step}' never writes {_elements(storage, *hole)}"
+                    f"the step '{step}' never writes {elements_of(storage, *hole)}"
                     f"'{storage.name}', its `{role}` role: the runtime reads all of it after "
                     "every step", program.role_spans.get("step"),
                     Note(f"'{storage.name}' is given the `{role}` role here",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..core.diagnostics import Note
 from ..core.ir import Concurrent, Launch, PhaseRegion, Program, Repeat, concrete
-from .flow import UNROLL_LIMIT, reach
+from .flow import UNROLL_LIMIT, elements_of, reach
 
 WRITES = ("write", "readwrite", "accumulate")
 COMMUNICATOR = -1  # the stream of a branch of collectives alone
@@ -55,6 +55,13 @@ def branch_streams(node: Concurrent, parent: int, busy: frozenset[int]) -> list[
             taken.add(stream)
             streams.append(stream)
     return streams
+
+
+def on_streams(node: Concurrent, stream: int, busy: frozenset[int]):
+    """Each branch of `node` with the stream it runs on (`branch_streams`), and the streams
+    held inside the branches: what every walk of the program passes down."""
+    streams = branch_streams(node, stream, busy)
+    return list(zip(node.branches, streams)), busy | {s for s in streams if s >= 0}
 
 
 def _collectives_only(nodes) -> bool:
@@ -84,13 +91,11 @@ def stream_count(program: Program) -> tuple[int, bool]:
         nonlocal most, communicator
         for node in nodes:
             if isinstance(node, Concurrent):
-                streams = branch_streams(node, stream, busy)
-                inner = busy | {s for s in streams if s != COMMUNICATOR}
-                for branch, branch_stream in zip(node.branches, streams):
+                branches, inner = on_streams(node, stream, busy)
+                for branch, branch_stream in branches:
                     communicator |= branch_stream == COMMUNICATOR
                     most = max(most, branch_stream + 1)
-                    walk(branch, stream if branch_stream == COMMUNICATOR else branch_stream,
-                         inner)
+                    walk(branch, branch_stream, inner)
             elif not isinstance(node, Launch):
                 walk(node.body, stream, busy)
 
@@ -250,12 +255,9 @@ class Independence:
                     inner = None if point is None else {**point, node.variable: iteration}
                     found.extend(self.walk(node.body, inner, stream, busy))
             elif isinstance(node, Concurrent):
-                streams = branch_streams(node, stream, busy)
-                inner_busy = busy | {s for s in streams if s != COMMUNICATOR}
-                branches = [self.walk(branch, point,
-                                      stream if branch_stream == COMMUNICATOR else branch_stream,
-                                      inner_busy)
-                            for branch, branch_stream in zip(node.branches, streams)]
+                pairs, inner = on_streams(node, stream, busy)
+                branches = [self.walk(branch, point, branch_stream, inner)
+                            for branch, branch_stream in pairs]
                 self.compared += sum(map(len, branches))
                 if self.compared > TOUCH_LIMIT:
                     raise _TooMany(node)
@@ -288,7 +290,6 @@ class Independence:
                                 table[touch.resource] = Cover()
                             table[touch.resource].add(touch.low, touch.high, (number, touch))
 
-
     def conflict(self, node: Concurrent, first: int, other: Touch, second: int,
                  touch: Touch) -> None:
         key = (id(node), id(touch.launch), touch.resource[0],
@@ -301,8 +302,7 @@ class Independence:
         if kind == "memory":
             storage = touch.binding.view.storage
             low, high = max(touch.low, other.low), min(touch.high, other.high)
-            from .check import _elements
-            elements = _elements(storage, low - touch.shift, high - touch.shift)
+            elements = elements_of(storage, low - touch.shift, high - touch.shift)
             what = f"{elements}'{storage.label if elements else touch.binding.view.label}'"
             verb = "writes" if touch.writes else "reads"
             other_verb = "writes" if other.writes else "reads"
@@ -310,8 +310,8 @@ class Independence:
                        f"{touch.binding.index} '{touch.parameter.name}'{_where(touch.point)}, "
                        f"which '{rival}' in branch {first} {other_verb} through pointer "
                        f"{other.binding.index} '{other.parameter.name}' "
-                       f"('{other.binding.view.label}'){_where(other.point)}: concurrent branches may not touch "
-                       "what another branch writes")
+                       f"('{other.binding.view.label}'){_where(other.point)}: concurrent "
+                       "branches may not touch what another branch writes")
             span = touch.binding.span
         elif kind == "state":
             message = (f"'{image.name}' is launched in branch {second} and in branch {first}, "
@@ -364,19 +364,19 @@ def scheduled(program: Program):
     def walk(nodes, phase, point, stream, busy):
         for node in nodes:
             if isinstance(node, Launch):
-                yield StreamStep("launch", stream, launch=node, phase=phase, point=point)
+                yield StreamStep("launch", number(stream), launch=node, phase=phase,
+                                 point=point)
             elif isinstance(node, Repeat):
                 for iteration in range(node.variable.count):
                     yield from walk(node.body, phase, {**point, node.variable: iteration},
                                     stream, busy)
             elif isinstance(node, Concurrent):
-                streams = branch_streams(node, stream, busy)
-                inner = busy | {s for s in streams if s != COMMUNICATOR}
-                side = [number(s) for s in streams if number(s) != stream]
-                yield from (StreamStep("fork", stream, s) for s in side)
-                for branch, branch_stream in zip(node.branches, streams):
-                    yield from walk(branch, phase, point, number(branch_stream), inner)
-                yield from (StreamStep("join", stream, s) for s in side)
+                branches, inner = on_streams(node, stream, busy)
+                side = [number(s) for _, s in branches if s != stream]
+                yield from (StreamStep("fork", number(stream), s) for s in side)
+                for branch, branch_stream in branches:
+                    yield from walk(branch, phase, point, branch_stream, inner)
+                yield from (StreamStep("join", number(stream), s) for s in side)
             else:
                 yield from walk(node.body, node.phase, point, stream, busy)
 

@@ -47,6 +47,23 @@ def reach(launch: Launch, parameter, view, point) -> tuple[int, int]:
     return offset, offset + max(count, 0)
 
 
+def elements_of(storage, low: int, high: int) -> str:
+    """'Elements low..high-1 of ' a storage, by stack item where it is a stack; nothing when
+    they are all of it: how a diagnostic names the elements it is about."""
+    if (low, high) == (0, storage.count):
+        return ""
+    return element_range(storage, low, high) + " of "
+
+
+def element_range(storage, low: int, high: int) -> str:
+    if storage.stack and low % storage.item_count == 0 and high % storage.item_count == 0:
+        first, last = low // storage.item_count, high // storage.item_count - 1
+        return f"item {first}" if first == last else f"items {first} to {last}"
+    if high - low == 1:
+        return f"element {low}"
+    return f"elements {low} to {high - 1}"
+
+
 class Values:
     """A storage's elements, each with the time (the launch's place in the unrolled program)
     that last wrote it, or None where nothing has: sorted, disjoint [low, high, writer]."""

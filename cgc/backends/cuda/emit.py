@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from ... import __version__
-from ...checking.concurrency import COMMUNICATOR, branch_streams, stream_count
+from ...checking.concurrency import COMMUNICATOR, on_streams, stream_count
 from ...checking.memory import MemoryPlan
 from ...checking.signature import c_parameters
 from ...core.affine import format_nat
@@ -454,26 +454,23 @@ class Emitter:
                          stream: int, busy: frozenset[int]) -> list[str]:
         """Each branch on its stream: a side stream waits for what its parent's did so far
         (fork), and the parent waits for every side stream before going on (join)."""
-        streams = branch_streams(node, stream, busy)
-        inner = busy | {s for s in streams if s != COMMUNICATOR}
+        branches, inner = on_streams(node, stream, busy)
         where = f"{os.path.relpath(node.span.path, self.root)}:{node.span.line}:" \
                 f"{node.span.column}"
-        side = [s for s in streams if s != stream]
+        side = [s for _, s in branches if s != stream]
         fork = self.event_count
         self.event_count += 1
-        lines = [f"// concurrently, {where}: {len(streams)} branches"]
+        lines = [f"// concurrently, {where}: {len(branches)} branches"]
         lines += [f"cg_fork(stream, {self.stream_name(s)}, cg_events[{fork}], \"{where}\");"
                   for s in side]
-        for number, (branch, branch_stream) in enumerate(zip(node.branches, streams)):
+        for number, (branch, branch_stream) in enumerate(branches):
             on = "this stream" if branch_stream == stream else (
                 "the communicator's stream" if branch_stream == COMMUNICATOR
                 else f"stream {branch_stream}")
             lines.append(f"{{  // branch {number}, on {on}")
             if branch_stream != stream:
                 lines.append(f"  cudaStream_t stream = {self.stream_name(branch_stream)};")
-            lines += self.schedule(branch, loops, "  ",
-                                   stream if branch_stream == COMMUNICATOR else branch_stream,
-                                   inner)
+            lines += self.schedule(branch, loops, "  ", branch_stream, inner)
             lines.append("}")
         for s in side:
             lines.append(f"cg_join(stream, {self.stream_name(s)}, cg_events[{self.event_count}], "
