@@ -269,6 +269,18 @@ struct GemmWork : Work {
   const void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 
+  // op(A) [m, k] and op(B) [k, n] of `type` (gathered when the product runs), and the ranges
+  // of them the shadow counts as read: cublasGemmEx's and cublasLtMatmul's alike.
+  void operands(const void* A, const void* B, cudaDataType_t type, bool trans_a, bool trans_b,
+                int ld_a, int ld_b, int a_rows, int a_cols, int b_rows, int b_cols, int k) {
+    a_in = A, b_in = B, in = type, ta = trans_a, tb = trans_b, lda = ld_a, ldb = ld_b;
+    const std::size_t element = type == CUDA_R_32F ? 4 : 2;
+    if (k > 0) {
+      ranges.push_back({A, a_rows, a_cols, ld_a, element, kShadowRead});
+      ranges.push_back({B, b_rows, b_cols, ld_b, element, kShadowRead});
+    }
+  }
+
   std::uint64_t start(Op&) override {
     if (sticky() != cudaSuccess) return 0;
     for (const Range& r : ranges) shadow_matrix(r.p, r.rows, r.cols, r.ld, r.element, r.kind);
@@ -349,17 +361,7 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
   }
   std::unique_ptr<GemmWork> work(new GemmWork);
   work->job = GemmJob{m, n, k, nullptr, nullptr, C, Ctype, ldc, alpha_value, beta_value};
-  work->a_in = A;
-  work->b_in = B;
-  work->in = Atype;
-  work->ta = ta;
-  work->tb = tb;
-  work->lda = lda;
-  work->ldb = ldb;
-  if (k > 0) {
-    work->ranges.push_back({A, a_rows, a_cols, lda, a_size, kShadowRead});
-    work->ranges.push_back({B, b_rows, b_cols, ldb, a_size, kShadowRead});
-  }
+  work->operands(A, B, Atype, ta, tb, lda, ldb, a_rows, a_cols, b_rows, b_cols, k);
   if (beta_value != 0.0f) work->ranges.push_back({C, m, n, ldc, c_size, kShadowRead});
   work->ranges.push_back({C, m, n, ldc, c_size, kShadowWrite});
   issue_gemm(handle->stream, "cublasGemmEx", std::move(work));

@@ -316,17 +316,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
                                                                     : kGemmPlain;
   work->job.aux = const_cast<void*>(desc->aux);
   work->job.ldaux = ldaux;
-  work->a_in = A;
-  work->b_in = B;
-  work->in = in;
-  work->ta = ta;
-  work->tb = tb;
-  work->lda = lda;
-  work->ldb = ldb;
-  if (k > 0) {
-    work->ranges.push_back({A, a_rows, a_cols, lda, a_size, kShadowRead});
-    work->ranges.push_back({B, b_rows, b_cols, ldb, a_size, kShadowRead});
-  }
+  work->operands(A, B, in, ta, tb, lda, ldb, a_rows, a_cols, b_rows, b_cols, k);
   if (beta_value != 0.0f) work->ranges.push_back({C, m, n, ldd, d_size, kShadowRead});
   if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU) work->ranges.push_back({desc->aux, m, n, ldaux, d_size, kShadowRead});
   if (desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX)
