@@ -142,29 +142,33 @@ class Schedule:
 
 def load(path: str | os.PathLike, *, config: str | None = None, entry: str | None = None,
          overrides: Mapping[str, object] | Sequence[str] | None = None,
-         kernels: Sequence[str | os.PathLike] = ()) -> Schedule:
+         kernels: Sequence[str | os.PathLike] = (), rank: int = 0, ranks: int = 1) -> Schedule:
     """Parses, resolves, type-checks and evaluates the schedule `entry` of the file `path`
     (default: its last schedule) in `config` (default: the first declared), with `overrides`
     of its model constants, and checks every launch; `kernels` are folders of your own kernel
-    images (templates and reference functions, docs/tutorial.md). Raises CompileError, whose
+    images (templates and reference functions, docs/tutorial.md); `rank` of `ranks`: the rank
+    of a data-parallel run it is for (cgRank, cgRanks). Raises CompileError, whose
     text is the diagnostics as `cgc check` prints them; OptionError for an unknown config or
     override; PathError for a kernels folder that cannot be read."""
     path = os.fspath(path)
     return check_schedule(analyse([path]), path, config=config, entry=entry,
-                          overrides=overrides, kernels=kernels)
+                          overrides=overrides, kernels=kernels, rank=rank, ranks=ranks)
 
 
 def check_schedule(frontend: Frontend, path: str, *, config: str | None = None,
                    entry: str | None = None,
                    overrides: Mapping[str, object] | Sequence[str] | None = None,
-                   kernels: Sequence[str | os.PathLike] = ()) -> Schedule:
+                   kernels: Sequence[str | os.PathLike] = (), rank: int = 0,
+                   ranks: int = 1) -> Schedule:
     """`load` on a front end already analysed (`cgc check` analyses a file once for all its
     configurations): evaluated, checked, and asked of every backend what it lacks (an image
     without a kernel template or a reference function), as `cgc check` does."""
     from .pipeline import backend_problems
     values = overrides_of(frontend, overrides)
+    if not (isinstance(ranks, int) and isinstance(rank, int) and 0 <= rank < ranks):
+        raise OptionError(f"rank {rank} of {ranks}: a rank runs from 0 to ranks - 1")
     result = checked(frontend, path, entry, config_of(frontend, config), values,
-                     as_list(kernels, "kernels"))
+                     as_list(kernels, "kernels"), (rank, ranks))
     problems = backend_problems(result.program)
     if problems:
         raise CompileError(problems + result.warnings)
@@ -221,8 +225,11 @@ def open_training(schedule: str | os.PathLike | Schedule, backend: str = "auto",
     frontend = analyse([path])
     values = overrides_of(frontend, options.overrides)
     try:
+        # a program per rank: one that shards (cgRank, cgRanks) differs from rank to rank
+        ranks = (communicator.rank, communicator.size) if communicator is not None else (0, 1)
         run = open_run(chosen, frontend, path, config_of(frontend, options.config), values,
-                       options.seed or 0, entry, whole_step=True, kernels=options.kernels)
+                       options.seed or 0, entry, whole_step=True, kernels=options.kernels,
+                       ranks=ranks)
     except RunFault as error:
         raise RunError(f"the {chosen} backend cannot run {path}: {error}") from None
     if communicator is not None:

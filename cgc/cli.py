@@ -120,6 +120,11 @@ def _check_parser(commands) -> None:
     checker.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
                          help="a .cg schedule file, or a folder: every .cg file under it")
     _add_program_options(checker, several_configs=True)
+    checker.add_argument("--ranks", type=_rank_count, default=1, metavar="N",
+                         help="check the program of each of N data-parallel ranks (a "
+                              "schedule that shards, with cgRank and cgRanks, is one "
+                              "program a rank); with --memory, also print each rank's total "
+                              "(default: 1)")
     checker.add_argument("--memory", action="store_true",
                          help="also print the memory plan: banks and entries, step buffers, "
                               "arena slots with offsets and sizes (shared when their "
@@ -325,6 +330,21 @@ def _configs(frontend: Frontend, asked) -> list[str]:
     return [api.config_of(frontend, name) for name in asked] if asked else frontend.configs
 
 
+MAX_CHECKED_RANKS = 1024  # `cgc check --ranks`: each rank is a program checked in turn
+
+
+def _rank_count(text: str) -> int:
+    """argparse's type for `cgc check --ranks N`: a whole number from 1 to 1024."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CHECKED_RANKS:
+        raise argparse.ArgumentTypeError(f"expected a number of ranks from 1 to "
+                                         f"{MAX_CHECKED_RANKS}, not '{text}'")
+    return value
+
+
 def _check(args) -> int:
     """`cgc check`: every file's entry in every configuration asked, by the library's
     check_schedule (cgc.load on a front end analysed once)."""
@@ -339,13 +359,20 @@ def _check(args) -> int:
             continue
         launches = {}
         for config in configs:
-            schedule = api.check_schedule(frontend, path, config=config, entry=args.entry,
-                                          overrides=args.set, kernels=args.kernels)
-            program = schedule.program
+            # one program a rank (cgRank): each checked; the memory plan is rank 0's
+            schedules = [api.check_schedule(frontend, path, config=config, entry=args.entry,
+                                            overrides=args.set, kernels=args.kernels,
+                                            rank=rank, ranks=args.ranks)
+                         for rank in range(args.ranks)]
+            program = schedules[0].program
             launches[config] = sum(1 for _ in program.launches())
-            warnings.extend(w for w in schedule.warnings if w not in warnings)
+            for schedule in schedules:
+                warnings.extend(w for w in schedule.warnings if w not in warnings)
             if args.memory:
-                print(schedule.memory_report())
+                print(schedules[0].memory_report())
+                if args.ranks > 1:
+                    from .checking.memory import format_rank_totals
+                    print(format_rank_totals([s.plan for s in schedules]))
         summary = ", ".join(f"{config} ({_count(count, 'launch', 'launches')})"
                             for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
@@ -522,8 +549,11 @@ def _launch_ranks(args) -> int:
                           "cores: each rank would wait for a core; give --oversubscribe to "
                           "run them anyway")
     _readable([args.file])
-    schedule = api.load(args.file, config=args.config, entry=args.entry, overrides=args.set,
-                        kernels=args.kernels)
+    # each rank's program, as that rank will evaluate it (a sharded step differs by rank)
+    for rank in range(args.ranks):
+        schedule = api.load(args.file, config=args.config, entry=args.entry,
+                            overrides=args.set, kernels=args.kernels, rank=rank,
+                            ranks=args.ranks)
     problems = whole_step_problems(schedule.frontend, schedule.program, args.file) or \
         collective_problems(schedule.frontend, schedule.program, args.ranks)
     if problems:
@@ -610,7 +640,10 @@ def _run(args) -> int:
     else:  # rank 0 alone prints, dumps, traces, plots, logs, samples and checkpoints
         args.dump = args.trace = args.plot = args.log = None
         args.sample_every = 0
-        training.checkpointing = None
+        if training.checkpointing is not None and training.program.sharded:
+            training.checkpointing.writes = False  # it gives its shards, rank 0 writes
+        else:
+            training.checkpointing = None
     return _train(args, training)
 
 

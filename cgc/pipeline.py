@@ -43,10 +43,11 @@ def kernel_folders(paths) -> tuple[str, ...]:
 
 
 def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: str | None = None,
-             overrides: dict | None = None, kernels=()) -> Program:
+             overrides: dict | None = None, kernels=(), ranks: tuple[int, int] = (0, 1)) -> Program:
     """The launch program of `entry` (default: the file's last schedule) in `config`, with
-    the folders of the user's own kernels it may launch (`kernels`)."""
-    program = evaluate_schedule(frontend, path, entry, config, overrides)
+    the folders of the user's own kernels it may launch (`kernels`), for rank `ranks[0]` of
+    `ranks[1]` (what cgRank and cgRanks give)."""
+    program = evaluate_schedule(frontend, path, entry, config, overrides, ranks)
     program.kernel_folders = kernel_folders(kernels)
     return program
 
@@ -70,8 +71,8 @@ class Checked:
 
 
 def checked(frontend: Frontend, path: str, entry: str | None = None, config: str | None = None,
-            overrides: dict | None = None, kernels=()) -> Checked:
-    program = evaluate(frontend, path, entry, config, overrides, kernels)
+            overrides: dict | None = None, kernels=(), ranks: tuple[int, int] = (0, 1)) -> Checked:
+    program = evaluate(frontend, path, entry, config, overrides, kernels, ranks)
     warnings = program.warnings + check(program)
     return Checked(program, plan_memory(program), warnings)
 
@@ -164,12 +165,13 @@ def collective_problems(frontend: Frontend, program: Program, ranks: int) -> lis
 
 def open_run(backend_name: str, frontend: Frontend, path: str, config: str | None = None,
              overrides: dict | None = None, seed: int = 0, entry: str | None = None,
-             whole_step: bool = False, kernels=()):
-    """FILE's entry, checked and set up on a backend with its first parameters; with
-    `whole_step`, only a whole training step (whole_step_problems)."""
+             whole_step: bool = False, kernels=(), ranks: tuple[int, int] = (0, 1)):
+    """FILE's entry, checked and set up on a backend with its first parameters, for rank
+    `ranks[0]` of `ranks[1]`; with `whole_step`, only a whole training step
+    (whole_step_problems)."""
     from .backends import backend
     from .backends.base import memory_problem
-    result = checked(frontend, path, entry, config, overrides, kernels)
+    result = checked(frontend, path, entry, config, overrides, kernels, ranks)
     if whole_step:
         problems = whole_step_problems(frontend, result.program, path)
         if problems:

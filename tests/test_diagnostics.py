@@ -8,6 +8,7 @@ NAME.expected, what cgc prints for it.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -23,11 +24,17 @@ CHECKER = sorted(p for p in (ROOT / "tests" / "checker").glob("*.cg")
 CASES = FRONT_END + CHECKER
 
 
+# A case checked as one rank of a data-parallel run says so on a line of its own.
+RANKS = re.compile(r"^-- checked as rank (\d+) of (\d+)$", re.MULTILINE)
+
+
 def diagnose(path: str) -> str:
     """Everything the front end says about a file: its errors, or its warnings."""
+    found = RANKS.search(open(path, encoding="utf-8").read())
+    ranks = (int(found[1]), int(found[2])) if found else (0, 1)
     try:
         frontend = analyse([path])
-        warnings = check(evaluate(frontend, path))
+        warnings = check(evaluate(frontend, path, ranks=ranks))
     except CompileError as error:
         return render_all(error.diagnostics) + "\n"
     return render_all(warnings) + "\n" if warnings else "no diagnostics\n"

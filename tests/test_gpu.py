@@ -19,6 +19,7 @@ from cgc.checking.memory import element_bytes, storage_home
 from cgc.backends.numerics import decode, storage_dtype
 from cgc.training.loop import train
 from cgc.pipeline import open_run
+from cgc.backends.cuda.emit import emit_program
 from cgc.backends.cuda.toolchain import nvcc_build
 
 from conftest import SCHEDULES
@@ -195,3 +196,42 @@ def test_the_api_gives_torch_the_gpus_parameters_without_a_copy():
     assert np.isfinite(record.loss)
     gradient = torch.from_dlpack(run.gradients()["cgQkvWeight"])
     assert float(gradient.abs().max()) > 0
+
+
+def test_the_shard_collectives_run_on_nccls_own_one_rank_communicator(tmp_path):
+    """tests/zero/shards.cg (an all-reduce sum, a reduce-scatter and an all-gather, no kernel)
+    on the CuPy backend with NCCL's own one-rank communicator: every buffer as it was, eagerly
+    and replayed from the graph; compiled for rank 1 of 2, refused. The standalone program
+    (nvcc, NCCL's libnccl) replays on one rank only the program compiled for one."""
+    from cgc.backends.base import RunFault
+    from cgc.pipeline import checked
+    from test_zero_cuda import ENTRY, SHARDS, _dump
+    frontend = analyse([SHARDS])
+    run = open_run("cupy", frontend, SHARDS, "tiny32", {}, 0, ENTRY, ranks=(0, 1))
+    run.store("cgSums", np.arange(6))
+    before = {name: run.memory[name].get() for name in ("cgBankG", "cgBankP")}
+    for _ in range(3):  # eager, captured, replayed
+        run.run_step(None)
+    run.stream.synchronize()
+    for name, values in before.items():
+        assert run.memory[name].get().tobytes() == values.tobytes(), name
+    assert run.fetch("cgSums").tolist() == list(range(6))
+    other = open_run("cupy", frontend, SHARDS, "tiny32", {}, 0, ENTRY, ranks=(1, 2))
+    with pytest.raises(RunFault, match="compiled for rank 1 of 2 ranks, but runs as rank 0 "
+                                       "of 1"):
+        other.run_step(None)
+    for (rank, ranks), status in (((0, 1), 0), ((1, 2), 1)):
+        result = checked(frontend, SHARDS, ENTRY, "tiny32", {}, (), (rank, ranks))
+        source = tmp_path / f"shards-{rank}-{ranks}.cu"
+        source.write_text(emit_program(result.program, result.plan).text)
+        ok, log = nvcc_build(str(source), str(source.with_suffix("")))
+        assert ok, log
+        dump = _dump(tmp_path / f"dump-{rank}-{ranks}", result.program)
+        done = subprocess.run([str(source.with_suffix("")), str(dump), "1"], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == status, done.stderr
+        if status:
+            assert "replaying a dump: this program was compiled for rank 1 of 2 ranks" in \
+                done.stderr, done.stderr
+        else:
+            assert done.stdout.startswith("step 1: loss "), done.stdout

@@ -57,11 +57,12 @@ needs_mpi = pytest.mark.skipif(_mpi_missing() is not None, reason=str(_mpi_missi
 
 
 def _ranks(count: int, backend: str, batch: int, folder, schedule: str = PARALLEL,
-           environment=None, timeout: float = 300) -> dict[int, dict[str, np.ndarray]]:
+           environment=None, timeout: float = 300, settings=()) -> dict[int, dict[str, np.ndarray]]:
     """tests/parallel/worker.py on `count` ranks (mpirun; one rank: a plain process): each
-    rank's losses, parameters and gradients after STEPS steps."""
+    rank's losses, parameters, gradients and moments after STEPS steps; `settings`:
+    CONSTANT=VALUE overrides of the model's float constants."""
     command = [sys.executable, str(WORKER), backend, str(batch), str(STEPS), str(folder),
-               schedule]
+               schedule, *settings]
     if count > 1:
         command = ["mpirun", "-n", str(count), "--oversubscribe", *command]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -269,8 +270,10 @@ def test_cgc_run_on_two_ranks_prints_once_and_refuses_a_step_without_a_collectiv
 
 def test_every_collective_the_language_accepts_has_its_nccl_call():
     from cgc.backends.cuda.emit import NCCL_CALLS, NCCL_TYPES
-    from cgc.frontend.declarations import COLLECTIVE_ELEMENTS, COLLECTIVES, REDUCTIONS
-    assert set(NCCL_CALLS) == {(c, r) for c in COLLECTIVES for r in REDUCTIONS}
+    from cgc.frontend.declarations import COLLECTIVE_ELEMENTS, COLLECTIVE_REDUCTIONS
+    assert set(NCCL_CALLS) == {(operation, reduction)
+                               for operation, reductions in COLLECTIVE_REDUCTIONS.items()
+                               for reduction in reductions or (None,)}
     assert set(NCCL_TYPES) == set(COLLECTIVE_ELEMENTS)
 
 

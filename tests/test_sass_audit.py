@@ -221,16 +221,17 @@ def test_the_audit_covers_every_shipped_configuration(shipped):
 
 
 def test_files_the_same_in_kernels_share_one_build(shipped):
-    """train.cg, train_parallel.cg and train_recompute.cg differ only in their host programs
-    (the all-reduce is a library call, the recomputing backward the same kernels): one build
-    of their device code in each configuration serves the three; every other file is its
-    own. The audit's figures for the three are the same."""
-    trio = ["train.cg", "train_parallel.cg", "train_recompute.cg"]
+    """train.cg, train_parallel.cg, train_recompute.cg and train_zero.cg differ only in
+    their host programs (the collectives are library calls, the recomputing backward the
+    same kernels, ZeRO-1's AdamW the same kernel over a shard): one build of their device
+    code in each configuration serves the four; every other file is its own. The audit's
+    figures for the four are the same."""
+    steps = ["train.cg", "train_parallel.cg", "train_recompute.cg", "train_zero.cg"]
     for config in ("tiny", "tiny32", "gpt2"):
-        assert [(name, config) for name in trio] in shipped.builds
-        rows = [[a.row() for a in shipped.files[name, config].values()] for name in trio]
-        assert rows[0] == rows[1] == rows[2]
-    assert sorted(len(keys) for keys in shipped.builds) == [1] * 15 + [3] * 3
+        assert [(name, config) for name in steps] in shipped.builds
+        rows = [[a.row() for a in shipped.files[name, config].values()] for name in steps]
+        assert all(row == rows[0] for row in rows)
+    assert sorted(len(keys) for keys in shipped.builds) == [1] * 15 + [4] * 3
     assert sum(map(len, shipped.builds)) == len(shipped.files)
 
 

@@ -76,19 +76,47 @@ def saved_dtype(program, label: str) -> np.dtype:
             "bfloat16": np.dtype(ml_dtypes.bfloat16)}[element]
 
 
-def state_tensors(run: "Run") -> dict[str, np.ndarray]:
+def state_tensors(run: "Run", gather: bool = True) -> dict[str, np.ndarray]:
     """What the run's checkpoint holds, each storage in its own element type (a 16-bit copy
-    as bfloat16: fetch widens it to float32 exactly, and narrowing it back is exact too)."""
+    as bfloat16: fetch widens it to float32 exactly, and narrowing it back is exact too).
+    A sharded storage is gathered whole (a collective: every rank calls it), or with
+    `gather` False kept as this rank's shard (what the rank itself puts back)."""
     program = run.program
-    return {label: np.ascontiguousarray(run.fetch(label).astype(saved_dtype(program, label)))
+    return {label: np.ascontiguousarray(
+                (_whole(run, label) if gather else run.fetch(label))
+                .astype(saved_dtype(program, label)))
             for label in saved_labels(program)}
+
+
+def _whole(run: "Run", label: str) -> np.ndarray:
+    """A storage's values; of a sharded one, every rank's shard in rank order (gathered: a
+    collective, so every rank calls it), which any number of ranks can resume from."""
+    values = run.fetch(label)
+    if label not in run.program.sharded:
+        return values
+    whole = np.zeros(values.size * run.communicator.size, dtype=np.float32)
+    rank = run.communicator.rank
+    whole[rank * values.size:(rank + 1) * values.size] = values
+    run.communicator.all_gather(whole)
+    return whole
+
+
+def saved_count(program, label: str) -> int:
+    """How many elements a checkpoint holds of a storage: of a sharded one, every rank's."""
+    count = program.storages[label].count
+    return count * program.ranks if label in program.sharded else count
 
 
 def restore_state(run: "Run", values: dict[str, np.ndarray]) -> None:
     """Stores a checkpoint's tensors into the run (widened to float32 or int32 for `store`,
     which rounds them to the storage's type: exact, as they came from that type)."""
+    program = run.program
     for label, array in values.items():
         wide = array.astype(np.int32 if array.dtype == np.int32 else np.float32)
+        if label in program.sharded and wide.size != program.storages[label].count:
+            # the whole (a checkpoint's): this rank's shard of it
+            count = program.storages[label].count
+            wide = wide[program.rank * count:(program.rank + 1) * count]
         run.store(label, wide)
 
 
@@ -290,7 +318,7 @@ class Run(ABC):
         """The loss of one batch with the parameters as they are, which stay as they are: the
         step runs (its forward pass computes the loss) and the state a checkpoint keeps is
         put back as it was, bit for bit."""
-        saved = state_tensors(self)
+        saved = state_tensors(self, gather=False)
         loss = self.step(ids, targets).loss
         restore_state(self, saved)
         return loss

@@ -49,6 +49,16 @@ class Communicator(ABC):
         """values = the sum of `values` over the ranks, in place, the same bits on every rank."""
 
     @abstractmethod
+    def reduce_scatter_average(self, values: np.ndarray) -> None:
+        """This rank's shard of `values` (the rank-th of `size` equal parts) = its mean over
+        the ranks, in place, the bits all_reduce_average gives there; the rest as it was."""
+
+    @abstractmethod
+    def all_gather(self, values: np.ndarray) -> None:
+        """Each rank's shard of `values` (the rank-th of `size` equal parts) = that rank's,
+        in place, on every rank."""
+
+    @abstractmethod
     def broadcast(self, values: np.ndarray, root: int = 0) -> None:
         """values = rank `root`'s values, in place."""
 
@@ -83,6 +93,12 @@ class SingleRank(Communicator):
         pass
 
     def all_reduce_sum(self, values: np.ndarray) -> None:
+        pass
+
+    def reduce_scatter_average(self, values: np.ndarray) -> None:
+        pass
+
+    def all_gather(self, values: np.ndarray) -> None:
         pass
 
     def broadcast(self, values: np.ndarray, root: int = 0) -> None:
@@ -136,6 +152,28 @@ class MpiCommunicator(Communicator):
 
     def all_reduce_sum(self, values: np.ndarray) -> None:
         self._reduce(values, average=False)
+
+    def _shard(self, values: np.ndarray) -> np.ndarray:
+        if not values.flags.c_contiguous or values.size % self.size:
+            raise ValueError(f"a shard collective takes a contiguous array that divides by "
+                             f"{self.size} ranks, not {values.size} elements")
+        shard = values.size // self.size
+        return values[self.rank * shard:(self.rank + 1) * shard]
+
+    def reduce_scatter_average(self, values: np.ndarray) -> None:
+        """The reduce to rank 0 of _reduce (so the shard holds the bits an all-reduce of the
+        same buffer gives), then rank 0's mean scattered, a shard to each rank."""
+        import numpy as np
+        mine = self._shard(values)
+        result = np.empty_like(values) if self.rank == 0 else None
+        self._call("reduction", self.comm.Reduce, values, result, self.MPI.SUM, 0)
+        if self.rank == 0:
+            result /= values.dtype.type(self.size)
+        self._call("scatter of the reduction", self.comm.Scatter, result, mine, 0)
+
+    def all_gather(self, values: np.ndarray) -> None:
+        self._shard(values)
+        self._call("all-gather", self.comm.Allgather, self.MPI.IN_PLACE, values)
 
     def broadcast(self, values: np.ndarray, root: int = 0) -> None:
         self._call("broadcast", self.comm.Bcast, values, root)

@@ -20,8 +20,8 @@ from ..core.affine import LoopVariable, bounds, format_nat
 from ..core.diagnostics import Note, Reporter
 from ..core.elements import element_bytes
 from ..core.ir import (
-    Image, Launch, PointerBinding, PointerParameter, Program, Repeat, concrete,
-    extreme_point,
+    SHARDED_COLLECTIVES, Image, Launch, PointerBinding, PointerParameter, Program, Repeat,
+    concrete, extreme_point,
 )
 from ..core.roles import flowing
 from .concurrency import Independence
@@ -126,8 +126,12 @@ class Checker:
         """In the whole step, a collective (an all-reduce of the gradients, say) stands between
         what computes its elements and what consumes them: no launch writes elements a
         collective reduced after it (that rank's write would never reach the others, and the
-        ranks would part ways), and no launch of an optimizer-stage phase reads elements a
-        later collective reduces (it would read this rank's share alone). Tracked element by
+        ranks would part ways); no launch of an optimizer-stage phase reads elements a later
+        reduction reduces (it would read this rank's share alone); and no optimizer-stage
+        launch reads an element the backward wrote that no reduction reduced in between (a
+        gradient outside this rank's shard of a reduce-scatter, say). What a collective
+        reduces is exact: an all-reduce its whole buffer, a reduce-scatter this rank's shard
+        (cgRank of cgRanks); an all-gather reduces nothing, it gathers. Tracked element by
         element in each allocation (a bank entry and the whole bank overlap), over the step
         unrolled."""
         program = self.program
@@ -148,31 +152,43 @@ class Checker:
                 shift = concrete(start, point) - concrete(binding.view.offset, point)
                 yield binding, parameter, home, low + shift, high + shift
 
+        def stage_of(phase):
+            return program.phases[phase].stage if phase in program.phases else None
+
         def note(launch, verb):
             return Note(f"the collective '{launch.image.name}' {verb} here", launch.span)
 
-        # Every collective call of the step: its place in the unrolled step, what it reduces.
-        calls = [(position, home, low, high, launch)
-                 for position, (launch, _, point) in enumerate(unrolled)
-                 if launch.image.collective
-                 for _, _, home, low, high in touched(launch, point, WRITES)]
+        # Every collective call of the step: its place in the unrolled step, the elements it
+        # leaves the same on every rank (reduced, or gathered), and whether it reduces.
+        calls = []
+        for position, (launch, _, point) in enumerate(unrolled):
+            if launch.image.collective:
+                operation = launch.image.collective[0]
+                for _, _, home, low, high in touched(launch, point, WRITES):
+                    if operation == "reduceScatter":
+                        shard = (high - low) // program.ranks
+                        low, high = low + program.rank * shard, low + (program.rank + 1) * shard
+                    calls.append((position, home, low, high, launch, operation != "allGather"))
         said: set[tuple] = set()
 
-        def overlapping(home, low, high, before: bool, position: int):
-            for at, where, a, b, other in calls:
-                if where == home and a < high and low < b and (at < position) == before:
+        def overlapping(home, low, high, before: bool, position: int, reducing=False):
+            for at, where, a, b, other, reduces in calls:
+                if where == home and a < high and low < b and (at < position) == before \
+                        and (reduces or not reducing):
                     yield other
 
+        written: list[tuple] = []  # (position, allocation, low, high, launch) of the backward
         for position, (launch, phase, point) in enumerate(unrolled):
             if launch.image.collective:
                 continue
-            stage = program.phases[phase].stage if phase in program.phases else None
+            stage = stage_of(phase)
             if stage == "optimizer":
                 for binding, parameter, home, low, high in touched(launch, point, ("read",)):
-                    for other in overlapping(home, low, high, False, position):
+                    for other in overlapping(home, low, high, False, position, reducing=True):
                         if ("read", id(other)) in said:  # the first such read, once
                             continue
                         said.add(("read", id(other)))
+                        said.add(("unreduced", id(launch), binding.index))
                         self.error(launch, f"'{launch.image.name}' in the optimizer phase "
                                            f"'{phase}' reads '{binding.view.label}' through "
                                            f"pointer {binding.index} '{parameter.name}' before "
@@ -180,8 +196,14 @@ class Checker:
                                            "across the ranks: it would see this rank's share "
                                            "alone", binding.span,
                                    note(other, "comes later in the step"))
+                    self.check_reduced_before(launch, phase, binding, parameter, point,
+                                              (home, low, high), position, written, calls,
+                                              said)
             for binding, parameter, home, low, high in touched(launch, point, WRITES):
-                for other in overlapping(home, low, high, True, position):
+                late = list(overlapping(home, low, high, True, position))
+                if stage == "backward" and not late:  # a late write is its own error
+                    written.append((position, home, low, high, launch))
+                for other in late:
                     if ("write", id(other)) in said:  # the first such write, once
                         continue
                     said.add(("write", id(other)))
@@ -191,6 +213,45 @@ class Checker:
                                        f"across the ranks in the step '{step}': the other "
                                        "ranks never see this write, and the ranks part ways",
                                binding.span, note(other, "reduced it"))
+
+    def check_reduced_before(self, launch, phase, binding, parameter, point, read, position,
+                             written, calls, said) -> None:
+        """An optimizer read (`read`: elements [low, high) of allocation `home`) at `position`
+        sees, of what the backward wrote, only elements a reduction reduced after that
+        write: else reported, once."""
+        home, low, high = read
+        if ("unreduced", id(launch), binding.index) in said:
+            return
+        for at, where, a, b, writer in written:
+            if where != home or not (a < high and low < b):
+                continue
+            left, right = max(a, low), min(b, high)
+            covers = sorted((max(c, left), min(d, right))
+                            for when, place, c, d, _, reduces in calls
+                            if reduces and place == home and at < when < position
+                            and c < right and left < d)
+            for c, d in covers:  # the first element no reduction reaches, from the left
+                if c > left:
+                    break
+                left = max(left, d)
+            if left >= right:
+                continue
+            gap = (left, min([c for c, _ in covers if c > left] or [right]))
+            said.add(("unreduced", id(launch), binding.index))
+            storage = binding.view.storage
+            start = concrete(self.program.address(binding.view)[1], point)
+            shift = start - concrete(binding.view.offset, point)  # allocation -> storage
+            self.report.error(
+                f"'{launch.image.name}' in the optimizer phase '{phase}' reads "
+                f"{elements_of(storage, gap[0] - shift, gap[1] - shift)}'{binding.view.label}' "
+                f"through pointer {binding.index} '{parameter.name}', which the backward wrote "
+                "and no collective reduced across the ranks before this read: it would see "
+                "this rank's share alone", binding.span, *self._trace_notes(launch),
+                Note(f"'{writer.image.name}' writes "
+                     f"{_pronoun(storage, gap[0] - shift, gap[1] - shift)} here, in the backward",
+                     writer.span),
+                *self._trace_notes(writer))
+            return
 
     # ---- declarations ------------------------------------------------------------
 
@@ -246,6 +307,7 @@ class Checker:
         self.check_grid(launch, loops)
         if image.collective is not None:
             self.check_collective_grid(launch, loops)
+            self.check_collective_shards(launch, loops)
         if image.library is None and image.block is None:
             return
         self.check_alignment(launch, pointers, loops)
@@ -369,6 +431,20 @@ class Checker:
                                    "whole buffer, on a grid of 1 x 1 x 1",
                            None, self._image_note(launch.image))
                 return
+
+    def check_collective_shards(self, launch: Launch, loops) -> None:
+        """A reduce-scatter or an all-gather deals its buffer out in equal shards, one a rank
+        (NCCL's counts are per rank): the count must divide by the ranks."""
+        if launch.image.collective[0] not in SHARDED_COLLECTIVES:
+            return
+        ranks = self.program.ranks
+        for binding in launch.pointers:
+            count = binding.view.count
+            if count % ranks:
+                self.error(launch, f"the {launch.image.collective[0]} '{launch.image.name}' "
+                                   f"deals '{binding.view.label}' ({count} elements) out to "
+                                   f"{ranks} ranks in equal shards, but {count} is not a "
+                                   f"multiple of {ranks}{_where(loops, {})}", binding.span)
 
     # ---- extents -----------------------------------------------------------------
 

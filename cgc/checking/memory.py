@@ -45,6 +45,10 @@ class MemoryPlan:
     arena_bytes: int = 0
     arena_unshared_bytes: int = 0
     unused_slots: list[str] = field(default_factory=list)
+    unused_banks: list[str] = field(default_factory=list)  # declared, touched by no launch
+    sharded: list[str] = field(default_factory=list)  # buffers a rank holds a shard of
+    rank: int = 0
+    ranks: int = 1
     peak_bytes: int = 0
     launches: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # buffer or arena slot -> byte
@@ -72,7 +76,9 @@ def plan_memory(program: Program, red_zone: int = 0, share: bool = True) -> Memo
     `share`, every arena slot has bytes of its own (what the campaign compares a shared
     arena's results with: scripts/checker_vs_ground_truth.py)."""
     low = program.low
-    plan = MemoryPlan(program.config, low, entry=program.entry)
+    plan = MemoryPlan(program.config, low, entry=program.entry, rank=program.rank,
+                      ranks=program.ranks, sharded=list(program.sharded),
+                      unused_banks=[b for b in program.banks if b not in program.bank_layouts])
     plan.red_zone = red_zone
 
     def _spaced(size: int) -> int:  # a buffer or slot and its red zone, aligned
@@ -166,6 +172,9 @@ def format_memory_plan(plan: MemoryPlan) -> str:
             lines.append(f"  {entry.offset:>14,} {entry.count:>12,} {entry.bytes:>14,}  "
                          f"{entry.name}")
         lines.append("")
+    if plan.unused_banks:
+        lines.append(f"banks no launch touches, not allocated: {', '.join(plan.unused_banks)}")
+        lines.append("")
     lines.append(f"step buffers: {_bytes(plan.buffers_bytes)}")
     lines.append(f"  {'offset':>14} {'elements':>12} {'bytes':>14}  buffer")
     for buffer in plan.buffers:
@@ -189,7 +198,18 @@ def format_memory_plan(plan: MemoryPlan) -> str:
         lines.append("  kept across the layers (stacked slots): none; what the backward needs "
                      "of a layer's inside, it recomputes")
     lines.append("")
+    if plan.sharded and plan.ranks > 1:
+        share = sum(b.bytes for b in plan.buffers if b.name in plan.sharded)
+        lines.append(f"sharded over {plan.ranks} ranks (this is rank {plan.rank}'s shard of "
+                     f"each): {', '.join(plan.sharded)}: {_bytes(share)} a rank, "
+                     f"{_bytes(share * plan.ranks)} in all")
     lines.append(f"total: {_bytes(plan.total_bytes)}")
     lines.append(f"peak live: {_bytes(plan.peak_bytes)} (banks and buffers, and the arena slots "
                  f"live at the busiest of {plan.launches} launches)")
     return "\n".join(lines) + "\n"
+
+
+def format_rank_totals(plans: list[MemoryPlan]) -> str:
+    """Each rank's total, one program a rank: what `cgc check --memory --ranks N` adds."""
+    return (f"each rank's total ({len(plans)} ranks): "
+            + ", ".join(f"rank {p.rank} {_bytes(p.total_bytes)}" for p in plans) + "\n")

@@ -20,6 +20,11 @@ class BindingError(Exception):
     as diagnostics; runtimes that run unchecked programs raise them)."""
 
 
+# The collectives that deal their buffer out in equal shards, one a rank (docs/language.md):
+# a reduce-scatter leaves this rank's shard reduced, an all-gather fills every rank's.
+SHARDED_COLLECTIVES = ("reduceScatter", "allGather")
+
+
 @dataclass(frozen=True)
 class PointerParameter:
     index: int
@@ -53,7 +58,7 @@ class Image:
     doc: str | None
     alignments: dict[int, tuple[int, Span]] = field(default_factory=dict)  # pointer -> bytes
     covers: dict[int, Span] = field(default_factory=dict)  # pointers a launch must cover
-    collective: tuple[str, str] | None = None  # (operation, reduction): runs across ranks
+    collective: tuple[str, str | None] | None = None  # (operation, reduction): across ranks
     # (deviceState): the kernel keeps state of its own between launches (a `__device__`
     # counter), so no two launches of it may run at the same time.
     device_state: Span | None = None
@@ -316,6 +321,13 @@ class Program:
     # Folders of the user's own kernels (`--kernels DIR`): NAME.cu.j2 templates and a
     # reference.py whose KERNELS the numpy backend runs, beside cgc's own (docs/tutorial.md).
     kernel_folders: tuple[str, ...] = ()
+    # The rank this program was evaluated for, and how many ranks run it (cgRank, cgRanks):
+    # a data-parallel step that shards (ZeRO-1) is one program per rank (docs/parallel.md).
+    rank: int = 0
+    ranks: int = 1
+    # Step buffers declared (sharded): each rank holds its shard, the rank-th of `ranks`
+    # equal parts of a whole (a checkpoint keeps the whole, in rank order).
+    sharded: tuple[str, ...] = ()
 
     @property
     def blocks(self) -> dict[str, tuple[int, int, int]]:
@@ -323,7 +335,9 @@ class Program:
                 if image.block is not None}
 
     def bank_of_role(self, role: str) -> list[str]:
-        return [name for name, bank in self.banks.items() if bank.role == role]
+        """The banks of a role that the program lays out (those its launches touch)."""
+        return [name for name, bank in self.banks.items()
+                if bank.role == role and name in self.bank_layouts]
 
     def role(self, name: str):
         """The storage label or the value a role names; KeyError names what is missing."""

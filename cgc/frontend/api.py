@@ -115,8 +115,10 @@ def parse_override(frontend: Frontend, text: str) -> tuple[str, object]:
 
 
 def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: str | None = None,
-             overrides: dict[str, object] | None = None) -> Program:
-    """The launch program of `entry` (default: the file's last schedule) in `config`."""
+             overrides: dict[str, object] | None = None,
+             ranks: tuple[int, int] = (0, 1)) -> Program:
+    """The launch program of `entry` (default: the file's last schedule) in `config`, for
+    rank `ranks[0]` of `ranks[1]` of a data-parallel run."""
     report = Reporter()
     entry = entry or frontend.default_entry(path)
     if entry is None:
@@ -135,6 +137,6 @@ def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: st
     with paused_gc():
         try:
             return evaluate_program(frontend.scope, frontend.declarations, path, entry, config,
-                                    overrides or {}, report)
+                                    overrides or {}, report, ranks)
         except RecursionError:
             raise _too_deep() from None

@@ -33,6 +33,10 @@ PRIMITIVES = {
     "cgBankAll": function(Storage("Bank", _E), Storage("Buffer", _E)),
     "cgEntries": function(Storage("Bank", _E), ENTRY, ENTRY, Storage("Buffer", _E)),
     "cgCount": function(Storage("Buffer", _E), NAT),
+    "cgElements": function(Storage("Buffer", _E), NAT, NAT, Storage("Buffer", _E)),
+    # the ranks of a data-parallel run: this program's rank, and how many there are
+    "cgRank": NAT,
+    "cgRanks": NAT,
     # natural arithmetic: exact, checked
     "naturalAdd": _NAT2,
     "naturalMultiply": _NAT2,

@@ -19,13 +19,14 @@ ACCESSES = ("read", "write", "readwrite", "accumulate")
 BANK_ROLES = ("parameters", "gradients", "state", "copies")
 STAGES = ("data", "forward", "backward", "optimizer")
 INITIALISERS = ("normal", "ones", "zeros")
-# The collectives an image may stand for, and the reductions an all-reduce may apply (the
-# mean over the ranks: what data parallelism needs; a sum would need the numpy reference
-# to learn which reduction its image declares)
-# (docs/language.md, "Collectives"). A collective image runs on the host program's
-# communicator (NCCL on GPUs, MPI on CPU ranks), not as a kernel.
-COLLECTIVES = ("allReduce",)
-REDUCTIONS = ("average",)
+# The collectives an image may stand for, and the reductions each takes (none for the
+# all-gather, which copies): the mean over the ranks (the gradients), the sum (partial sums
+# of a norm), and the shard forms of ZeRO-1 (docs/language.md, "Collectives"). A collective
+# image runs on the host program's communicator (NCCL on GPUs, MPI on CPU ranks), not as a
+# kernel.
+COLLECTIVE_REDUCTIONS = {"allReduce": ("average", "sum"), "reduceScatter": ("average",),
+                         "allGather": ()}
+COLLECTIVES = tuple(COLLECTIVE_REDUCTIONS)
 # The element types a collective carries (what every communicator can reduce).
 COLLECTIVE_ELEMENTS = ("float32",)
 
@@ -77,6 +78,7 @@ class StorageDeclaration:
     span: Span
     matrix: bool = False
     init: Clause | None = None
+    sharded: bool = False  # a buffer: one rank's shard of a whole (docs/language.md)
 
 
 @dataclass
@@ -218,6 +220,8 @@ class _Elaborator:
             element_term, count = declaration.terms
             element = self.element(element_term)
         allowed = {"stack": (1, 1, "(stack COUNT)")}
+        if declaration.kind == "buffer":
+            allowed |= {"sharded": (0, 0, "(sharded)")}
         if declaration.kind == "entry":
             allowed |= {"matrix": (0, 0, "(matrix)"),
                         "init": (1, 2, "(init normal STD), (init ones) or (init zeros)")}
@@ -228,6 +232,8 @@ class _Elaborator:
                 record.stack = self.term(clause.arguments[0], name)
             elif keyword == "matrix":
                 record.matrix = True
+            elif keyword == "sharded":
+                record.sharded = True
             elif keyword == "init":
                 kind = _keyword(clause.arguments[0], INITIALISERS, self.report, "initialiser")
                 if kind == "normal" and len(clause.arguments) != 2:
@@ -282,7 +288,7 @@ class _Elaborator:
             "alias": (2, 2, "(alias POINTER POINTER)"),
             "aligned": (2, 64, "(aligned BYTES POINTER ...)"),
             "covers": (1, 64, "(covers POINTER ...)"),
-            "collective": (2, 2, "(collective allReduce average)"),
+            "collective": (1, 2, "(collective OPERATION [REDUCTION])"),
             "deviceState": (0, 0, "(deviceState)"),
         }
         clauses = list(self.clauses(declaration, allowed))
@@ -295,10 +301,7 @@ class _Elaborator:
             elif keyword == "library":
                 record.library = _keyword(arguments[0], ("cublas",), self.report, "library")
             elif keyword == "collective":
-                operation = _keyword(arguments[0], COLLECTIVES, self.report, "collective")
-                reduction = _keyword(arguments[1], REDUCTIONS, self.report, "reduction")
-                if operation and reduction:
-                    record.collective = (operation, reduction)
+                record.collective = self.collective_form(arguments, clause)
             elif keyword in ("pointer", "scalar"):
                 index = _natural(arguments[0], self.report, f"a {keyword} index")
                 if not isinstance(arguments[1], Name):
@@ -374,6 +377,27 @@ class _Elaborator:
                 self.report.error(f"(covers ...) names pointer {index} '{pointer.name}', which "
                                   "has no declared extent", span)
         self.result.images[name] = record
+
+    def collective_form(self, arguments, clause) -> tuple[str, str | None] | None:
+        """(OPERATION, REDUCTION) of a (collective ...) clause: a reduction where the operation
+        reduces, none where it copies; None (reported) otherwise."""
+        operation = _keyword(arguments[0], COLLECTIVES, self.report, "collective")
+        if operation is None:
+            return None
+        reductions = COLLECTIVE_REDUCTIONS[operation]
+        if not reductions:
+            if len(arguments) > 1:
+                self.report.error(f"the collective {operation} copies, it reduces nothing: "
+                                  f"write (collective {operation})", arguments[1].span)
+                return None
+            return (operation, None)
+        if len(arguments) < 2:
+            self.report.error(f"the collective {operation} needs its reduction: "
+                              f"(collective {operation} {reductions[0]}); it takes "
+                              f"{' or '.join(reductions)}", clause.span)
+            return None
+        reduction = _keyword(arguments[1], reductions, self.report, "reduction")
+        return (operation, reduction) if reduction else None
 
     def collective_signature(self, record: ImageDeclaration, declaration: Declaration) -> None:
         """A collective reduces one buffer in place across the ranks: exactly one pointer,

@@ -158,8 +158,9 @@ def resolve_config(declarations: Declarations, name: str, overrides: dict[str, o
 
 class Evaluator:
     def __init__(self, scope: Scope, declarations: Declarations, config: str,
-                 overrides: dict[str, object], report: Reporter):
+                 overrides: dict[str, object], report: Reporter, ranks: tuple[int, int] = (0, 1)):
         self.scope = scope
+        self.rank, self.ranks = ranks
         self.declarations = declarations
         self.config = config
         self.report = report
@@ -659,6 +660,25 @@ class Evaluator:
     def _cgCount(self, values, spans, span, trace):
         return values[0].count
 
+    def _cgElements(self, values, spans, span, trace):
+        """COUNT elements of a buffer from its element START: a shard of a bank, say."""
+        view, start, count = values
+        count = self._index(count, spans[2], "the count of (cgElements BUFFER START COUNT)")
+        high = bounds(start)[1] + count
+        if high > view.count:
+            start_text = "" if isinstance(start, int) else \
+                f" (START {format_nat(start)} reaches {bounds(start)[1]})"
+            raise EvaluationError(
+                f"(cgElements BUFFER START COUNT) reaches element {high - 1} of '{view.label}'"
+                f"{start_text}, which has {view.count} (0 .. {view.count - 1})", span)
+        return View(view.storage, affine.add(view.offset, start), count, view.item)
+
+    def _cgRank(self, values, spans, span, trace):
+        return self.rank
+
+    def _cgRanks(self, values, spans, span, trace):
+        return self.ranks
+
     def _cgArena(self, values, spans, span, trace):
         storage = self.storage_of(self.declarations.storages[values[0].name], None)
         return View(storage, 0, storage.count) if storage else POISON
@@ -794,8 +814,10 @@ class Evaluator:
 
 
 def evaluate_program(scope: Scope, declarations: Declarations, source: str, entry: str,
-                     config: str, overrides: dict[str, object], report: Reporter) -> Program:
-    evaluator = Evaluator(scope, declarations, config, overrides, report)
+                     config: str, overrides: dict[str, object], report: Reporter,
+                     ranks: tuple[int, int] = (0, 1)) -> Program:
+    """The launch program of `entry`, for rank `ranks[0]` of `ranks[1]` (cgRank, cgRanks)."""
+    evaluator = Evaluator(scope, declarations, config, overrides, report, ranks)
     report.raise_if_errors()
     # What the kernels assume of the shape first: a configuration that breaks it would only
     # produce the consequences (a division by zero, a bad extent) further on.
@@ -825,6 +847,28 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     phases = {name: Phase(name, p.stage, tuple(n.text for n in p.writes),
                           tuple(n.span for n in p.writes), p.span)
               for name, p in declarations.phases.items()}
-    return Program(source, entry, config, evaluator.low, body, constants,
-                   dict(evaluator.storages), images, warnings, dict(evaluator.layouts), banks,
-                   phases, entries, roles, role_spans)
+    program = Program(source, entry, config, evaluator.low, body, constants,
+                      dict(evaluator.storages), images, warnings, dict(evaluator.layouts), banks,
+                      phases, entries, roles, role_spans, rank=ranks[0], ranks=ranks[1])
+    _without_unused_banks(program)
+    program.sharded = tuple(name for name, storage in declarations.storages.items()
+                            if storage.sharded and name in program.storages)
+    return program
+
+
+def _without_unused_banks(program: Program) -> None:
+    """A bank no launch of the program touches is not laid out, so never allocated (a
+    sharded step keeps the moments in shards, a sampler needs no gradients): its entries
+    leave the program's storages; and so does a step buffer no launch touches and no role
+    names (one another schedule of the loaded files declares, such as ZeRO-1's shards)."""
+    touched = {binding.view.storage.name for launch, _, _ in program.launches()
+               for binding in launch.pointers}
+    for bank in set(program.bank_layouts) - touched:
+        del program.bank_layouts[bank]
+        for label in [label for label, storage in program.storages.items()
+                      if storage.kind == "bank" and storage.name == bank]:
+            del program.storages[label]
+    named = {value for value in program.roles.values() if isinstance(value, str)}
+    for label in [label for label, storage in program.storages.items()
+                  if storage.kind == "buffer" and label not in touched | named]:
+        del program.storages[label]

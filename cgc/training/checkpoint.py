@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 
 # the state a checkpoint keeps is the run's (cgc/backends/base.py), re-exported here
-from ..backends.base import carried_buffers, saved_dtype, saved_labels  # noqa: F401
+from ..backends.base import carried_buffers, saved_count, saved_dtype, saved_labels  # noqa: F401
 from ..backends.base import restore_state as restore  # noqa: F401
 from ..backends.base import state_tensors as tensors  # noqa: F401
 from ..core.diagnostics import CompileError, Diagnostic
@@ -362,10 +362,10 @@ def check_tensors(program, values: dict[str, np.ndarray], path: str) -> None:
     for label in saved_labels(program):
         if label not in values:
             raise CheckpointError(f"{path} has no tensor {label}, which this schedule keeps")
-        storage, array = program.storages[label], values[label]
-        if array.size != storage.count or array.dtype != saved_dtype(program, label):
+        array, count = values[label], saved_count(program, label)
+        if array.size != count or array.dtype != saved_dtype(program, label):
             raise CheckpointError(f"{path}: tensor {label} holds {array.size} {array.dtype} "
-                                  f"values; this schedule's holds {storage.count} "
+                                  f"values; this schedule's holds {count} "
                                   f"{saved_dtype(program, label)}")
     extra = sorted(set(values) - set(saved_labels(program)))
     if extra:

@@ -145,6 +145,9 @@ class Checkpointing:
     folder: str
     every: int  # 0: only at the end and on a stop request
     manifest: dict
+    # False on a rank that does not write (all but rank 0) but must take part in gathering
+    # the shards of a sharded state (a ZeRO-1 step's moments)
+    writes: bool = True
 
 
 @dataclass
@@ -291,7 +294,10 @@ def write_checkpoint(run: Run, checkpointing: Checkpointing, step: int, batches,
     manifest.update({"format": checkpoint.FORMAT, "step": step, "losses": list(losses),
                      "data_position": batches.position(),
                      "validation_position": validation.batches.position() if validation else None})
-    return checkpoint.save(checkpointing.folder, step, checkpoint.tensors(run), manifest)
+    tensors = checkpoint.tensors(run)  # a collective where the state is sharded
+    if not checkpointing.writes:
+        return None
+    return checkpoint.save(checkpointing.folder, step, tensors, manifest)
 
 
 def _corpus_sha256(batches) -> str | None:

@@ -328,7 +328,7 @@ class TrainingRun:
             if self._sampler_factory is None:
                 raise RunError("this run was opened without a sampler")
             self._sampler = self._sampler_factory(self)
-        self._sampler.load(state_tensors(self.run))
+        self._sampler.load(state_tensors(self.run, gather=False))  # rank 0 alone samples
         return decode_bytes(self._sampler.generate(list(data), tokens, temperature, top_k,
                                                    seed, stop=stop))
 

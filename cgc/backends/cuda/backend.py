@@ -17,12 +17,12 @@ import numpy as np
 from ...checking.concurrency import scheduled, stream_count
 from ...checking.memory import storage_home
 from ...core.elements import ELEMENTS, element_bytes
-from ..base import Run, initial_parameters
+from ..base import Run, RunFault, initial_parameters
 from ..numerics import decode, encode, storage_dtype
 from . import cublaslt
 from .cublaslt import alignment
 from .emit import (CUBLAS_PRODUCTS, CUBLASLT_WORKSPACE_BYTES, NCCL_CALLS, NCCL_TYPES,
-                   emit_program, image_problems)
+                   emit_program, image_problems, rank_mismatch)
 from .toolchain import include_flags
 
 # MFU is reported against the H200's dense bfloat16 tensor-core peak (NVIDIA's datasheet:
@@ -236,16 +236,28 @@ class CupyRun(Run):
     def _collective(self, image, data, count: int, stream):
         """A collective image through CuPy's NCCL binding, on the run's stream (so that the
         graph capture records it), on a communicator made at the first step from the id
-        rank 0 draws and the run's communicator (MPI) broadcasts."""
+        rank 0 draws and the run's communicator (MPI) broadcasts. In place, as the emitted
+        program calls it (NCCL_CALLS): a reduce-scatter receives into this rank's shard of
+        the buffer, an all-gather sends from it (the rank the program was compiled for)."""
         nccl_call = NCCL_CALLS[image.collective]
         (pointer,) = image.pointers.values()
         data = int(data)
+        shard = count // self.program.ranks
+        mine = data + self.program.rank * shard * element_bytes(pointer.element, self.low)
 
         def call():
             nccl = self._nccl()
-            self.nccl_communicator.allReduce(data, data, count,
-                                             _cupy_nccl(nccl, NCCL_TYPES[pointer.element]),
-                                             _cupy_nccl(nccl, nccl_call.operator), stream.ptr)
+            data_type = _cupy_nccl(nccl, NCCL_TYPES[pointer.element])
+            if nccl_call.shard == "receive":
+                self.nccl_communicator.reduceScatter(data, mine, shard, data_type,
+                                                     _cupy_nccl(nccl, nccl_call.operator),
+                                                     stream.ptr)
+            elif nccl_call.shard == "send":
+                self.nccl_communicator.allGather(mine, data, shard, data_type, stream.ptr)
+            else:
+                self.nccl_communicator.allReduce(data, data, count, data_type,
+                                                 _cupy_nccl(nccl, nccl_call.operator),
+                                                 stream.ptr)
 
         call.image = image.name
         return call
@@ -258,8 +270,12 @@ class CupyRun(Run):
             communicator = self.communicator
             identifier = nccl.get_unique_id() if communicator.lead else None
             identifier = communicator.broadcast_object(identifier)
-            self.nccl_communicator = nccl.NcclCommunicator(communicator.size, identifier,
-                                                           communicator.rank)
+            made = nccl.NcclCommunicator(communicator.size, identifier, communicator.rank)
+            # a program that shards runs only as the rank it was compiled for
+            mismatch = rank_mismatch(self.program, made.rank_id(), made.size())
+            if mismatch is not None:
+                raise RunFault(mismatch)
+            self.nccl_communicator = made
         return nccl
 
     # ---- steps -------------------------------------------------------------------

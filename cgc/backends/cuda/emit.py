@@ -23,7 +23,7 @@ from ...checking.signature import c_parameters
 from ...core.affine import format_nat
 from ...core.diagnostics import Diagnostic, Note
 from ...core.elements import ELEMENTS, c_type, element_bytes
-from ...core.ir import Concurrent, Launch, PhaseRegion, Program, Repeat, View
+from ...core.ir import SHARDED_COLLECTIVES, Concurrent, Launch, PhaseRegion, Program, Repeat, View
 from ...core.roles import KERNEL_CONSTANTS, TRAINING_ROLES
 from ...resources import cache_dir, data_dir, read_regular
 
@@ -77,10 +77,16 @@ CUBLASLT_AUX_LD_MULTIPLE = 8
 
 @dataclass(frozen=True)
 class NcclCall:
-    """How a collective image maps onto NCCL: the function and its reduction operator."""
+    """How a collective image maps onto NCCL: the function, its reduction operator (None for
+    the all-gather, which copies), and which of its buffers is this rank's shard of the
+    image's one buffer (None: both are the whole buffer). In place, as NCCL defines it: a
+    reduce-scatter's receive buffer is the send buffer's shard (recvbuff == sendbuff +
+    rank * recvcount), an all-gather's send buffer the receive buffer's (sendbuff == recvbuff
+    + rank * sendcount), the shard count / ranks elements."""
 
     function: str
-    operator: str
+    operator: str | None
+    shard: str | None = None  # "receive" (reduce-scatter), "send" (all-gather)
 
 
 # The one table both the emitted host program and the CuPy backend call NCCL from, by the
@@ -88,8 +94,29 @@ class NcclCall:
 # carries (every element the language lets a collective carry: tests/test_parallel.py).
 NCCL_CALLS = {
     ("allReduce", "average"): NcclCall("ncclAllReduce", "ncclAvg"),
+    ("allReduce", "sum"): NcclCall("ncclAllReduce", "ncclSum"),
+    ("reduceScatter", "average"): NcclCall("ncclReduceScatter", "ncclAvg", shard="receive"),
+    ("allGather", None): NcclCall("ncclAllGather", None, shard="send"),
 }
 NCCL_TYPES = {"float32": "ncclFloat32"}
+
+
+def shards(program: Program) -> bool:
+    """Whether the program launches a collective that takes this rank's shard of its buffer
+    (a reduce-scatter, an all-gather): it runs only as the rank it was compiled for."""
+    return any(launch.image.collective is not None
+               and launch.image.collective[0] in SHARDED_COLLECTIVES
+               for launch, _, _ in program.launches())
+
+
+def rank_mismatch(program: Program, rank: int, size: int) -> str | None:
+    """Why the program may not run as rank `rank` of `size` (None where it may): one that
+    shards was compiled for one rank of one number of ranks."""
+    if not shards(program) or (rank, size) == (program.rank, program.ranks):
+        return None
+    return (f"this program was compiled for rank {program.rank} of {program.ranks} ranks, but "
+            f"runs as rank {rank} of {size}: its reduce-scatters and all-gathers would take "
+            f"another rank's shard (compile it for each rank: cgRank, cgRanks)")
 
 
 def template_name(image: str) -> str:
@@ -531,8 +558,10 @@ class Emitter:
         learning_rates = [program.storages[program.roles["learningRate"]].name] \
             if "learningRate" in program.roles else []
         rows = program.storages[program.roles["ids"]].count
+        collectives = self.collectives()
         return template.render(entries=entries, rows=rows, low=self.low, names=names,
-                               collectives=bool(self.collectives()),
+                               collectives=bool(collectives), products=bool(self.products()),
+                               sharded=any(c["shard"] is not None for c in collectives),
                                learning_rates=learning_rates)
 
     def products(self) -> list[dict]:
@@ -555,7 +584,8 @@ class Emitter:
 
     def collectives(self) -> list[dict]:
         """The host functions of the collective images the program uses: one NCCL call each
-        on the run's communicator (cg_nccl), in place over the one buffer."""
+        on the run's communicator (cg_nccl), in place over the one buffer (a reduce-scatter
+        or an all-gather with this rank's shard of it as the other buffer)."""
         used = sorted({launch.image.name for launch, _, _ in self.program.launches()
                        if launch.image.collective is not None})
         found = []
@@ -567,7 +597,7 @@ class Emitter:
             found.append({
                 "image": name, "summary": (image.doc or name).replace("\n", " "),
                 "parameters": ", ".join(c_parameters(image, self.low)),
-                "function": call.function, "operator": call.operator,
+                "function": call.function, "operator": call.operator, "shard": call.shard,
                 "data": pointer.name, "count": count.name,
                 "type": NCCL_TYPES[pointer.element]})
         return found
@@ -578,6 +608,7 @@ class Emitter:
             constants=list(self.constants.items()), attention_row_padding=ATTENTION_ROW_PADDING)
         kernels = self.rendered_kernels = self.kernels()
         step_lines = self.schedule(self.program.body, [], "")
+        collectives = self.collectives()
         source = os.path.basename(self.program.source)
         return self.environment.get_template("program.cu.j2").render(
             version=__version__, source=source, entry=self.program.entry,
@@ -588,7 +619,9 @@ class Emitter:
             buffers_bytes=max(self.plan.buffers_bytes, 256),
             arena_bytes=max(self.plan.arena_bytes, 256),
             low_cuda_type=ELEMENTS[self.low].cuda_data_type, phases=self.phases,
-            products=self.products(), collectives=self.collectives(),
+            products=self.products(), collectives=collectives,
+            sharded=any(c["shard"] is not None for c in collectives),
+            rank=self.program.rank, ranks=self.program.ranks,
             workspace_bytes=CUBLASLT_WORKSPACE_BYTES,
             streams=self.compute_streams + (self.communicator_stream is not None),
             compute_streams=self.compute_streams, communicator_stream=self.communicator_stream,

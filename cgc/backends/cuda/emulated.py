@@ -38,7 +38,7 @@ from ...core.elements import c_type, element_bytes
 from ...resources import cache_dir
 from ..base import Run, RunFault, initial_parameters
 from ..numerics import decode, encode, storage_dtype
-from .emit import emit_program, image_problems, shared_memory_bytes
+from .emit import emit_program, image_problems, rank_mismatch, shared_memory_bytes
 
 HEADERS = Path(__file__).resolve().parent.parent / "cuda_cpu" / "include"
 COMPILER = os.environ.get("CGC_CXX", "g++")
@@ -225,12 +225,18 @@ def has_collectives(program) -> bool:
     return any(launch.image.collective for launch, _, _ in program.launches())
 
 
-# The transport NCCL's CPU twin calls for a collective over several ranks
-# (cgcpu/nccl.h: data, count, NCCL data type, NCCL reduction operator; 0 for success).
+# The transport NCCL's CPU twin calls for a collective over several ranks (cgcpu/nccl.h: the
+# whole buffer and its count, the NCCL data type, the NCCL reduction operator (-1 for the
+# all-gather), the collective; 0 for success), and the run's communicator's method for each
+# (collective, operator): each works in place on the whole buffer, the shards this rank's.
 NCCL_TRANSPORT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                  ctypes.c_int)
+                                  ctypes.c_int, ctypes.c_int)
 NCCL_FLOAT32 = 7  # ncclFloat32
-NCCL_REDUCTIONS = {0: "all_reduce_sum", 4: "all_reduce_average"}  # ncclSum, ncclAvg
+NCCL_ALL_REDUCE, NCCL_REDUCE_SCATTER, NCCL_ALL_GATHER = 0, 1, 2  # cgcpu::NcclCollective
+NCCL_COLLECTIVES = {(NCCL_ALL_REDUCE, 0): "all_reduce_sum",  # ncclSum
+                    (NCCL_ALL_REDUCE, 4): "all_reduce_average",  # ncclAvg
+                    (NCCL_REDUCE_SCATTER, 4): "reduce_scatter_average",
+                    (NCCL_ALL_GATHER, -1): "all_gather"}
 
 
 def driver_source(program, plan, emitted_text: str) -> str:
@@ -774,7 +780,11 @@ class EmulatedRun(Run):
 
     def _join(self) -> None:
         """The emitted program's NCCL communicator: rank 0 draws the id, the communicator
-        broadcasts it, every rank joins (llm.c's split of MPI and NCCL)."""
+        broadcasts it, every rank joins (llm.c's split of MPI and NCCL). A program that shards
+        joins only as the rank it was compiled for (its host functions check it again)."""
+        mismatch = rank_mismatch(self.program, self.communicator.rank, self.communicator.size)
+        if mismatch is not None:
+            raise RunFault(mismatch)
         identifier = ctypes.create_string_buffer(128)  # NCCL_UNIQUE_ID_BYTES
         if self.communicator.lead:
             self._check_nccl(self.library.cg_nccl_unique_id(identifier), "drawing the NCCL id")
@@ -790,16 +800,21 @@ class EmulatedRun(Run):
         if status != 0:
             raise RunFault(f"{where}: NCCL error {status}")
 
-    def _carry(self, data, count, kind, operator) -> int:
-        """Called by the emitted program's ncclAllReduce (through the CPU twin) with the
-        buffer to reduce in place; 0 when done. Errors are told here: the emitted program
-        only learns that the collective failed, and exits."""
+    def _carry(self, data, count, kind, operator, collective) -> int:
+        """Called by the emitted program's NCCL calls (through the CPU twin) with the whole
+        buffer of the collective, to carry in place over the ranks (a reduce-scatter or an
+        all-gather: this rank's shard of it, as the run's communicator takes it); 0 when done.
+        Errors are told here: the emitted program only learns that the collective failed,
+        and exits."""
         try:
-            if kind != NCCL_FLOAT32 or operator not in NCCL_REDUCTIONS:
-                raise RunFault(f"the CPU twin of NCCL carries float32 sums and averages, not "
-                               f"NCCL type {kind} with operator {operator}")
+            method = NCCL_COLLECTIVES.get((collective, operator))
+            if kind != NCCL_FLOAT32 or method is None:
+                raise RunFault(f"the CPU twin of NCCL carries float32 all-reduce sums and "
+                               f"averages, reduce-scatter averages and all-gathers, not NCCL "
+                               f"type {kind} with operator {operator} in collective "
+                               f"{collective}")
             values = np.ctypeslib.as_array((ctypes.c_float * count).from_address(data))
-            getattr(self.communicator, NCCL_REDUCTIONS[operator])(values)
+            getattr(self.communicator, method)(values)
             return 0
         except BaseException as error:  # noqa: BLE001 - nothing may unwind through C
             print(f"cgc: error: rank {self.communicator.rank}: {error}", file=sys.stderr,

@@ -459,13 +459,33 @@ def step_advance(k: Kernel) -> None:
     step.write(0, step.read(0, 1) + 1)
 
 
-def all_reduce(k: Kernel) -> None:
-    """A collective: data = its mean over the ranks, through the run's communicator (MPI on
-    CPU ranks; with one rank, data as it is)."""
+def _collective(k: Kernel, method: str) -> None:
+    """A collective over the `count` elements of `data`, in place, through the run's
+    communicator (MPI on CPU ranks; with one rank, data as it is)."""
     data = k.pointers["data"]
     values = np.ascontiguousarray(data.read(0, int(k.scalars["count"])), dtype=np.float32)
-    k.communicator.all_reduce_average(values)
+    getattr(k.communicator, method)(values)
     data.write(0, values)
+
+
+def all_reduce(k: Kernel) -> None:
+    """data = its mean over the ranks."""
+    _collective(k, "all_reduce_average")
+
+
+def all_reduce_sum(k: Kernel) -> None:
+    """data = its sum over the ranks."""
+    _collective(k, "all_reduce_sum")
+
+
+def reduce_scatter(k: Kernel) -> None:
+    """This rank's shard of data = its mean over the ranks (the rest as it was)."""
+    _collective(k, "reduce_scatter_average")
+
+
+def all_gather(k: Kernel) -> None:
+    """Every rank's shard of data = that rank's."""
+    _collective(k, "all_gather")
 
 
 KERNELS = {
@@ -501,4 +521,7 @@ KERNELS = {
     "cgImageGradientNorm": gradient_norm,
     "cgImageStepAdvance": step_advance,
     "cgImageAllReduce": all_reduce,
+    "cgImageAllReduceSum": all_reduce_sum,
+    "cgImageReduceScatter": reduce_scatter,
+    "cgImageAllGather": all_gather,
 }

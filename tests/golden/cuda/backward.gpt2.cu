@@ -1292,9 +1292,7 @@ static void cg_join(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event,
 static char* cg_bank_cgBankP = nullptr;  // 494426112 bytes: bank cgBankP (parameters, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
-static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
-static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 1189286656 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 1189286144 bytes: 11 step buffers
 static char* cg_arena = nullptr;  // 2472542208 bytes: 21 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
@@ -1336,8 +1334,6 @@ static float* cgFinalStatistics = nullptr;  // float32[16384]: step buffer
 static float* cgBoundaries = nullptr;  // float32[6291456] x 13 items: step buffer
 static int* cgCorrect = nullptr;  // int32[8192]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
-static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
-static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
 static float* cgLogitsGradientSlot = nullptr;  // float32[412090368]: arena slot
@@ -1367,12 +1363,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 247136256UL), "clearing cg_bank_cgBankHalf");
   cg_check(cudaMalloc(&cg_bank_cgBankG, 494426112UL), "allocating cg_bank_cgBankG");
   cg_check(cudaMemset(cg_bank_cgBankG, 0, 494426112UL), "clearing cg_bank_cgBankG");
-  cg_check(cudaMalloc(&cg_bank_cgBankM, 494426112UL), "allocating cg_bank_cgBankM");
-  cg_check(cudaMemset(cg_bank_cgBankM, 0, 494426112UL), "clearing cg_bank_cgBankM");
-  cg_check(cudaMalloc(&cg_bank_cgBankV, 494426112UL), "allocating cg_bank_cgBankV");
-  cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 1189286656UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 1189286656UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 1189286144UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 1189286144UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 2472542208UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 2472542208UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
@@ -1415,8 +1407,6 @@ static void cg_allocate() {
   cgBoundaries = reinterpret_cast<float*>(cg_buffers + 836931840UL);
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 1164087552UL);
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1164120320UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 1189286144UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 1189286400UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -1439,7 +1429,7 @@ static void cg_allocate() {
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 289865728UL);
   cgLogitsGradientHalfSlot = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1648361472UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 1189286656UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 1189286144UL);
   CG_SHARED_ALLOCATION(cg_arena, 2472542208UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgTargets, 32768UL);
@@ -1452,8 +1442,6 @@ static void cg_allocate() {
   CG_REGION(cgBoundaries, 327155712UL);
   CG_REGION(cgCorrect, 32768UL);
   CG_REGION(cgFinalGradient, 25165824UL);
-  CG_REGION(cgGradientNorm, 8UL);
-  CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
   CG_REGION(cgLogitsGradientSlot, 1648361472UL);
@@ -1481,8 +1469,6 @@ static void cg_release() {
   cudaFree(cg_bank_cgBankP);
   cudaFree(cg_bank_cgBankHalf);
   cudaFree(cg_bank_cgBankG);
-  cudaFree(cg_bank_cgBankM);
-  cudaFree(cg_bank_cgBankV);
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
   cudaFree(cg_lt_workspace);

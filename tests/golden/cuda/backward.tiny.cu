@@ -1292,9 +1292,7 @@ static void cg_join(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event,
 static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (parameters, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 229376 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
-static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
-static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 436992 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 436480 bytes: 11 step buffers
 static char* cg_arena = nullptr;  // 761856 bytes: 21 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
@@ -1336,8 +1334,6 @@ static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
-static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
-static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgLogitsGradientSlot = nullptr;  // float32[65536]: arena slot
@@ -1367,12 +1363,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 229376UL), "clearing cg_bank_cgBankHalf");
   cg_check(cudaMalloc(&cg_bank_cgBankG, 461312UL), "allocating cg_bank_cgBankG");
   cg_check(cudaMemset(cg_bank_cgBankG, 0, 461312UL), "clearing cg_bank_cgBankG");
-  cg_check(cudaMalloc(&cg_bank_cgBankM, 461312UL), "allocating cg_bank_cgBankM");
-  cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
-  cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
-  cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 436992UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 436992UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 436480UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 436480UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 761856UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 761856UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
@@ -1415,8 +1407,6 @@ static void cg_allocate() {
   cgBoundaries = reinterpret_cast<float*>(cg_buffers + 173312UL);
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 369920UL);
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 370944UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 436480UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 436736UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -1439,7 +1429,7 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 757760UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 759808UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 436992UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 436480UL);
   CG_SHARED_ALLOCATION(cg_arena, 761856UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
@@ -1452,8 +1442,6 @@ static void cg_allocate() {
   CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgFinalGradient, 65536UL);
-  CG_REGION(cgGradientNorm, 8UL);
-  CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 131072UL);
   CG_REGION(cgGradientQkv, 98304UL);
   CG_REGION(cgLogitsGradientSlot, 262144UL);
@@ -1481,8 +1469,6 @@ static void cg_release() {
   cudaFree(cg_bank_cgBankP);
   cudaFree(cg_bank_cgBankHalf);
   cudaFree(cg_bank_cgBankG);
-  cudaFree(cg_bank_cgBankM);
-  cudaFree(cg_bank_cgBankV);
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
   cudaFree(cg_lt_workspace);

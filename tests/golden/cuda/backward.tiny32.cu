@@ -1292,9 +1292,7 @@ static void cg_join(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event,
 static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (parameters, float32), 11 entries
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
-static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
-static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
-static char* cg_buffers = nullptr;  // 600832 bytes: 13 step buffers
+static char* cg_buffers = nullptr;  // 600320 bytes: 11 step buffers
 static char* cg_arena = nullptr;  // 1384448 bytes: 21 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
@@ -1336,8 +1334,6 @@ static float* cgFinalStatistics = nullptr;  // float32[512]: step buffer
 static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
-static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
-static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static float* cgFcAct = nullptr;  // low[65536]: arena slot
 static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgLogitsGradientHalfSlot = nullptr;  // low[65536]: arena slot
@@ -1367,12 +1363,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankHalf, 0, 458752UL), "clearing cg_bank_cgBankHalf");
   cg_check(cudaMalloc(&cg_bank_cgBankG, 461312UL), "allocating cg_bank_cgBankG");
   cg_check(cudaMemset(cg_bank_cgBankG, 0, 461312UL), "clearing cg_bank_cgBankG");
-  cg_check(cudaMalloc(&cg_bank_cgBankM, 461312UL), "allocating cg_bank_cgBankM");
-  cg_check(cudaMemset(cg_bank_cgBankM, 0, 461312UL), "clearing cg_bank_cgBankM");
-  cg_check(cudaMalloc(&cg_bank_cgBankV, 461312UL), "allocating cg_bank_cgBankV");
-  cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
-  cg_check(cudaMalloc(&cg_buffers, 600832UL), "allocating cg_buffers");
-  cg_check(cudaMemset(cg_buffers, 0, 600832UL), "clearing cg_buffers");
+  cg_check(cudaMalloc(&cg_buffers, 600320UL), "allocating cg_buffers");
+  cg_check(cudaMemset(cg_buffers, 0, 600320UL), "clearing cg_buffers");
   cg_check(cudaMalloc(&cg_arena, 1384448UL), "allocating cg_arena");
   cg_check(cudaMemset(cg_arena, 0, 1384448UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
@@ -1415,8 +1407,6 @@ static void cg_allocate() {
   cgBoundaries = reinterpret_cast<float*>(cg_buffers + 337152UL);
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 533760UL);
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 534784UL);
-  cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 600320UL);
-  cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 600576UL);
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
   cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
   cgLogitsGradientHalfSlot = reinterpret_cast<float*>(cg_arena + 0UL);
@@ -1439,7 +1429,7 @@ static void cg_allocate() {
   cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1380352UL);
   cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1382400UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
-  CG_SHARED_ALLOCATION(cg_buffers, 600832UL);
+  CG_SHARED_ALLOCATION(cg_buffers, 600320UL);
   CG_SHARED_ALLOCATION(cg_arena, 1384448UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
@@ -1452,8 +1442,6 @@ static void cg_allocate() {
   CG_REGION(cgBoundaries, 196608UL);
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgFinalGradient, 65536UL);
-  CG_REGION(cgGradientNorm, 8UL);
-  CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 262144UL);
   CG_REGION(cgGradientQkv, 196608UL);
   CG_REGION(cgLogitsGradientHalfSlot, 262144UL);
@@ -1481,8 +1469,6 @@ static void cg_release() {
   cudaFree(cg_bank_cgBankP);
   cudaFree(cg_bank_cgBankHalf);
   cudaFree(cg_bank_cgBankG);
-  cudaFree(cg_bank_cgBankM);
-  cudaFree(cg_bank_cgBankV);
   cudaFree(cg_buffers);
   cudaFree(cg_arena);
   cudaFree(cg_lt_workspace);
