@@ -248,6 +248,7 @@ class LaunchFacts:
     copies_residual_bytes: int = 0
     # A collective's buffer (bytes): what each rank reduces over the ranks (0 for the rest)
     collective_bytes: int = 0
+    collective: str = "allReduce"  # its operation (RING_PASSES)
 
     @property
     def warps(self) -> int:
@@ -399,6 +400,7 @@ def launch_facts(program, launch, point) -> LaunchFacts:
     image = launch.image
     library = image.library is not None
     blocks, threads, copy, collective = 0, 0, 0, 0
+    operation = image.collective[0] if image.collective is not None else "allReduce"
     if image.collective is not None:
         # one NCCL call over its buffer, in place: the bytes each rank reduces
         collective = sum(b.view.count * element_bytes(b.view.storage.element, program.low)
@@ -413,20 +415,29 @@ def launch_facts(program, launch, point) -> LaunchFacts:
         blocks = math.prod(value(g, point) for g in grid)
         threads = math.prod(image.block)
     return LaunchFacts(image.name, blocks, threads, traffic(launch, program.low),
-                       flops(launch, point, program.roles), library, copy, collective)
+                       flops(launch, point, program.roles), library, copy, collective,
+                       operation)
 
 
 # ---- the collective: NCCL's ring all-reduce on NVLink ----------------------------------
 
-def collective_seconds(nbytes: float, ranks: int, model: Model = MODEL) -> tuple:
-    """One all-reduce of `nbytes` over `ranks` GPUs of one NVLink node: (protocol, latency,
-    transfer seconds). The transfer is the ring's 2(N-1)/N x bytes at the protocol's bus
-    bandwidth (nccl-tests' busbw is defined so: algbw x 2(N-1)/N); the latency NCCL's own
-    model's (base + 2(N-1) steps); NCCL picks the protocol its model finds quickest, so the
-    model does. One rank reduces nothing: (None, 0, 0)."""
+# How many times a ring collective passes the buffer around the ring: an all-reduce is a
+# reduce-scatter then an all-gather, 2(N-1) steps of 1/N of the buffer; ZeRO-1's
+# reduce-scatter and all-gather are one pass each, N-1 steps (nccl-tests' busbw factors).
+RING_PASSES = {"allReduce": 2, "reduceScatter": 1, "allGather": 1}
+
+
+def collective_seconds(nbytes: float, ranks: int, model: Model = MODEL,
+                       operation: str = "allReduce") -> tuple:
+    """One ring collective of `nbytes` (the whole buffer) over `ranks` GPUs of one NVLink
+    node: (protocol, latency, transfer seconds). The transfer is the ring's
+    passes x (N-1)/N x bytes (an all-reduce's 2(N-1)/N) at the protocol's bus bandwidth
+    (nccl-tests' busbw is defined so); the latency NCCL's own model's (base + a step a
+    hop); NCCL picks the protocol its model finds quickest, so the model does. One rank
+    moves nothing: (None, 0, 0)."""
     if ranks <= 1 or nbytes <= 0:
         return None, 0.0, 0.0
-    steps = 2 * (ranks - 1)
+    steps = RING_PASSES[operation] * (ranks - 1)
     wire = steps / ranks * nbytes
     options = []
     for name, base, per_step, share, cap in model.allreduce_protocols:
@@ -437,18 +448,25 @@ def collective_seconds(nbytes: float, ranks: int, model: Model = MODEL) -> tuple
     return name, latency, transfer
 
 
-def collective_floor(nbytes: float, ranks: int, model: Model = MODEL) -> float:
+def collective_floor(nbytes: float, ranks: int, model: Model = MODEL,
+                     operation: str = "allReduce") -> float:
     """No all-reduce beats each rank sending its buffer once and receiving the result once
-    over NVLink (what reducing in the switch, NVLS, does)."""
-    return 0.0 if ranks <= 1 else nbytes / model.nvlink_bytes_per_s
+    over NVLink (what reducing in the switch, NVLS, does); no reduce-scatter or all-gather
+    beats each rank moving the other ranks' (N-1)/N of it once."""
+    if ranks <= 1:
+        return 0.0
+    share = 1.0 if operation == "allReduce" else (ranks - 1) / ranks
+    return share * nbytes / model.nvlink_bytes_per_s
 
 
 def model_collective(facts: LaunchFacts, ranks: int, model: Model = MODEL) -> Modelled:
-    _, latency, transfer = collective_seconds(facts.collective_bytes, ranks, model)
+    _, latency, transfer = collective_seconds(facts.collective_bytes, ranks, model,
+                                              facts.collective)
     overhead = model.launch_overhead_s if ranks > 1 else 0.0
     parts = {"nvlink": transfer, "latency": latency, "overhead": overhead}
     parts["total"] = latency + transfer + overhead
-    return Modelled(collective_floor(facts.collective_bytes, ranks, model), parts)
+    return Modelled(collective_floor(facts.collective_bytes, ranks, model, facts.collective),
+                    parts)
 
 
 # ---- profiles: what a launch holds of the machine, and for how long ---------------------
@@ -538,8 +556,9 @@ def collective_profile(facts: LaunchFacts, ranks: int, model: Model = MODEL) -> 
     forward), and the buffer is read once and written once (an estimate of NCCL's ring)."""
     if ranks <= 1 or facts.collective_bytes <= 0:
         return ()
-    _, latency, transfer = collective_seconds(facts.collective_bytes, ranks, model)
-    wire = 2 * (ranks - 1) / ranks * facts.collective_bytes
+    _, latency, transfer = collective_seconds(facts.collective_bytes, ranks, model,
+                                              facts.collective)
+    wire = RING_PASSES[facts.collective] * (ranks - 1) / ranks * facts.collective_bytes
     hbm = (2 * wire + 2 * facts.collective_bytes) / transfer
     return tuple(s for s in (Segment(model.launch_overhead_s),
                              Segment(latency, sms=model.collective_sms),
@@ -552,7 +571,7 @@ def floor_profile(facts: LaunchFacts, ranks: int = 1, hw: Hardware = H200,
     """At the floor a launch holds no SMs: it takes its bytes at HBM's rate or its
     products at the tensor-core peak for its floor time (a collective: NVLink)."""
     if facts.collective_bytes:
-        seconds = collective_floor(facts.collective_bytes, ranks, model)
+        seconds = collective_floor(facts.collective_bytes, ranks, model, facts.collective)
         return (Segment(seconds, link=1.0, hbm=2 * facts.collective_bytes / seconds),) \
             if seconds > 0 else ()
     seconds = floor_time(facts.floor_bytes, facts.flops, hw)
@@ -831,7 +850,8 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
         row["launches"] += 1
         row["bytes"] += facts.floor_bytes
         row["flops"] += facts.flops
-        row["floor"] += collective_floor(facts.collective_bytes, ranks, model) \
+        row["floor"] += collective_floor(facts.collective_bytes, ranks, model,
+                                         facts.collective) \
             if facts.collective_bytes else floor_time(facts.floor_bytes, facts.flops, hw)
         if modelled is None:
             continue
@@ -918,7 +938,10 @@ class Scaling:
 
 
 def scaling(program, audits, ranks_list, hw: Hardware = H200, model: Model = MODEL) -> Scaling:
-    return Scaling(list(ranks_list), {n: step_times(program, audits, n, hw, model)
+    """`program`: one program for every number of ranks, or a function of it (a schedule
+    that shards, ZeRO-1's, is evaluated for each: its shard is the bank over N)."""
+    program_for = program if callable(program) else (lambda n: program)
+    return Scaling(list(ranks_list), {n: step_times(program_for(n), audits, n, hw, model)
                                       for n in sorted(set(ranks_list) | {1})})
 
 
@@ -953,8 +976,11 @@ def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardw
     """The data-parallel step at each number of ranks: the all-reduce after the backward
     (EXPOSED_SOURCE) against `path`'s step (buckets concurrent with the backward)."""
     exposed = exposed_program(config)
+    program_for = program if callable(program) else (lambda n: program)
     old, new = scaling(exposed, audits, ranks_list, hw, model), \
-        scaling(program, audits, ranks_list, hw, model)
+        scaling(program_for, audits, ranks_list, hw, model)
+    most = max(ranks_list)
+    program = program_for(most)  # the calls and bytes it prints: at the most ranks
     tokens = int(program.roles["batch"]) * int(program.roles["context"])
     name = os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
     kind = "floor" if audits is None else "modelled as built"
@@ -985,7 +1011,6 @@ def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardw
               f"{b.in_order * 1e3:.3f} |")
     if audits is None:
         return
-    most = max(ranks_list)
     print(f"at {most} ranks, {name} with other assumptions (MODELLED):")
     print("| assumption | step (ms) | efficiency |")
     print("| --- | ---: | ---: |")
@@ -1109,7 +1134,10 @@ def main() -> int:
     if parallel is not None:
         if has_branches(parallel.body):
             print_branches(os.path.basename(parallel_path) + " (1 rank)", parallel, audits, hw)
-        print_scaling(args.config, parallel_path, parallel, audits, args.ranks, hw)
+        def parallel_for(ranks: int, frontend=analyse([parallel_path])):
+            """The data-parallel step as rank 0 of `ranks` evaluates it (cgRank, cgRanks)."""
+            return evaluate(frontend, parallel_path, config=args.config, ranks=(0, ranks))
+        print_scaling(args.config, parallel_path, parallel_for, audits, args.ranks, hw)
     return 0
 
 

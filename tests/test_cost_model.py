@@ -384,6 +384,12 @@ def test_collective_time_by_hand():
     assert collective_seconds(nbytes, 1) == (None, 0.0, 0.0)
     # two ranks: the ring's factor 2(N-1)/N is 1
     assert collective_seconds(nbytes, 2)[2] == pytest.approx(nbytes / 370e9)
+    # ZeRO-1's reduce-scatter and all-gather: one pass around the ring each, (N-1)/N x bytes
+    # and half the steps' latency (8.4 + 7 x 3.4 = 32.2 us)
+    for operation in ("reduceScatter", "allGather"):
+        protocol, latency, transfer = collective_seconds(nbytes, 8, operation=operation)
+        assert protocol == "Simple" and latency == pytest.approx(32.2 * US)
+        assert transfer == pytest.approx(0.875 * nbytes / 370e9)
 
 
 # ---- whole programs --------------------------------------------------------------------
