@@ -19,11 +19,12 @@ import hashlib
 import os
 import threading
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from .checking.memory import MemoryPlan, format_memory_plan
-from .core.diagnostics import CompileError, Diagnostic, OptionError, RunError
+from .core.diagnostics import CompileError, Diagnostic, Note, OptionError, RunError
 from .core.ir import Program, format_program
 from .pipeline import (Frontend, analyse, checked, collective_problems, kernel_folders, open_run,
                        parse_override)
@@ -167,8 +168,17 @@ def check_schedule(frontend: Frontend, path: str, *, config: str | None = None,
     values = overrides_of(frontend, overrides)
     if not (isinstance(ranks, int) and isinstance(rank, int) and 0 <= rank < ranks):
         raise OptionError(f"rank {rank} of {ranks}: a rank runs from 0 to ranks - 1")
-    result = checked(frontend, path, entry, config_of(frontend, config), values,
-                     as_list(kernels, "kernels"), (rank, ranks))
+    try:
+        result = checked(frontend, path, entry, config_of(frontend, config), values,
+                         as_list(kernels, "kernels"), (rank, ranks))
+    except CompileError as error:
+        if ranks == 1:
+            raise
+        # which rank's program: each rank's differs where the schedule shards
+        where = Note(f"in the program of rank {rank} of {ranks} (cgRank, cgRanks)")
+        raise CompileError([dataclasses.replace(d, notes=d.notes + (where,))
+                            if d.severity == "error" else d for d in error.diagnostics]) \
+            from None
     problems = backend_problems(result.program)
     if problems:
         raise CompileError(problems + result.warnings)

@@ -95,6 +95,15 @@ def _add_program_options(parser: argparse.ArgumentParser, several_configs: bool)
                              "(repeatable; docs/tutorial.md)")
 
 
+def _add_rank_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ranks", type=_rank_count, default=1, metavar="N",
+                        help="the program of one of N data-parallel ranks (a schedule that "
+                             "shards, with cgRank and cgRanks, is one program a rank; "
+                             "default: 1)")
+    parser.add_argument("--rank", type=int, default=0, metavar="R",
+                        help="which rank's program, 0 to N - 1 (default: 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cgc", description=_DESCRIPTION,
@@ -141,6 +150,7 @@ def _ir_parser(commands) -> None:
                     "bytes.")
     ir.add_argument("file", metavar="FILE", help="a .cg schedule file")
     _add_program_options(ir, several_configs=False)
+    _add_rank_options(ir)
     ir.add_argument("-o", "--output", metavar="PATH",
                     help="write the text here, not to stdout (- for stdout)")
 
@@ -157,6 +167,7 @@ def _compile_parser(commands) -> None:
                     "input gives the same bytes.")
     compiler.add_argument("file", metavar="FILE", help="a .cg schedule file")
     _add_program_options(compiler, several_configs=False)
+    _add_rank_options(compiler)
     compiler.add_argument("-o", "--output", metavar="OUT.cu",
                           help="where to write (default: STEM.CONFIG.cu here; - for stdout)")
     compiler.add_argument("--nvrtc", action="store_true",
@@ -283,7 +294,7 @@ def _run_output_options(run) -> None:
                           "write per-phase and per-launch times in Chrome's trace format "
                           "(open it in Perfetto or chrome://tracing)")
     run.add_argument("--plot", metavar="FILE.png", help="draw the loss curve")
-    run.add_argument("--ranks", type=int, metavar="N",
+    run.add_argument("--ranks", type=_rank_count, metavar="N",
                      help="data parallel on N ranks: starts `mpirun -n N cgc run ...` (the "
                           "same as running it yourself under mpirun); each rank takes its "
                           "share of every step's sequences and the schedule's all-reduce "
@@ -330,11 +341,11 @@ def _configs(frontend: Frontend, asked) -> list[str]:
     return [api.config_of(frontend, name) for name in asked] if asked else frontend.configs
 
 
-MAX_CHECKED_RANKS = 1024  # `cgc check --ranks`: each rank is a program checked in turn
+MAX_CHECKED_RANKS = 1024  # --ranks: each rank's program is checked, one after another
 
 
 def _rank_count(text: str) -> int:
-    """argparse's type for `cgc check --ranks N`: a whole number from 1 to 1024."""
+    """argparse's type for --ranks N: a whole number from 1 to 1024."""
     try:
         value = int(text)
     except ValueError:
@@ -397,7 +408,11 @@ def _checked_program(args, output_for=None):
     overrides = api.overrides_of(frontend, args.set)
     config = _configs(frontend, [args.config] if args.config else None)[0]
     _outputs_not_inputs(frontend, {"-o": output_for(config) if output_for else args.output})
-    program = evaluate(frontend, args.file, args.entry, config, overrides, args.kernels)
+    if not 0 <= args.rank < args.ranks:
+        raise _UsageError(f"--rank {args.rank}: a rank of --ranks {args.ranks} runs from 0 to "
+                          f"{args.ranks - 1}")
+    program = evaluate(frontend, args.file, args.entry, config, overrides, args.kernels,
+                       (args.rank, args.ranks))
     warnings = frontend.warnings + program.warnings + check(program)
     if warnings:
         print(render_all(warnings), file=sys.stderr)
@@ -605,8 +620,6 @@ def _run(args) -> int:
     progress line a step, and reported."""
     from .backends import parallel
     options = _training_options(args)
-    if args.ranks is not None and args.ranks < 1:
-        raise _UsageError("--ranks must be at least 1")
     if args.ranks is not None and args.ranks > 1 and parallel.launched_size() <= 1:
         return _launch_ranks(args)
     try:

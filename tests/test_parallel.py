@@ -363,7 +363,11 @@ def test_only_a_program_with_a_collective_includes_nccl_and_it_calls_it_once_in_
 def test_ranks_on_the_command_line_are_checked(capsys, monkeypatch):
     from cgc.cli import main
     assert main(["run", PARALLEL, "--ranks", "0"]) == 2
-    assert "--ranks must be at least 1" in capsys.readouterr().err
+    assert "argument --ranks: expected a number of ranks from 1 to 1024, not '0'" in \
+        capsys.readouterr().err
+    # a number of ranks no machine runs is refused at once, not checked rank by rank
+    assert main(["run", PARALLEL, "--ranks", str(10 ** 20), "--oversubscribe"]) == 2
+    assert "expected a number of ranks from 1 to 1024" in capsys.readouterr().err
     monkeypatch.setattr(shutil, "which", lambda name: None)  # no mpirun on PATH
     for name in parallel.LAUNCHER_SIZE_VARIABLES:
         monkeypatch.delenv(name, raising=False)

@@ -175,3 +175,28 @@ def test_zero_is_checked_for_every_rank_and_refused_where_the_ranks_do_not_divid
     with pytest.raises(CompileError) as refused:
         api.load(ZERO, config="tiny32", rank=0, ranks=3)
     assert "to be a multiple of cgRanks (3)" in str(refused.value)
+
+
+def test_the_checker_refuses_zero_without_its_all_gather(tmp_path):
+    """The shipped ZeRO-1 step with its all-gather taken out: each rank would keep its own
+    update of its shard, and the checker says the ranks part ways (on every rank: the
+    elements are that rank's shard), naming the copies that part with them."""
+    import shutil
+    from cgc import api
+    from cgc.core.diagnostics import CompileError
+    for path in (ROOT / "schedules").glob("*.cg"):
+        shutil.copy(path, tmp_path / path.name)
+    mutant = tmp_path / "train_zero.cg"
+    text = mutant.read_text()
+    gather = "(cgThen (cgCollective cgImageAllGather (cgBankAll cgBankP))"
+    assert text.count(gather) == 1
+    mutant.write_text(text.replace(gather, "(cgThen cgNothing"))
+    for rank in (0, 1):
+        with pytest.raises(CompileError) as refused:
+            api.load(str(mutant), config="tiny32", rank=rank, ranks=2)
+        (error,) = [d for d in refused.value.diagnostics if d.severity == "error"]
+        shard = 115328 // 2
+        assert error.message.startswith(
+            f"after the step 'cgZeroStep', elements {rank * shard} to {(rank + 1) * shard - 1} "
+            "of 'cgBankP' differ from rank to rank: 'cgImageAdamW' wrote them"), error.message
+        assert any("'cgBankHalf'" in note.message for note in error.notes)

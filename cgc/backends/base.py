@@ -44,17 +44,8 @@ def initial_parameters(program: Program, seed: int) -> dict[str, np.ndarray]:
 # ---- the state a run carries from step to step (what a checkpoint keeps) ----------
 
 def carried_buffers(program) -> list[str]:
-    """The step buffers whose first access in the step reads what the previous step left
-    (readwrite or accumulate): state the run carries, kept by a checkpoint."""
-    first: dict[str, str] = {}
-    for launch, _, _ in program.launches():
-        for binding in launch.pointers:
-            parameter = launch.image.pointers.get(binding.index)
-            storage = binding.view.storage
-            if parameter is None or storage.kind != "buffer":
-                continue
-            first.setdefault(storage.label, parameter.access)
-    return [label for label, access in first.items() if access in ("readwrite", "accumulate")]
+    """The step buffers the run carries from step to step, kept by a checkpoint."""
+    return program.carried_buffers()
 
 
 def saved_labels(program) -> list[str]:

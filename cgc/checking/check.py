@@ -25,7 +25,7 @@ from ..core.ir import (
 )
 from ..core.roles import flowing
 from .concurrency import Independence
-from .flow import element_range, elements_of, follow, reach
+from .flow import Values, element_range, elements_of, follow, reach
 
 WRITES = ("write", "readwrite", "accumulate")
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -72,6 +72,8 @@ class Checker:
         if self.program.roles.get("step") == self.program.entry:
             self.check_reads_follow_writes()
             self.check_collective_placement()
+            if not self.report.has_errors:  # a misplaced collective parts them already
+                self.check_ranks_agree()
 
     # ---- the whole step ------------------------------------------------------------
 
@@ -222,6 +224,7 @@ class Checker:
         home, low, high = read
         if ("unreduced", id(launch), binding.index) in said:
             return
+        gaps = []  # (low, high, writer): what a write left that no reduction reduced
         for at, where, a, b, writer in written:
             if where != home or not (a < high and low < b):
                 continue
@@ -230,28 +233,107 @@ class Checker:
                             for when, place, c, d, _, reduces in calls
                             if reduces and place == home and at < when < position
                             and c < right and left < d)
-            for c, d in covers:  # the first element no reduction reaches, from the left
+            for c, d in covers + [(right, right)]:
                 if c > left:
-                    break
+                    gaps.append((left, c, writer))
                 left = max(left, d)
-            if left >= right:
-                continue
-            gap = (left, min([c for c, _ in covers if c > left] or [right]))
-            said.add(("unreduced", id(launch), binding.index))
-            storage = binding.view.storage
-            start = concrete(self.program.address(binding.view)[1], point)
-            shift = start - concrete(binding.view.offset, point)  # allocation -> storage
-            self.report.error(
-                f"'{launch.image.name}' in the optimizer phase '{phase}' reads "
-                f"{elements_of(storage, gap[0] - shift, gap[1] - shift)}'{binding.view.label}' "
-                f"through pointer {binding.index} '{parameter.name}', which the backward wrote "
-                "and no collective reduced across the ranks before this read: it would see "
-                "this rank's share alone", binding.span, *self._trace_notes(launch),
-                Note(f"'{writer.image.name}' writes "
-                     f"{_pronoun(storage, gap[0] - shift, gap[1] - shift)} here, in the backward",
-                     writer.span),
-                *self._trace_notes(writer))
+        if not gaps:
             return
+        gaps.sort(key=lambda gap: gap[:2])
+        first, end, writer = gaps[0]
+        writers = {id(writer)}
+        for a, b, other in gaps[1:]:  # the first run of unreduced elements, whole
+            if a > end:
+                break
+            end, _ = max(end, b), writers.add(id(other))
+        gap = (first, end)
+        which = "" if len(writers) == 1 else "the first of "
+        said.add(("unreduced", id(launch), binding.index))
+        storage = binding.view.storage
+        start = concrete(self.program.address(binding.view)[1], point)
+        shift = start - concrete(binding.view.offset, point)  # allocation -> storage
+        self.report.error(
+            f"'{launch.image.name}' in the optimizer phase '{phase}' reads "
+            f"{elements_of(storage, gap[0] - shift, gap[1] - shift)}'{binding.view.label}' "
+            f"through pointer {binding.index} '{parameter.name}', which the backward wrote "
+            "and no collective reduced across the ranks before this read: it would see "
+            "this rank's share alone", binding.span, *self._trace_notes(launch),
+            Note(f"'{writer.image.name}' writes {which}"
+                 f"{_pronoun(storage, gap[0] - shift, gap[1] - shift)} here, in the backward",
+                 writer.span),
+            *self._trace_notes(writer))
+
+    def check_ranks_agree(self) -> None:
+        """In a data-parallel step, what one step leaves for the next (the parameters, the
+        optimizer's state, the copies, the buffers a step carries) is the same on every rank
+        after it, but for buffers declared (sharded), each rank's own. Followed element by
+        element over the step unrolled: the data (the ids and targets) and the sharded
+        buffers differ from rank to rank; a launch that reads an element that differs writes
+        elements that differ; an all-reduce and an all-gather leave their buffer the same on
+        every rank, a reduce-scatter its shard this rank's own. (ZeRO-1 without its
+        all-gather leaves each rank its own parameters.)"""
+        program = self.program
+        if not any(launch.image.collective for launch, _, _ in program.launches()):
+            return
+
+        def count(home):
+            return program.bank_layouts[home][1] if home in program.bank_layouts \
+                else program.storages[home].count
+        spread: dict[str, Values] = {}
+
+        def values(home) -> Values:
+            return spread.setdefault(home, Values(count(home)))
+        for label in [program.roles.get(r) for r in ("ids", "targets")] + list(program.sharded):
+            if label in program.storages:
+                values(label).write(0, count(label), ("differs", label))
+
+        def reaches(launch, point, wanted):
+            for binding in launch.pointers:
+                parameter = launch.image.pointers.get(binding.index)
+                if parameter is None or parameter.access not in wanted:
+                    continue
+                home, start = program.address(binding.view)
+                low, high = reach(launch, parameter, binding.view, point)
+                shift = concrete(start, point) - concrete(binding.view.offset, point)
+                yield binding, home, low + shift, high + shift
+
+        for launch, _, point in program.unrolled():
+            collective = launch.image.collective
+            if collective is not None:
+                for _, home, low, high in reaches(launch, point, WRITES):
+                    if collective[0] == "reduceScatter":
+                        shard = (high - low) // program.ranks
+                        low += program.rank * shard
+                        values(home).write(low, low + shard, (launch, home))
+                    else:
+                        values(home).write(low, high, None)
+                continue
+            source = next(((binding.view.label if isinstance(cause[0], Launch) else cause[1])
+                           for binding, home, low, high in reaches(launch, point,
+                                                                   ("read", "readwrite",
+                                                                    "accumulate"))
+                           for _, _, cause in values(home).sources(low, high)
+                           if cause is not None), None)
+            for _, home, low, high in reaches(launch, point, WRITES):
+                values(home).write(low, high, None if source is None else (launch, source))
+        kept = [b for b in program.bank_layouts
+                if program.banks[b].role in ("parameters", "state", "copies")]
+        kept += [b for b in program.carried_buffers() if b not in program.sharded]
+        parted = [(home, *part) for home in kept
+                  for part in [next(((a, b, cause) for a, b, cause in values(home).segments
+                                     if cause is not None), None)] if part is not None]
+        if not parted:
+            return
+        (home, low, high, (writer, source)), others = parted[0], parted[1:]
+        # one fault, said once: what the first storage's parting makes part after it, a note
+        self.error(writer, f"after the step '{program.entry}', elements {low} to {high - 1} of "
+                           f"'{home}' differ from rank to rank: '{writer.image.name}' wrote "
+                           f"them from '{source}', which differs from rank to rank, and no "
+                           "all-reduce or all-gather made them the same before the step "
+                           "ends: the ranks part ways", None,
+                   *[Note(f"and so do elements {a} to {b - 1} of '{other}', which "
+                          f"'{cause[0].image.name}' wrote from '{cause[1]}'", cause[0].span)
+                     for other, a, b, cause in others])
 
     # ---- declarations ------------------------------------------------------------
 

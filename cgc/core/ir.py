@@ -339,6 +339,19 @@ class Program:
         return [name for name, bank in self.banks.items()
                 if bank.role == role and name in self.bank_layouts]
 
+    def carried_buffers(self) -> list[str]:
+        """The step buffers whose first access in the step reads what the previous step left
+        (readwrite or accumulate): state the run carries from step to step."""
+        first: dict[str, str] = {}
+        for launch, _, _ in self.launches():
+            for binding in launch.pointers:
+                parameter = launch.image.pointers.get(binding.index)
+                storage = binding.view.storage
+                if parameter is None or storage.kind != "buffer":
+                    continue
+                first.setdefault(storage.label, parameter.access)
+        return [label for label, access in first.items() if access in ("readwrite", "accumulate")]
+
     def role(self, name: str):
         """The storage label or the value a role names; KeyError names what is missing."""
         if name not in self.roles:

@@ -204,7 +204,9 @@ class _Elaborator:
             if keyword not in allowed:
                 notes = did_you_mean(keyword, allowed)
                 self.report.error(
-                    f"unknown clause '({keyword} ...)' in a {declaration.kind} declaration; "
+                    f"unknown clause '({keyword} ...)' in "
+                    f"{'an' if declaration.kind[0] in 'aeiou' else 'a'} {declaration.kind} "
+                    "declaration; "
                     f"expected one of: {', '.join(allowed) or 'none'}",
                     clause.keyword.span, *notes)
                 continue

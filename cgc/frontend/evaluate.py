@@ -668,9 +668,12 @@ class Evaluator:
         if high > view.count:
             start_text = "" if isinstance(start, int) else \
                 f" (START {format_nat(start)} reaches {bounds(start)[1]})"
+            named = view.storage.item_count if view.item is not None else view.storage.count
+            whole = "" if view.count == named else "a view of "  # narrower than its name
             raise EvaluationError(
-                f"(cgElements BUFFER START COUNT) reaches element {high - 1} of '{view.label}'"
-                f"{start_text}, which has {view.count} (0 .. {view.count - 1})", span)
+                f"(cgElements BUFFER START COUNT) reaches element {high - 1} of {whole}"
+                f"'{view.label}'{start_text}, which has {view.count} (0 .. {view.count - 1})",
+                span)
         return View(view.storage, affine.add(view.offset, start), count, view.item)
 
     def _cgRank(self, values, spans, span, trace):

@@ -116,7 +116,8 @@ def rank_mismatch(program: Program, rank: int, size: int) -> str | None:
         return None
     return (f"this program was compiled for rank {program.rank} of {program.ranks} ranks, but "
             f"runs as rank {rank} of {size}: its reduce-scatters and all-gathers would take "
-            f"another rank's shard (compile it for each rank: cgRank, cgRanks)")
+            "another rank's shard (each rank runs its own program: cgc compile --rank R "
+            "--ranks N)")
 
 
 def template_name(image: str) -> str:
