@@ -124,6 +124,19 @@ class Checker:
                     Note(f"'{storage.name}' is given the `{role}` role here",
                          program.role_spans.get(role)))
 
+    def touched(self, launch, point, wanted):
+        """(binding, parameter, allocation, low, high) for each pointer of the launch whose
+        access is in `wanted`, in its allocation's elements (a bank entry inside its bank),
+        at one iteration of the unrolled step."""
+        for binding in launch.pointers:
+            parameter = launch.image.pointers.get(binding.index)
+            if parameter is None or parameter.access not in wanted:
+                continue
+            home, start = self.program.address(binding.view)
+            low, high = reach(launch, parameter, binding.view, point)
+            shift = concrete(start, point) - concrete(binding.view.offset, point)
+            yield binding, parameter, home, low + shift, high + shift
+
     def check_collective_placement(self) -> None:
         """In the whole step, a collective (an all-reduce of the gradients, say) stands between
         what computes its elements and what consumes them: no launch writes elements a
@@ -142,18 +155,7 @@ class Checker:
         step = program.entry
         unrolled = list(program.unrolled())
 
-        def touched(launch, point, wanted):
-            """(binding, parameter, allocation, low, high) for each pointer whose access is
-            in `wanted`, in the allocation's elements."""
-            for binding in launch.pointers:
-                parameter = launch.image.pointers.get(binding.index)
-                if parameter is None or parameter.access not in wanted:
-                    continue
-                home, start = program.address(binding.view)
-                low, high = reach(launch, parameter, binding.view, point)
-                shift = concrete(start, point) - concrete(binding.view.offset, point)
-                yield binding, parameter, home, low + shift, high + shift
-
+        touched = self.touched
         def stage_of(phase):
             return program.phases[phase].stage if phase in program.phases else None
 
@@ -288,14 +290,8 @@ class Checker:
                 values(label).write(0, count(label), ("differs", label))
 
         def reaches(launch, point, wanted):
-            for binding in launch.pointers:
-                parameter = launch.image.pointers.get(binding.index)
-                if parameter is None or parameter.access not in wanted:
-                    continue
-                home, start = program.address(binding.view)
-                low, high = reach(launch, parameter, binding.view, point)
-                shift = concrete(start, point) - concrete(binding.view.offset, point)
-                yield binding, home, low + shift, high + shift
+            for binding, _, home, low, high in self.touched(launch, point, wanted):
+                yield binding, home, low, high
 
         for launch, _, point in program.unrolled():
             collective = launch.image.collective
