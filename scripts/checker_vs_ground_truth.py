@@ -10,7 +10,7 @@ Two campaigns share the mutations and the judging:
   machine (ground truth 1). 629 variants, about 10 s.
 
 - `--all`: mutants of every schedule (SCHEDULES: the whole steps of train.cg,
-  train_recompute.cg and train_parallel.cg, which include the forward pass, the backward
+  train_recompute.cg, train_parallel.cg and train_zero.cg (one rank), which include the forward pass, the backward
   pass, the optimizer and the library, sample.cg's forward, and each of `cgForward`,
   `cgBackward` and `cgOptimizer` on its own), of every kind: grids (+1, -1, x2,
   /2, =1), repeat counts (+1, -1, x2, =1), bindings (a storage, bank or entry swapped for
@@ -203,13 +203,15 @@ def variants(modules: list[Module], seed: int) -> list[Variant]:
 SCHEDULES = (("train.cg", "cgTrainStep"), ("backward.cg", "cgBackward"),
              ("forward.cg", "cgForward"), ("optimizer.cg", "cgOptimizer"),
              ("train_recompute.cg", "cgRecomputeTrainStep"),
-             ("train_parallel.cg", "cgTrainParallelStep"), ("sample.cg", "cgSampleStep"))
+             ("train_parallel.cg", "cgTrainParallelStep"), ("train_zero.cg", "cgZeroStep"),
+             ("sample.cg", "cgSampleStep"))
 MUTATED_FILES = tuple(schedule for schedule, _ in SCHEDULES) + ("library.cg",)
 KINDS = ("grid", "repeat", "binding", "removed", "reordered", "concurrency", "storage",
          "extent", "lifetime",
          "combined", "constants", "random")
 # How the second-order mutants are shared among the schedules.
-COMBINED_SHARE = {"train.cg": 0.45, "train_recompute.cg": 0.15, "train_parallel.cg": 0.05,
+COMBINED_SHARE = {"train.cg": 0.40, "train_recompute.cg": 0.15, "train_parallel.cg": 0.05,
+                  "train_zero.cg": 0.05,
                   "backward.cg": 0.15, "forward.cg": 0.1, "optimizer.cg": 0.05,
                   "sample.cg": 0.05}
 # The model's shape, and the values constant mutants draw from (the kernels' constants
@@ -1100,15 +1102,16 @@ def cases(seed: int, limit: int | None, randoms: int, constants: int, pairs: int
     return found
 
 
-# Every image a schedule of the campaign launches: the training step, its recomputing and
-# data-parallel twins (the collective) and the seed's backward (its own loss, cross-entropy,
+# Every image a schedule of the campaign launches: the training step, its recomputing,
+# data-parallel and ZeRO-1 twins (the collectives) and the seed's backward (its own loss, cross-entropy,
 # scatter and accumulating products); sample.cg's forward is the training step's.
 LIBRARY_SCHEDULE = """import "{folder}/train.cg"
 import "{folder}/train_recompute.cg"
 import "{folder}/train_parallel.cg"
+import "{folder}/train_zero.cg"
 def cgGroundTruthLibrary : (family NvidiaLaunchSchedule) =
   (cgThen cgTrainStep (cgThen cgRecomputeTrainStep
-    (cgThen cgAllReduceOutside (cgThen cgZeroGradients cgBackward))))
+    (cgThen cgAllReduceOutside (cgThen cgZeroStep (cgThen cgZeroGradients cgBackward)))))
 """
 
 

@@ -143,7 +143,7 @@ def test_a_slice_of_the_campaign_has_no_false_accepts():
     """Mutants of every kind and schedule and random schedules against the NumPy machine,
     a sample of them against the sanitized kernels too."""
     out = io.StringIO()
-    summary = campaign.campaign(seed=1, limit=300, randoms=40, constants=0, pairs=40, jobs=2,
+    summary = campaign.campaign(seed=1, limit=400, randoms=40, constants=0, pairs=40, jobs=2,
                                 emulated_limit=100, budget=120, out=out, values="accepted")
     text = out.getvalue()
     print(text)
