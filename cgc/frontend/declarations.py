@@ -197,10 +197,22 @@ class _Elaborator:
     def element(self, term: Term) -> str | None:
         return _keyword(term, ELEMENT_NAMES, self.report, "element type")
 
-    def clauses(self, declaration: Declaration, allowed: dict[str, tuple[int, int, str]]):
-        """Validates clause keywords and arities; yields (keyword, clause) for good ones."""
+    def clauses(self, declaration: Declaration, allowed: dict[str, tuple[int, int, str]],
+                once=()):
+        """Validates clause keywords and arities; yields (keyword, clause) for good ones.
+        The clauses in `once` say one thing of the declaration (its stack, its role, its
+        block): each is given at most once."""
+        seen: dict[str, Clause] = {}
         for clause in declaration.clauses:
             keyword = clause.keyword.text
+            if keyword in once:
+                if keyword in seen:
+                    self.report.error(f"the clause '({keyword} ...)' is given twice in "
+                                      f"'{declaration.name.text}': give it once",
+                                      clause.span, Note("it is first given here",
+                                                        seen[keyword].span))
+                    continue
+                seen[keyword] = clause
             if keyword not in allowed:
                 notes = did_you_mean(keyword, allowed)
                 self.report.error(
@@ -229,7 +241,7 @@ class _Elaborator:
                         "init": (1, 2, "(init normal STD), (init ones) or (init zeros)")}
         record = StorageDeclaration(declaration.kind, name, element, self.term(count, name), None,
                                     declaration.span)
-        for keyword, clause in self.clauses(declaration, allowed):
+        for keyword, clause in self.clauses(declaration, allowed, once=allowed):
             if keyword == "stack":
                 record.stack = self.term(clause.arguments[0], name)
             elif keyword == "matrix":
@@ -248,7 +260,8 @@ class _Elaborator:
     def bank(self, declaration: Declaration) -> None:
         (element_term,) = declaration.terms
         role = None
-        for _, clause in self.clauses(declaration, {"role": (1, 1, "(role ROLE)")}):
+        for _, clause in self.clauses(declaration, {"role": (1, 1, "(role ROLE)")},
+                                      once=("role",)):
             role = _keyword(clause.arguments[0], BANK_ROLES, self.report, "bank role")
         if role is None and not any(c.keyword.text == "role" for c in declaration.clauses):
             self.report.error(f"bank '{declaration.name.text}' needs a role: "
@@ -260,7 +273,7 @@ class _Elaborator:
     def phase(self, declaration: Declaration) -> None:
         stage, writes = None, []
         allowed = {"stage": (1, 1, "(stage STAGE)"), "writes": (1, 64, "(writes BANK ...)")}
-        for keyword, clause in self.clauses(declaration, allowed):
+        for keyword, clause in self.clauses(declaration, allowed, once=("stage",)):
             if keyword == "stage":
                 stage = _keyword(clause.arguments[0], STAGES, self.report, "stage")
             else:
@@ -293,7 +306,8 @@ class _Elaborator:
             "collective": (1, 2, "(collective OPERATION [REDUCTION])"),
             "deviceState": (0, 0, "(deviceState)"),
         }
-        clauses = list(self.clauses(declaration, allowed))
+        clauses = list(self.clauses(declaration, allowed,
+                                    once=("block", "library", "collective", "deviceState")))
         scalar_names = [c.arguments[1].text for k, c in clauses
                         if k == "scalar" and isinstance(c.arguments[1], Name)]
         for keyword, clause in clauses:
