@@ -180,7 +180,7 @@ def open_run(backend_name: str, frontend: Frontend, path: str, config: str | Non
     if problems:
         raise CompileError(problems)
     run_class = backend(backend_name)
-    too_big = memory_problem(run_class, result.plan)  # before any allocation
+    too_big = memory_problem(run_class, result.plan, result.program)  # before any allocation
     if too_big is not None:
         raise CompileError([too_big])
     run = run_class(result.program, result.plan, seed)

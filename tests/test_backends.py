@@ -197,3 +197,28 @@ def test_a_run_time_fault_is_a_diagnostic_at_the_launch(monkeypatch, capsys, tmp
                      r"pointer 0 'output' touches", err), err
     assert "note: required from the call here" in err
     del pipeline
+
+
+def test_the_memory_check_counts_what_a_backend_allocates_beside_the_plan():
+    """The emulated and CuPy runs allocate cuBLASLt's workspace, 32 MiB a compute stream,
+    beside the memory plan: a limit that holds the plan but not the workspaces is refused,
+    naming them (once only one workspace was counted, whatever the streams)."""
+    from cgc import api
+    from cgc.backends.base import memory_problem
+    from cgc.backends.cuda.backend import CupyRun
+    from cgc.backends.cuda.emulated import EmulatedRun
+    schedule = api.load(str(SCHEDULES / "train.cg"), config="tiny")
+    plan, program = schedule.plan, schedule.program
+    assert EmulatedRun.beside_plan(program) == CupyRun.beside_plan(program)
+    beside, _ = EmulatedRun.beside_plan(program)
+    assert beside == 2 * 32 * 2 ** 20  # train.cg's products on two streams
+
+    def limited(run_class, limit):
+        return type("Limited", (run_class,), {"memory_limit": staticmethod(
+            lambda: (limit, "the test's limit"))})
+    room = plan.total_bytes + beside
+    assert memory_problem(limited(EmulatedRun, room), plan, program) is None
+    refused = memory_problem(limited(EmulatedRun, room - 1), plan, program)
+    assert refused is not None and "and 67,108,864 bytes (64.00 MiB) of cuBLASLt's " \
+        "workspace (32 MiB for each of 2 streams) beside it" in refused.message, refused
+    assert Run.beside_plan(program) == (0, "")  # the numpy machine allocates the plan alone

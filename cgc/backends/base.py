@@ -176,16 +176,19 @@ def host_memory() -> tuple[int, str] | None:
     return min(bounds) if bounds else None
 
 
-def memory_problem(run_class, plan: MemoryPlan) -> Diagnostic | None:
+def memory_problem(run_class, plan: MemoryPlan, program: Program) -> Diagnostic | None:
     """An error if the step's memory plan (banks, step buffers and arena: allocated once,
-    before the first step) is more than the backend's memory (Run.memory_limit), with both
-    figures; checked before anything is allocated, not told by the allocator's failure."""
+    before the first step), with what the backend allocates beside it (Run.beside_plan), is
+    more than the backend's memory (Run.memory_limit), with both figures; checked before
+    anything is allocated, not told by the allocator's failure."""
     limit = run_class.memory_limit()
-    if limit is None or plan.total_bytes <= limit[0]:
+    beside, what = run_class.beside_plan(program)
+    if limit is None or plan.total_bytes + beside <= limit[0]:
         return None
-    return Diagnostic("error", f"the step needs {byte_count(plan.total_bytes)} (its memory plan's "
-                      f"banks, step buffers and arena, as cgc check --memory shows them), more "
-                      f"than {limit[1]}: {byte_count(limit[0])}", None)
+    also = f" and {byte_count(beside)} of {what} beside it" if beside else ""
+    return Diagnostic("error", f"the step needs {byte_count(plan.total_bytes + beside)} (its "
+                      "memory plan's banks, step buffers and arena, as cgc check --memory shows "
+                      f"them{also}), more than {limit[1]}: {byte_count(limit[0])}", None)
 
 
 class Unavailable(Exception):
@@ -223,6 +226,12 @@ class Run(ABC):
         """The bytes a run's memory plan may take here, and what they are (None: unknown).
         Host memory by default; a GPU backend says its device's."""
         return host_memory()
+
+    @staticmethod
+    def beside_plan(program: Program) -> tuple[int, str]:
+        """The bytes the backend allocates for the program beside its memory plan, and what
+        they are (a library's workspace); none by default."""
+        return 0, ""
 
     @abstractmethod
     def store(self, label: str, values) -> None:

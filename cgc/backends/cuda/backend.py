@@ -22,7 +22,7 @@ from ..numerics import decode, encode, storage_dtype
 from . import cublaslt
 from .cublaslt import alignment
 from .emit import (CUBLAS_PRODUCTS, CUBLASLT_WORKSPACE_BYTES, NCCL_CALLS, NCCL_TYPES,
-                   emit_program, image_problems, rank_mismatch)
+                   emit_program, image_problems, rank_mismatch, workspace_beside_plan)
 from .toolchain import include_flags
 
 # MFU is reported against the H200's dense bfloat16 tensor-core peak (NVIDIA's datasheet:
@@ -109,14 +109,14 @@ class CupyRun(Run):
 
     @staticmethod
     def memory_limit() -> tuple[int, str] | None:
-        """The GPU's free memory (and what CuPy's pool holds free for reuse), less cuBLASLt's
-        workspace, which the run allocates beside the plan."""
+        """The GPU's free memory (and what CuPy's pool holds free for reuse)."""
         import cupy
         free, total = cupy.cuda.runtime.memGetInfo()
         free += cupy.get_default_memory_pool().free_bytes()
-        return (max(0, free - CUBLASLT_WORKSPACE_BYTES),
-                f"the free memory of GPU {cupy.cuda.runtime.getDevice()} "
-                f"({total / 2 ** 30:.2f} GiB in all)")
+        return (free, f"the free memory of GPU {cupy.cuda.runtime.getDevice()} "
+                      f"({total / 2 ** 30:.2f} GiB in all)")
+
+    beside_plan = staticmethod(workspace_beside_plan)
 
     # ---- memory ------------------------------------------------------------------
 

@@ -70,6 +70,15 @@ CUBLAS_PRODUCTS = {
 # Hopper; the heuristic is told this much and picks no algorithm that needs more.
 CUBLASLT_WORKSPACE_BYTES = 32 * 1024 * 1024
 
+
+def workspace_beside_plan(program: Program) -> tuple[int, str]:
+    """What a program's run allocates beside its memory plan: cuBLASLt's workspace, one a
+    compute stream (the emitted program's cg_lt_workspace, the CuPy run's lt_workspace)."""
+    compute, _ = stream_count(program)
+    return (CUBLASLT_WORKSPACE_BYTES * compute,
+            f"cuBLASLt's workspace ({CUBLASLT_WORKSPACE_BYTES >> 20} MiB for each of {compute} "
+            f"stream{'s' if compute > 1 else ''})")
+
 # cuBLASLt's aux matrix (the GELU input) must have a leading dimension divisible by 8
 # (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD); ours is n.
 CUBLASLT_AUX_LD_MULTIPLE = 8

@@ -38,7 +38,8 @@ from ...core.elements import c_type, element_bytes
 from ...resources import cache_dir
 from ..base import Run, RunFault, initial_parameters
 from ..numerics import decode, encode, storage_dtype
-from .emit import emit_program, image_problems, rank_mismatch, shared_memory_bytes
+from .emit import (emit_program, image_problems, rank_mismatch, shared_memory_bytes,
+                   workspace_beside_plan)
 
 HEADERS = Path(__file__).resolve().parent.parent / "cuda_cpu" / "include"
 COMPILER = os.environ.get("CGC_CXX", "g++")
@@ -730,6 +731,7 @@ def shadow_run(program, dump: str, steps: int = 1, seed: int | None = None,
 
 class EmulatedRun(Run):
     name = "emulated"
+    beside_plan = staticmethod(workspace_beside_plan)  # the emitted program's, in host memory
 
     def __init__(self, program, plan, seed: int, shadow: bool | None = None):
         super().__init__(program, plan, seed)
