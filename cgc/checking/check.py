@@ -156,8 +156,6 @@ class Checker:
         unrolled = list(program.unrolled())
 
         touched = self.touched
-        def stage_of(phase):
-            return program.phases[phase].stage if phase in program.phases else None
 
         def note(launch, verb):
             return Note(f"the collective '{launch.image.name}' {verb} here", launch.span)
@@ -170,8 +168,7 @@ class Checker:
                 operation = launch.image.collective[0]
                 for _, _, home, low, high in touched(launch, point, WRITES):
                     if operation == "reduceScatter":
-                        shard = (high - low) // program.ranks
-                        low, high = low + program.rank * shard, low + (program.rank + 1) * shard
+                        low, high = program.shard(low, high)
                     calls.append((position, home, low, high, launch, operation != "allGather"))
         said: set[tuple] = set()
 
@@ -185,7 +182,7 @@ class Checker:
         for position, (launch, phase, point) in enumerate(unrolled):
             if launch.image.collective:
                 continue
-            stage = stage_of(phase)
+            stage = program.phases[phase].stage if phase in program.phases else None
             if stage == "optimizer":
                 for binding, parameter, home, low, high in touched(launch, point, ("read",)):
                     for other in overlapping(home, low, high, False, position, reducing=True):
@@ -289,28 +286,21 @@ class Checker:
             if label in program.storages:
                 values(label).write(0, count(label), ("differs", label))
 
-        def reaches(launch, point, wanted):
-            for binding, _, home, low, high in self.touched(launch, point, wanted):
-                yield binding, home, low, high
-
         for launch, _, point in program.unrolled():
             collective = launch.image.collective
             if collective is not None:
-                for _, home, low, high in reaches(launch, point, WRITES):
+                for _, _, home, low, high in self.touched(launch, point, WRITES):
                     if collective[0] == "reduceScatter":
-                        shard = (high - low) // program.ranks
-                        low += program.rank * shard
-                        values(home).write(low, low + shard, (launch, home))
+                        values(home).write(*program.shard(low, high), (launch, home))
                     else:
                         values(home).write(low, high, None)
                 continue
             source = next(((binding.view.label if isinstance(cause[0], Launch) else cause[1])
-                           for binding, home, low, high in reaches(launch, point,
-                                                                   ("read", "readwrite",
-                                                                    "accumulate"))
+                           for binding, _, home, low, high in self.touched(
+                               launch, point, ("read", "readwrite", "accumulate"))
                            for _, _, cause in values(home).sources(low, high)
                            if cause is not None), None)
-            for _, home, low, high in reaches(launch, point, WRITES):
+            for _, _, home, low, high in self.touched(launch, point, WRITES):
                 values(home).write(low, high, None if source is None else (launch, source))
         kept = [b for b in program.bank_layouts
                 if program.banks[b].role in ("parameters", "state", "copies")]

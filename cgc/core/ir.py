@@ -339,6 +339,12 @@ class Program:
         return [name for name, bank in self.banks.items()
                 if bank.role == role and name in self.bank_layouts]
 
+    def shard(self, low: int, high: int) -> tuple[int, int]:
+        """This rank's shard of the elements [low, high): the rank-th of `ranks` equal parts
+        (what a reduce-scatter reduces, an all-gather sends)."""
+        size = (high - low) // self.ranks
+        return low + self.rank * size, low + (self.rank + 1) * size
+
     def carried_buffers(self) -> list[str]:
         """The step buffers whose first access in the step reads what the previous step left
         (readwrite or accumulate): state the run carries from step to step."""

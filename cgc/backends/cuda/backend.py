@@ -242,8 +242,8 @@ class CupyRun(Run):
         nccl_call = NCCL_CALLS[image.collective]
         (pointer,) = image.pointers.values()
         data = int(data)
-        shard = count // self.program.ranks
-        mine = data + self.program.rank * shard * element_bytes(pointer.element, self.low)
+        first, end = self.program.shard(0, count)
+        shard, mine = end - first, data + first * element_bytes(pointer.element, self.low)
 
         def call():
             nccl = self._nccl()
