@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import difflib
 import os
 import signal
@@ -109,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cgc", description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cgc {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # no abbreviated options: `--rank` must not be taken for `--ranks` where only one exists
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=partial(
+        argparse.ArgumentParser, allow_abbrev=False))
     for add in (_check_parser, _ir_parser, _compile_parser, _fmt_parser, _doc_parser,
                 _run_parser, _sample_parser):
         add(commands)

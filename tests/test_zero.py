@@ -200,3 +200,14 @@ def test_the_checker_refuses_zero_without_its_all_gather(tmp_path):
             f"after the step 'cgZeroStep', elements {rank * shard} to {(rank + 1) * shard - 1} "
             "of 'cgBankP' differ from rank to rank: 'cgImageAdamW' wrote them"), error.message
         assert any("'cgBankHalf'" in note.message for note in error.notes)
+
+
+def test_a_rank_option_is_never_taken_for_the_number_of_ranks(capsys):
+    """`cgc check` has --ranks and no --rank: argparse once read `--rank 5` as `--ranks 5`
+    (an abbreviation) and checked 5 ranks; options are now never abbreviated."""
+    from cgc.cli import main
+    assert main(["check", ZERO, "--config", "tiny32", "--rank", "5", "--ranks", "2"]) == 2
+    assert "unrecognized arguments: --rank 5" in capsys.readouterr().err
+    assert main(["compile", ZERO, "--config", "tiny32", "--rank", "5", "--ranks", "2",
+                 "-o", "-"]) == 2
+    assert "--rank 5: a rank of --ranks 2 runs from 0 to 1" in capsys.readouterr().err
