@@ -100,9 +100,33 @@ class Model:
     # (ncclGroupStart/End: one launch, one latency): not what cgc emits (one call each),
     # a what-if for the scaling table
     group_collectives: bool = False
+    # ---- the calibrated model (CALIBRATED; docs/performance-model.md "Calibrated") ----
+    # False: the optimistic bound (peak rates, every part of a kernel hidden under its
+    # slowest, every product at cublas_fraction). True: the measured ceilings
+    # (Hardware.measured_*), products priced per shape (model_product), kernels by
+    # model_kernel_calibrated (parts overlapped only as the design and its warps allow).
+    calibrated: bool = False
+    # The tiles cuBLASLt's Hopper kernels take (M x N, one tile an SM at a time), the K
+    # step of their main loop, and the k-steps' worth of time a tile spends filling its
+    # pipeline before its first product and draining its accumulators after its last
+    product_tiles: tuple = ((128, 128), (128, 256), (256, 128))
+    product_k_step: int = 64
+    product_fixed_steps: float = 2.0
+    # Splits of K offered for a product whose tiles do not fill the SMs (split-K: each
+    # part's float32 partial sums written and read back by a reduction launch)
+    product_splits: tuple = (1, 2, 3, 4, 6, 8)
+    # What one SM stores a clock when it writes alone (a product's last tile, after every
+    # other tile is done)
+    sm_store_bytes_per_clock: int = 64
+    # A warp alone on its scheduler running a chain of merges: clocks from one of its
+    # instructions to the next. A classifier merge is about 40 instructions whose longest
+    # dependent path is about 15 deep (Hopper: FP32 and integer about 4 clocks, MUFU about
+    # 20, a shared load issued ahead of its use): about 80 clocks, 2 an instruction
+    lone_warp_cycles: float = 2.0
 
 
-MODEL = Model()
+MODEL = Model()  # the optimistic bound
+CALIBRATED = Model(calibrated=True)  # the estimate the docs and README quote
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,20 @@ class Design:
     inner_trips: object = None
     last_block_bytes: object = None
     last_block_inflight: int = 16
+    # For the calibrated model (model_kernel_calibrated):
+    # pipelined: the design overlaps its loads with its own work (cp.async stages); without
+    #     it a block loads, then works, and only another resident block hides either;
+    # block_work(roles, launch): each block's work, in the order the blocks are dispatched
+    #     (blockIdx.x fastest), for a grid of unequal blocks (causal attention);
+    # loop_trips(roles, launch, loops): for each loop outside the main loops (the audit's
+    #     untiled_loops, in address order) its warp-trips over the whole grid (default: a
+    #     trip a warp);
+    # serial(roles, launch, loops): instructions one warp runs alone, each waiting on the
+    #     one before, while the rest of its block waits (a merge in thread 0), a block.
+    pipelined: bool = False
+    block_work: object = None
+    loop_trips: object = None
+    serial: object = None
 
 
 def _causal_tiles(r) -> int:
@@ -174,6 +212,37 @@ def _attention_inner_trips(r, launch, inner) -> tuple:
     return ()
 
 
+def _attention_forward_work(r, launch) -> list:
+    """The forward's blocks in dispatch order (blockIdx.x the query tile, fastest; then the
+    head, then the sequence), each its key tiles: query tile t reads t + 1 of them. The
+    backward's block j reads the query tiles from j on (dK, dV), then the key tiles up to j
+    (dQ): T + 1 tiles every block, balanced."""
+    tiles = r["context"] // r["attentionTile"]
+    return [tile + 1 for _ in range(r["batch"] * r["heads"]) for tile in range(tiles)]
+
+
+def _classifier_merges(loops) -> tuple:
+    """(merges a row, merges a trip of the merge loop): one merge a warp after the first,
+    two MUFU.EX2 a merge (the two rescalings), so the unrolled trip's MUFU count says how
+    many merges it holds."""
+    (merge,) = loops
+    assert merge.get("mufu", 0) % 2 == 0 and merge.get("mufu", 0) > 0, \
+        "cgImageClassifier: the merge loop is no longer two MUFU a merge; price it again"
+    return 1024 // 32 - 1, merge["mufu"] // 2
+
+
+def _classifier_merge_trips(r, launch, loops) -> tuple:
+    merges, per_trip = _classifier_merges(loops)
+    return (launch.blocks * (merges // per_trip),)
+
+
+def _classifier_merge_serial(r, launch, loops) -> float:
+    """A row's merges, in thread 0 alone, each waiting on the last (the merged maximum and
+    sum): the loop's trips and the merges left over (in the code after it, about as long)."""
+    merges, per_trip = _classifier_merges(loops)
+    return merges / per_trip * loops[0]["instructions"]
+
+
 # Per 32 keys of one pass of cgImageScatterOrder's sort, one warp-iteration of its inner loop:
 # partner, compare, branch, the two loads and (for half the pairs) the two stores, the loop's
 # own arithmetic (an estimate from the template, not counted from the SASS), and 4 shared
@@ -187,14 +256,15 @@ DESIGNS = {
     "cgImageAttention": Design(inflight=128,
                                tile_iterations=lambda r: (_causal_tiles(r),),
                                l2_bytes=_attention_rereads,
-                               inner_trips=_attention_inner_trips),
+                               inner_trips=_attention_inner_trips,
+                               pipelined=True, block_work=_attention_forward_work),
     # the dK/dV loop over query tiles >= j, then the dQ loop over key tiles <= j: each runs
     # over the causal tile pairs; the streamed pair of tiles (q and dO, then k and v) in flight
     "cgImageAttentionBackward": Design(
         inflight=128,
         tile_iterations=lambda r: (_causal_tiles(r), _causal_tiles(r)),
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
-        inner_trips=_attention_inner_trips),
+        inner_trips=_attention_inner_trips, pipelined=True),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
     # a block a row: a lane's pair in each of its warp's 6 of the 24 heads of q and k (two
     # bfloat16 a pair), all loaded before any is turned
@@ -211,7 +281,10 @@ DESIGNS = {
                                           last_block_inflight=16 * 16),
     # a row a block: each thread loads its 7 groups of 16 bytes (50304 bfloat16 logits over
     # 1024 threads) before using any
-    "cgImageClassifier": Design(inflight=112),
+    # then thread 0 merges the 32 warps' (max, sum, argmax) alone: the one loop, 4 merges a
+    # trip (2 MUFU.EX2 each), 31 merges a row
+    "cgImageClassifier": Design(inflight=112, loop_trips=_classifier_merge_trips,
+                                serial=_classifier_merge_serial),
     "cgImageCastDown": Design(inflight=32),
     "cgImageSquareSum": Design(inflight=16),
     # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
@@ -249,6 +322,10 @@ class LaunchFacts:
     # A collective's buffer (bytes): what each rank reduces over the ranks (0 for the rest)
     collective_bytes: int = 0
     collective: str = "allReduce"  # its operation (RING_PASSES)
+    # A product's m, n, k and the bytes of its two operands (the rest of floor_bytes is its
+    # epilogue's: the output, the residual read as C, an aux matrix)
+    shape: tuple = ()
+    operand_bytes: int = 0
 
     @property
     def warps(self) -> int:
@@ -307,8 +384,44 @@ def model_library(facts: LaunchFacts, hw: Hardware = H200, model: Model = MODEL)
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
 
 
+def tile_loop_work(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: dict) -> dict:
+    """What the tiled main loops execute over the whole grid: HMMA, shared-memory
+    wavefronts (with their conflict ways), warp instructions and MUFU instructions, each
+    loop's body counts times its iterations times the block's warps, the loops inside a
+    body times their trips from the design."""
+    work = {"hmma": 0.0, "wavefronts": 0.0, "issue": 0.0, "mufu": 0.0}
+    if not design.tile_iterations:
+        return work
+    # ldmatrix's conflicts come from the audited file's row stride, not from the design
+    conflicts = {**design.conflicts, "ldsm": audit.ldsm_conflicts}
+    iterations = design.tile_iterations(roles)
+    assert len(iterations) == len(audit.tile_loops), \
+        f"{facts.image}: the design names {len(iterations)} tiled loops, the SASS has " \
+        f"{len(audit.tile_loops)}"
+    inner_loops = audit.inner_loops or [[] for _ in audit.tile_loops]
+    for counts, n, inner in zip(audit.tile_loops, iterations, inner_loops):
+        executed = n * facts.warps  # loop iterations over all warps of the grid
+        body = [(counts, 1.0)]
+        assert design.inner_trips or not inner, \
+            f"{facts.image}: the SASS has loops inside a tiled loop the design does " \
+            "not price (inner_trips)"
+        if design.inner_trips and inner:
+            # the SASS counts an inner loop's body once: add its other trips (or take
+            # off the part of its one that a first-iteration-only loop does not run)
+            body += [(c, trips - 1) for c, trips in
+                     zip(inner, design.inner_trips(roles, facts, inner))]
+        for part, times in body:
+            work["hmma"] += part.get("tensor", 0) * executed * times
+            work["wavefronts"] += shared_wavefronts(part, conflicts) * executed * times
+            work["issue"] += part.get("instructions", 0) * executed * times
+            work["mufu"] += part.get("mufu", 0) * executed * times
+    return work
+
+
 def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: dict,
                  hw: Hardware = H200, model: Model = MODEL) -> Modelled:
+    """The optimistic bound: the slowest of its parts, all at their peak rates, every other
+    part hidden under it (model_kernel_calibrated is the estimate)."""
     per_sm = max(audit.occupancy.blocks, 1)
     active = min(hw.sms, facts.blocks)
     resident = min(per_sm, -(-facts.blocks // hw.sms)) * facts.threads
@@ -317,30 +430,8 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
                                                       model)}
     l2 = design.l2_bytes(roles, facts) if design.l2_bytes else 0
     parts["l2"] = l2 / model.l2_bytes_per_s
-    hmma = wavefronts = issue = 0.0
-    # ldmatrix's conflicts come from the audited file's row stride, not from the design
-    conflicts = {**design.conflicts, "ldsm": audit.ldsm_conflicts}
-    if design.tile_iterations:
-        iterations = design.tile_iterations(roles)
-        assert len(iterations) == len(audit.tile_loops), \
-            f"{facts.image}: the design names {len(iterations)} tiled loops, the SASS has " \
-            f"{len(audit.tile_loops)}"
-        inner_loops = audit.inner_loops or [[] for _ in audit.tile_loops]
-        for counts, n, inner in zip(audit.tile_loops, iterations, inner_loops):
-            executed = n * facts.warps  # loop iterations over all warps of the grid
-            body = [(counts, 1.0)]
-            assert design.inner_trips or not inner, \
-                f"{facts.image}: the SASS has loops inside a tiled loop the design does " \
-                "not price (inner_trips)"
-            if design.inner_trips and inner:
-                # the SASS counts an inner loop's body once: add its other trips (or take
-                # off the part of its one that a first-iteration-only loop does not run)
-                body += [(c, trips - 1) for c, trips in
-                         zip(inner, design.inner_trips(roles, facts, inner))]
-            for part, times in body:
-                hmma += part.get("tensor", 0) * executed * times
-                wavefronts += shared_wavefronts(part, conflicts) * executed * times
-                issue += part.get("instructions", 0) * executed * times
+    work = tile_loop_work(facts, audit, design, roles)
+    hmma, wavefronts, issue = work["hmma"], work["wavefronts"], work["issue"]
     if design.issue:
         issue += design.issue(roles, facts)
     if design.wavefronts:
@@ -351,14 +442,151 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
     parts["issue"] = issue / (clock * model.issue_per_clock)
     parts["overhead"] = model.launch_overhead_s
     busiest = max(v for k, v in parts.items() if k != "overhead")
-    parts["last block"] = 0.0
-    if design.last_block_bytes:
-        rate = min(facts.threads * design.last_block_inflight / model.l2_latency_s,
-                   model.sm_l2_bytes_per_clock * hw.clock_hz)
-        parts["last block"] = design.last_block_bytes(roles, facts) / rate
+    parts["last block"] = last_block_seconds(facts, design, roles, hw, model)
     parts["total"] = busiest / tail(facts.blocks, per_sm * hw.sms) + parts["last block"] \
         + parts["overhead"]
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
+
+
+def last_block_seconds(facts: LaunchFacts, design: Design, roles: dict, hw: Hardware,
+                       model: Model) -> float:
+    """The bytes the last block reads alone from L2 after every other block is done, at
+    one SM's rate (Little's law on its threads, at most sm_l2_bytes_per_clock)."""
+    if not design.last_block_bytes:
+        return 0.0
+    rate = min(facts.threads * design.last_block_inflight / model.l2_latency_s,
+               model.sm_l2_bytes_per_clock * hw.clock_hz)
+    return design.last_block_bytes(roles, facts) / rate
+
+
+def imbalance(work: list, slots: int) -> float:
+    """Blocks of unequal `work`, dispatched in order each to the first slot that frees
+    (the block scheduler: a resident block's slot on an SM), against the same work spread
+    evenly over the slots: the makespan over the mean (1 for equal blocks filling whole
+    waves; a partial last wave and a long block dispatched late both show)."""
+    import heapq
+    free = [0.0] * slots
+    for w in work:
+        heapq.heapreplace(free, free[0] + w)
+    return max(free) / (sum(work) / slots)
+
+
+PIPES = ("tensor", "shared", "issue", "mufu")
+
+
+def model_kernel_calibrated(facts: LaunchFacts, audit: KernelAudit, design: Design,
+                            roles: dict, hw: Hardware = H200, model: Model = CALIBRATED
+                            ) -> Modelled:
+    """The calibrated estimate of one kernel launch (docs/performance-model.md, "The
+    calibrated model"):
+    - pipes a SM's warps share: issue (every warp instruction the grid executes: the code
+      outside loops once a warp, the main loops' bodies times their iterations, the other
+      loops times their trips), the tensor cores (HMMA at mma.sync's rate), MUFU (its
+      results at Hardware.mufu_per_clock) and shared memory (wavefronts, a clock each).
+      The busiest pipe sets the pace; the others hide under it only as far as other warps
+      can run while one waits: with W warps a scheduler, 1/W of the rest is exposed (one
+      warp a scheduler: the sum; many: the busiest alone);
+    - memory: the floor's bytes at Little's law's bandwidth, capped at the measured HBM
+      rate (and L2's re-reads). A pipelined design (cp.async stages) hides memory under
+      its work; otherwise a block loads and then works, and with one block an SM nothing
+      hides either: memory plus work;
+    - the grid: unequal blocks (block_work) by the makespan of their dispatch order over
+      the SM's slots; equal ones by the last wave's fill;
+    - serial parts: a warp alone per block (serial, at lone_warp_cycles an instruction,
+      other resident blocks overlapping it), the last block's tail, the launch overhead."""
+    per_sm = max(audit.occupancy.blocks, 1)
+    active = min(hw.sms, facts.blocks)
+    blocks_resident = min(per_sm, -(-facts.blocks // hw.sms))
+    clock = active * hw.clock_hz
+    grid_warps = facts.blocks * facts.warps
+    warps_per_scheduler = max(1.0, blocks_resident * facts.warps / hw.sub_partitions)
+    work = tile_loop_work(facts, audit, design, roles)
+    issue = work["issue"] + audit.straight.get("instructions", 0) * grid_warps
+    mufu = work["mufu"] + audit.straight.get("mufu", 0) * grid_warps
+    wavefronts = work["wavefronts"] + shared_wavefronts(audit.straight, design.conflicts) \
+        * grid_warps
+    loops = audit.untiled_loops
+    trips = design.loop_trips(roles, facts, loops) if design.loop_trips else \
+        (grid_warps,) * len(loops)
+    assert len(trips) == len(loops), \
+        f"{facts.image}: the design prices {len(trips)} loops, the SASS has {len(loops)}"
+    for counts, n in zip(loops, trips):
+        issue += counts.get("instructions", 0) * n
+        mufu += counts.get("mufu", 0) * n
+        wavefronts += shared_wavefronts(counts, design.conflicts) * n
+    if design.issue:
+        issue += design.issue(roles, facts)
+    if design.wavefronts:
+        wavefronts += design.wavefronts(roles, facts)
+    parts = {
+        "tensor": work["hmma"] * FLOP_PER_HMMA / (active * hw.tensor_flops / hw.sms
+                                                  * model.mma_sync_fraction),
+        "shared": wavefronts / clock,
+        "issue": issue / (clock * hw.sub_partitions),
+        "mufu": mufu * hw.warp_size / (clock * hw.mufu_per_clock),
+    }
+    busiest = max(parts[p] for p in PIPES)
+    body = busiest + (sum(parts[p] for p in PIPES) - busiest) / warps_per_scheduler
+    bandwidth = min(hbm_bandwidth(active, blocks_resident * facts.threads, design.inflight,
+                                  hw, model), hw.measured_hbm_bytes_per_s)
+    parts["hbm"] = facts.floor_bytes / bandwidth
+    parts["l2"] = (design.l2_bytes(roles, facts) if design.l2_bytes else 0) \
+        / model.l2_bytes_per_s
+    memory = max(parts["hbm"], parts["l2"])
+    hidden = design.pipelined or blocks_resident > 1
+    parts["exposed"] = 0.0 if hidden else min(memory, body)
+    spread = imbalance(design.block_work(roles, facts), active * per_sm) \
+        if design.block_work else 1 / tail(facts.blocks, per_sm * hw.sms)
+    parts["imbalance"] = (max(memory, body) + parts["exposed"]) * (spread - 1)
+    serial = design.serial(roles, facts, loops) if design.serial else 0
+    parts["serial"] = facts.blocks / active * serial * model.lone_warp_cycles \
+        / hw.clock_hz / blocks_resident
+    parts["last block"] = last_block_seconds(facts, design, roles, hw, model)
+    parts["overhead"] = model.launch_overhead_s
+    parts["total"] = (max(memory, body) + parts["exposed"]) * spread + parts["serial"] \
+        + parts["last block"] + parts["overhead"]
+    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
+
+
+def product_plans(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBRATED
+                  ) -> list:
+    """The ways cuBLASLt may run one product (each a tile and a split of K), each priced:
+    (seconds, tile, split, parts). Tiles run one an SM at a time at the SM's share of the
+    measured ceiling: a tile's time is its k-steps plus product_fixed_steps (filling the
+    pipeline, draining the accumulators), the grid's time its waves of tiles over the SMs;
+    memory is its operands, its epilogue's bytes (output, residual, aux) and a split's
+    float32 partial sums at the measured HBM rate, under the tiles' time; the last tile's
+    epilogue drains alone at one SM's store rate; a split adds its reduction's launch."""
+    m, n, k = facts.shape
+    epilogue = facts.floor_bytes - facts.operand_bytes
+    per_sm = hw.measured_tensor_flops / hw.sms
+    plans = []
+    for tm, tn in model.product_tiles:
+        tiles = -(-m // tm) * -(-n // tn)
+        for split in model.product_splits:
+            if split > 1 and tiles * split > hw.sms * 2:
+                continue  # split-K is offered to fill the SMs, not past two waves of them
+            steps = -(-k // (split * model.product_k_step))
+            step_s = 2.0 * tm * tn * model.product_k_step / per_sm
+            waves = -(-tiles * split // hw.sms)
+            compute = waves * (steps + model.product_fixed_steps) * step_s
+            partials = 0 if split == 1 else 2 * split * m * n * 4
+            memory = (facts.floor_bytes + partials) / hw.measured_hbm_bytes_per_s
+            last = tm * tn * epilogue / (m * n) / (model.sm_store_bytes_per_clock * hw.clock_hz)
+            overhead = model.launch_overhead_s * (2 if split > 1 else 1)
+            parts = {"tensor": compute, "hbm": memory, "last tile": last,
+                     "overhead": overhead}
+            parts["total"] = max(compute, memory) + last + overhead
+            plans.append((parts["total"], (tm, tn), split, parts))
+    return sorted(plans, key=lambda plan: plan[0])
+
+
+def model_product(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBRATED
+                  ) -> Modelled:
+    """A product as cuBLASLt runs it at its fastest plan (product_plans): what timing the
+    heuristic's offers at start-up keeps (issue 24, item 5)."""
+    _, _, _, parts = product_plans(facts, hw, model)[0]
+    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), dict(parts))
 
 
 # ---- the step ------------------------------------------------------------------------
@@ -414,9 +642,15 @@ def launch_facts(program, launch, point) -> LaunchFacts:
         grid = launch.arguments().grid
         blocks = math.prod(value(g, point) for g in grid)
         threads = math.prod(image.block)
+    shape, operands = (), 0
+    if library and image.collective is None:
+        scalars = {image.scalars[b.index].name: value(b.value, point) for b in launch.scalars}
+        shape = (scalars["m"], scalars["n"], scalars["k"])
+        operands = sum(b.view.count * element_bytes(b.view.storage.element, program.low)
+                       for b in launch.pointers if image.pointers[b.index].name in ("a", "b"))
     return LaunchFacts(image.name, blocks, threads, traffic(launch, program.low),
                        flops(launch, point, program.roles), library, copy, collective,
-                       operation)
+                       operation, shape, operands)
 
 
 # ---- the collective: NCCL's ring all-reduce on NVLink ----------------------------------
@@ -781,9 +1015,11 @@ class Pricer:
         if facts.collective_bytes:
             return model_collective(facts, self.ranks, self.model)
         if facts.library:
-            return model_library(facts, self.hw, self.model)
-        return model_kernel(facts, self.audits[facts.image], DESIGNS[facts.image], self.roles,
-                            self.hw, self.model)
+            price = model_product if self.model.calibrated else model_library
+            return price(facts, self.hw, self.model)
+        price = model_kernel_calibrated if self.model.calibrated else model_kernel
+        return price(facts, self.audits[facts.image], DESIGNS[facts.image], self.roles,
+                     self.hw, self.model)
 
     def facts(self, launch, point) -> tuple:
         key = (id(launch), tuple(sorted((v.number, n) for v, n in point.items())))
@@ -861,22 +1097,31 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
 
 
 PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "overhead")
+# The calibrated model's parts: its pipes, memory, what is not hidden (exposed: memory or
+# work a block cannot overlap; imbalance: the grid's uneven end; serial: a warp alone),
+# and a product's last tile
+CALIBRATED_PARTS = ("hbm", "l2", "tensor", "shared", "issue", "mufu", "exposed",
+                    "imbalance", "serial", "last block", "last tile", "overhead")
 
 
 def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> None:
-    """Each image's modelled parts, summed over its launches (MODELLED, microseconds): the
-    longest part (after the tail) is what a launch costs; the others are what it hides."""
+    """Each image's modelled parts, summed over its launches (MODELLED, microseconds): in
+    the optimistic bound the longest part (after the tail) is what a launch costs, the
+    others what it hides; in the calibrated estimate the busiest pipe or memory plus what
+    is exposed, imbalance, serial and overhead."""
     price = Pricer(program, audits, 1, hw, model)
+    keys = CALIBRATED_PARTS if model.calibrated else PARTS
     sums = defaultdict(lambda: defaultdict(float))
     for launch, _, point in program.unrolled():
         facts, modelled = price.facts(launch, point)
-        for key in (*PARTS, "total"):
+        for key in (*keys, "total"):
             sums[facts.image][key] += modelled.parts.get(key, 0.0)
-    print("MODELLED parts of each image's time, summed over its launches (us)")
-    print("| image | " + " | ".join(PARTS) + " | modelled |")
-    print("| --- | " + " | ".join("---:" for _ in PARTS) + " | ---: |")
+    kind = "calibrated estimate" if model.calibrated else "optimistic bound"
+    print(f"MODELLED parts of each image's time, summed over its launches (us), {kind}")
+    print("| image | " + " | ".join(keys) + " | modelled |")
+    print("| --- | " + " | ".join("---:" for _ in keys) + " | ---: |")
     for name, parts in sorted(sums.items(), key=lambda r: -r[1]["total"]):
-        print(f"| {name} | " + " | ".join(f"{parts[k] * 1e6:,.1f}" for k in PARTS)
+        print(f"| {name} | " + " | ".join(f"{parts[k] * 1e6:,.1f}" for k in keys)
               + f" | {parts['total'] * 1e6:,.1f} |")
 
 
@@ -949,7 +1194,8 @@ def print_branches(name: str, program, audits, hw: Hardware = H200,
                    model: Model = MODEL) -> StepTimes:
     times = step_times(program, audits, 1, hw, model)
     tokens = int(program.roles["batch"]) * int(program.roles["context"])
-    kind = "floor" if audits is None else "modelled as built"
+    kind = "floor" if audits is None else \
+        "calibrated estimate" if model.calibrated else "optimistic bound"
     print()
     print(f"{name}, one GPU, {kind}, with and without its concurrent branches "
           "(cgConcurrently). MODELLED figures, not measurements.")
@@ -1038,6 +1284,69 @@ def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardw
           f"{old.efficiency(most) * 100:.1f}%)")
 
 
+def rate(row: dict, seconds: float) -> str:
+    """What a row's launches reach in `seconds`: TFLOP/s for products, GB/s for the rest."""
+    if seconds <= 0:
+        return "-"
+    if row["flops"]:
+        return f"{row['flops'] / seconds / 1e12:,.0f} TFLOP/s"
+    return f"{row['bytes'] / seconds / 1e9:,.0f} GB/s"
+
+
+def print_step(name: str, config: str, program, audits, hw: Hardware = H200) -> None:
+    """The step image by image: the floor, the calibrated estimate (the figure quoted) and
+    the optimistic bound beside it, then the step's totals both ways."""
+    tokens = int(program.roles["batch"]) * int(program.roles["context"])
+    floor_rows = step_rows(program, None, hw)
+    print(f"{name}, config {config}, {hw.name}: one step. MODELLED figures, not "
+          f"measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s or products "
+          f"at {hw.tensor_flops / 1e12:.0f} TFLOP/s (the peaks), whichever is longer.")
+    if audits is None:
+        print("| image | launches | MB moved | GFLOP | floor (us) |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for image, row in sorted(floor_rows.items(), key=lambda r: -r[1]["floor"]):
+            print(f"| {image} | {row['launches']} | {row['bytes'] / 1e6:,.1f} | "
+                  f"{row['flops'] / 1e9:,.1f} | {row['floor'] * 1e6:,.1f} |")
+        floor = sum(row["floor"] for row in floor_rows.values())
+        print(f"floor: {floor * 1e3:.2f} ms a step, {tokens / floor:,.0f} tokens/s "
+              f"({tokens} tokens a step)")
+        print_branches(name, program, None, hw)
+        return
+    calibrated = step_rows(program, audits, hw, CALIBRATED)
+    optimistic = step_rows(program, audits, hw, MODEL)
+    print(f"Calibrated: work at the measured {hw.measured_tensor_flops / 1e12:.0f} TFLOP/s "
+          f"and {hw.measured_hbm_bytes_per_s / 1e12:.1f} TB/s, products per shape, each "
+          "kernel's parts overlapped only as its design and warps allow (the estimate). "
+          "Optimistic: the peaks, products at "
+          f"{MODEL.cublas_fraction:.0%} of them, every part hidden under the slowest (a bound).")
+    print("| image | launches | MB moved | GFLOP | floor (us) | calibrated (us) | reaches | "
+          "bound by | optimistic (us) | calibrated / floor |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    total = defaultdict(float)
+    for image, row in sorted(calibrated.items(), key=lambda r: -r[1]["modelled"]):
+        bound = max(row["bounds"], key=row["bounds"].get)
+        # a floor under 0.1 us (a launch that moves a few bytes) makes no useful ratio
+        ratio = f"{row['modelled'] / row['floor']:,.1f}x" if row["floor"] > 1e-7 else "-"
+        print(f"| {image} | {row['launches']} | {row['bytes'] / 1e6:,.1f} | "
+              f"{row['flops'] / 1e9:,.1f} | {row['floor'] * 1e6:,.1f} | "
+              f"{row['modelled'] * 1e6:,.1f} | {rate(row, row['modelled'])} | {bound} | "
+              f"{optimistic[image]['modelled'] * 1e6:,.1f} | {ratio} |")
+        for key in ("launches", "bytes", "flops", "floor", "modelled"):
+            total[key] += row[key]
+        total["optimistic"] += optimistic[image]["modelled"]
+    print(f"| **step** | {int(total['launches'])} | {total['bytes'] / 1e6:,.1f} | "
+          f"{total['flops'] / 1e9:,.1f} | {total['floor'] * 1e6:,.1f} | "
+          f"{total['modelled'] * 1e6:,.1f} | | | {total['optimistic'] * 1e6:,.1f} | |")
+    print(f"floor: {total['floor'] * 1e3:.2f} ms a step, {tokens / total['floor']:,.0f} "
+          f"tokens/s ({tokens} tokens a step)")
+    print(f"calibrated estimate, the launches one after another: "
+          f"{total['modelled'] * 1e3:.2f} ms a step, {tokens / total['modelled']:,.0f} tokens/s;"
+          f" optimistic bound {total['optimistic'] * 1e3:.2f} ms, "
+          f"{tokens / total['optimistic']:,.0f} tokens/s (MODELLED, not measured)")
+    print_branches(name, program, audits, hw, CALIBRATED)
+    print_branches(name, program, audits, hw, MODEL)
+
+
 def kernel_images(program) -> set:
     return {launch.image.name for launch, _, _ in program.unrolled()
             if launch.image.library is None}
@@ -1094,43 +1403,14 @@ def main() -> int:
     except CompileError as error:  # the schedule itself: cgc's own diagnostics
         print(render_all(error.diagnostics), file=sys.stderr)
         return 1
-    rows = step_rows(program, audits)
     if args.parts and audits:
-        print_parts(program, audits)
+        print_parts(program, audits, model=CALIBRATED)
+        print()
+        print_parts(program, audits, model=MODEL)
         return 0
     hw = H200
     name = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
-    print(f"{os.path.basename(name)}, config {args.config}, {hw.name}: one step. MODELLED "
-          f"figures, not measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s "
-          f"or products at {hw.tensor_flops / 1e12:.0f} TFLOP/s, whichever is longer.")
-    print("| image | launches | MB moved | GFLOP | floor (us) | modelled (us) | "
-          "modelled / floor | modelled bound by |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    total = defaultdict(float)
-    order = sorted(rows.items(), key=lambda r: -(r[1]["modelled"] or r[1]["floor"]))
-    for image, row in order:
-        bound = max(row["bounds"], key=row["bounds"].get) if row["bounds"] else \
-            ("products" if row["flops"] / hw.tensor_flops > row["bytes"] / hw.hbm_bytes_per_s
-             else "memory")
-        modelled = f"{row['modelled'] * 1e6:,.1f}" if audits else "-"
-        # a floor under 0.1 us (a launch that moves a few bytes) makes no useful ratio
-        ratio = f"{row['modelled'] / row['floor']:,.1f}x" if audits and row["floor"] > 1e-7 \
-            else "-"
-        print(f"| {image} | {row['launches']} | {row['bytes'] / 1e6:,.1f} | "
-              f"{row['flops'] / 1e9:,.1f} | {row['floor'] * 1e6:,.1f} | {modelled} | {ratio} | "
-              f"{bound} |")
-        for key in ("launches", "bytes", "flops", "floor", "modelled"):
-            total[key] += row[key]
-    modelled = f"{total['modelled'] * 1e6:,.1f}" if audits else "-"
-    print(f"| **step** | {int(total['launches'])} | {total['bytes'] / 1e6:,.1f} | "
-          f"{total['flops'] / 1e9:,.1f} | {total['floor'] * 1e6:,.1f} | {modelled} | | |")
-    tokens = int(program.roles["batch"]) * int(program.roles["context"])
-    print(f"floor: {total['floor'] * 1e3:.2f} ms a step, {tokens / total['floor']:,.0f} "
-          f"tokens/s ({tokens} tokens a step)")
-    if audits:
-        print(f"modelled as built: {total['modelled'] * 1e3:.2f} ms a step, "
-              f"{tokens / total['modelled']:,.0f} tokens/s (MODELLED, not measured)")
-    print_branches(os.path.basename(name), program, audits, hw)
+    print_step(os.path.basename(name), args.config, program, audits, hw)
     if parallel is not None:
         if has_branches(parallel.body):
             print_branches(os.path.basename(parallel_path) + " (1 rank)", parallel, audits, hw)

@@ -74,6 +74,11 @@ class Hardware:
     shared_bytes_per_clock: int  # per SM: one 128-byte wavefront a clock
     shared_banks: int
     l2_bytes: int
+    # What an H200 reaches, measured (docs/performance-model.md "Calibrated"): the
+    # calibrated cost model prices work at these, the optimistic bound at the peaks above
+    measured_tensor_flops: float  # a large bfloat16 product through cuBLAS
+    measured_hbm_bytes_per_s: float  # a device-to-device copy
+    mufu_per_clock: int  # special-function (MUFU) results an SM a clock
 
 
 H200 = Hardware(
@@ -84,7 +89,10 @@ H200 = Hardware(
     shared_granularity=128,
     # 4096 flop a clock per SM x 132 SMs x 1.83 GHz = 989 TFLOP/s, NVIDIA's dense figure.
     tensor_flops=989e12, hbm_bytes_per_s=4.8e12, shared_bytes_per_clock=128, shared_banks=32,
-    l2_bytes=50 * KB * KB)
+    l2_bytes=50 * KB * KB,
+    # 16 MUFU results a clock an SM: the CUDA C++ Programming Guide's throughput table,
+    # compute capability 9.0 (exp2, log2, reciprocal, reciprocal square root, sine, cosine)
+    measured_tensor_flops=790e12, measured_hbm_bytes_per_s=4.3e12, mufu_per_clock=16)
 
 
 def _round_up(x: int, unit: int) -> int:
@@ -138,6 +146,7 @@ CLASSES = {
     "LDL": "local", "STL": "local",
     "ATOM": "atomic", "ATOMS": "atomic", "ATOMG": "atomic", "RED": "atomic", "REDG": "atomic",
     "BAR": "barrier",
+    "MUFU": "mufu",  # the special-function unit: ex2, rcp, rsq, sin, cos, lg2
 }
 
 # The accesses that take shared-memory wavefronts (generic ones priced as shared).
@@ -248,6 +257,23 @@ class KernelCode:
                              and (o.start, o.end) != (l.start, l.end) for o in inside)]
         return [self.counts(lambda i, l=l: l.holds(i.address))
                 for l in sorted(direct, key=lambda l: l.start)]
+
+    def straight(self) -> Counter:
+        """The counts of the code outside every loop: what each thread runs once."""
+        return self.counts(lambda i: not any(l.holds(i.address) for l in self.loops))
+
+    def untiled_loops(self) -> list[Counter]:
+        """The counts of each outermost loop that issues no tensor-core instruction (a
+        grid-stride loop, a sort's pass), one trip's body with its inner loops once, in
+        address order; the cost model takes their trips from the design. The one-instruction
+        loop after a kernel's last EXIT (the branch to itself that ends every kernel) runs
+        never and is none of them."""
+        found = []
+        for loop in sorted(self.outermost_loops(), key=lambda l: l.start):
+            counts = self.counts(lambda i, loop=loop: loop.holds(i.address))
+            if not counts["tensor"] and loop.start != loop.end:
+                found.append(counts)
+        return found
 
     def tensor_outside_loops(self) -> int:
         return sum(1 for i in self.instructions
@@ -430,6 +456,10 @@ class KernelAudit:
     inner_loops: list[list[Counter]] = field(default_factory=list)
     # bank-conflict ways of each ldmatrix (attention_ldmatrix_ways): 1 = conflict-free
     ldsm_conflicts: int = 1
+    # the code outside every loop (each thread runs it once), and each outermost loop that
+    # issues no HMMA, one trip (KernelCode.straight, untiled_loops)
+    straight: Counter = field(default_factory=Counter)
+    untiled_loops: list[Counter] = field(default_factory=list)
 
     def row(self) -> dict:
         c = self.counts
@@ -439,11 +469,12 @@ class KernelAudit:
                 "limiter": self.occupancy.limiter, "warps_per_sm": self.occupancy.warps,
                 **{k: c[k] for k in ("tensor", "ldsm", "lds", "sts", "ldgsts", "generic",
                                      "global", "wide", "local", "atomic", "ticket",
-                                     "barrier")},
+                                     "barrier", "mufu")},
                 "tile_loops": [dict(t) for t in self.tile_loops],
                 "tensor_outside_loops": self.tensor_outside_loops,
                 "inner_loops": [[dict(c) for c in loops] for loops in self.inner_loops],
-                "ldsm_conflicts": self.ldsm_conflicts}
+                "ldsm_conflicts": self.ldsm_conflicts, "straight": dict(self.straight),
+                "untiled_loops": [dict(c) for c in self.untiled_loops]}
 
 
 @dataclass
@@ -465,7 +496,8 @@ def audit_code(code: dict[str, KernelCode], usage: dict[str, Resources],
             occupancy(shape.threads, used.registers, used.static_shared + shape.dynamic_shared,
                       hw),
             kernel.counts(), [c for _, c in kernel.tile_loops()], kernel.tensor_outside_loops(),
-            [kernel.inner_loops(loop) for loop, _ in kernel.tile_loops()])
+            [kernel.inner_loops(loop) for loop, _ in kernel.tile_loops()],
+            straight=kernel.straight(), untiled_loops=kernel.untiled_loops())
     return found
 
 

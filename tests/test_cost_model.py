@@ -5,6 +5,7 @@ arithmetic of the model, not the H200 (there is none here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections import Counter
@@ -196,6 +197,128 @@ def test_design_wavefronts_and_issue_add_to_the_sass_counts():
     assert modelled.parts["shared"] == pytest.approx(2000 / 1.83e9)
     assert modelled.parts["issue"] == pytest.approx(1000 / (4 * 1.83e9))
     assert modelled.bound == "shared"
+
+
+# ---- the calibrated model --------------------------------------------------------------
+
+def test_products_per_shape_by_hand():
+    """8192 x 8192 x 8192 on 128 x 256 tiles: 64 x 32 = 2048 tiles, 15.5 waves take 16, each
+    tile 128 k-steps + 2 of fill and drain, a k-step 2 x 128 x 256 x 64 flop at an SM's
+    share of 790 TFLOP/s; its bytes (a few hundred MB) hide under that. 768 x 768 x 8192
+    (a weight gradient): 36 tiles of 128 x 128 fill 36 of 132 SMs; split in 3, 108 tiles
+    of 43 k-steps, their float32 partial sums written and read back, beat it."""
+    calibrated = cost_model.CALIBRATED
+    big = LaunchFacts("p", 0, 0, floor_bytes=3 * 8192 * 8192 * 2, flops=2.0 * 8192**3,
+                      library=True, shape=(8192, 8192, 8192), operand_bytes=2 * 8192 * 8192 * 2)
+    plans = {(tile, split): parts for _, tile, split, parts in
+             cost_model.product_plans(big, H200, calibrated)}
+    step = 2.0 * 128 * 256 * 64 / (790e12 / 132)
+    assert plans[((128, 256), 1)]["tensor"] == pytest.approx(16 * 130 * step)
+    best = cost_model.model_product(big, H200, calibrated)
+    assert big.flops / best.time == pytest.approx(754e12, rel=0.01)  # 95% of the ceiling
+    small = LaunchFacts("w", 0, 0, floor_bytes=2 * 768 * 8192 * 2 + 768 * 768 * 4,
+                        flops=2.0 * 768 * 768 * 8192, library=True, shape=(768, 768, 8192),
+                        operand_bytes=2 * 768 * 8192 * 2)
+    plans = cost_model.product_plans(small, H200, calibrated)
+    whole = next(parts for _, tile, split, parts in plans if tile == (128, 128) and split == 1)
+    assert whole["tensor"] == pytest.approx((128 + 2) * 2.0 * 128 * 128 * 64 / (790e12 / 132))
+    seconds, tile, split, parts = plans[0]
+    assert (tile, split) == ((128, 128), 3)
+    assert parts["tensor"] == pytest.approx((43 + 2) * 2.0 * 128 * 128 * 64 / (790e12 / 132))
+    assert parts["hbm"] == pytest.approx((small.floor_bytes + 2 * 3 * 768 * 768 * 4) / 4.3e12)
+    assert parts["overhead"] == 2 * MODEL.launch_overhead_s  # the split's reduction launch
+    assert seconds < whole["total"] / 2
+
+
+def test_imbalance_of_unequal_blocks():
+    assert cost_model.imbalance([1] * 8, 4) == 1  # two whole waves
+    assert cost_model.imbalance([1] * 6, 4) == pytest.approx(2 / 1.5)  # a half-empty wave
+    # the longest last: 1, 2, 3 on 2 slots: 1 | 2, then 3 after 1: 4 against 3
+    assert cost_model.imbalance([1, 2, 3], 2) == pytest.approx(4 / 3)
+    assert cost_model.imbalance([3, 2, 1], 2) == pytest.approx(1)  # longest first: 3 | 2 + 1
+    # GPT-2 small's forward, blocks in dispatch order on 132 SMs x 3
+    roles = {"context": 1024, "attentionTile": 64, "batch": 8, "heads": 12}
+    work = cost_model._attention_forward_work(roles, None)
+    assert len(work) == 1536 and sum(work) == cost_model._causal_tiles(roles)
+    assert cost_model.imbalance(work, 396) > cost_model.imbalance(sorted(work)[::-1], 396)
+
+
+def _calibrated(facts, audit, design):
+    return cost_model.model_kernel_calibrated(facts, audit, design, {}, H200,
+                                              cost_model.CALIBRATED)
+
+
+def test_calibrated_pipes_hide_under_the_busiest_only_as_far_as_warps_allow():
+    """The tiled kernel of test_tiled_kernel_by_hand, calibrated: 2 blocks of 4 warps an SM,
+    2 warps a scheduler: the busiest pipe (shared) plus half of the others."""
+    loop = Counter({"tensor": 64, "wavefronts:generic": 256, "instructions": 1000,
+                    "mufu": 40})
+    design = Design(conflicts={"generic": 8}, tile_iterations=lambda r: (2640,),
+                    pipelined=True)
+    facts = LaunchFacts("k", 264, 128, floor_bytes=0, flops=0)
+    modelled = _calibrated(facts, _audit(2, [loop]), design)
+    clock = 132 * 1.83e9
+    parts = modelled.parts
+    assert parts["shared"] == pytest.approx(10560 * 2048 / clock)
+    assert parts["mufu"] == pytest.approx(10560 * 40 * 32 / (16 * clock))
+    others = parts["tensor"] + parts["issue"] + parts["mufu"]
+    assert modelled.time == pytest.approx(parts["shared"] + others / 2
+                                          + MODEL.launch_overhead_s)
+    # one block of one warp an SM: every pipe after the other
+    alone = _calibrated(LaunchFacts("k", 132, 32, 0, 0), _audit(1, [loop]),
+                        Design(tile_iterations=lambda r: (2640 * 4 // 2,), pipelined=True))
+    assert alone.time == pytest.approx(sum(alone.parts[p] for p in cost_model.PIPES)
+                                       + MODEL.launch_overhead_s)
+
+
+def test_calibrated_memory_hides_work_only_with_another_block():
+    """A block that loads, then works: with one block an SM its 1 ms of loads and 0.5 ms of
+    issue add; with two, another block's work hides them."""
+    facts = LaunchFacts("k", 1320, 1024, floor_bytes=int(4.3e9), flops=0)
+    audit = _audit(1)
+    audit.straight = Counter({"instructions": 1})
+    warps = 1320 * 32
+    audit.straight["instructions"] = round(0.5e-3 * 132 * 1.83e9 * 4 / warps)
+    design = Design(inflight=1024)
+    one = _calibrated(facts, audit, design)
+    assert one.parts["hbm"] == pytest.approx(1e-3)
+    assert one.parts["exposed"] == pytest.approx(one.parts["issue"])
+    assert one.time == pytest.approx(1e-3 + one.parts["issue"] + MODEL.launch_overhead_s)
+    two = _calibrated(facts, dataclasses.replace(audit, occupancy=Occupancy(2, "threads", 64)),
+                      design)
+    assert two.parts["exposed"] == 0
+    assert two.time == pytest.approx(1e-3 + MODEL.launch_overhead_s)
+
+
+def test_calibrated_serial_merge_by_hand():
+    """A merge loop of 160 instructions and 8 MUFU (4 merges a trip), 31 merges a row, one
+    thread alone: 31 / 4 x 160 instructions at 2 clocks each, a block; 264 blocks on 132 SMs,
+    one an SM: 2 blocks' merges an SM."""
+    merge = Counter({"instructions": 160, "mufu": 8})
+    audit = _audit(1)
+    audit.untiled_loops = [merge]
+    facts = LaunchFacts("cgImageClassifier", 264, 1024, 0, 0)
+    modelled = _calibrated(facts, audit, cost_model.DESIGNS["cgImageClassifier"])
+    assert modelled.parts["serial"] == pytest.approx(2 * 31 / 4 * 160 * 2 / 1.83e9)
+    # the loop's warp trips: 7 a block (28 of the 31 merges), the rest after it
+    assert modelled.parts["issue"] == pytest.approx(264 * 7 * 160 / (132 * 1.83e9 * 4))
+    with pytest.raises(AssertionError, match="two MUFU a merge"):
+        audit.untiled_loops = [Counter({"instructions": 160, "mufu": 3})]
+        _calibrated(facts, audit, cost_model.DESIGNS["cgImageClassifier"])
+
+
+def test_calibrated_estimate_is_slower_than_the_optimistic_bound(audits, train):
+    """Every launch of GPT-2 small's step costs at least its floor in both models, and the
+    calibrated estimate of the whole step lies above the optimistic bound."""
+    for model in (MODEL, cost_model.CALIBRATED):
+        price = cost_model.Pricer(train, audits, 1, H200, model)
+        for launch, _, point in train.unrolled():
+            facts, modelled = price.facts(launch, point)
+            if not facts.collective_bytes:
+                assert modelled.time >= modelled.floor * 0.999, facts.image
+    calibrated = cost_model.step_times(train, audits, 1, H200, cost_model.CALIBRATED)
+    optimistic = cost_model.step_times(train, audits, 1, H200, MODEL)
+    assert calibrated.shared > optimistic.shared
 
 
 def test_causal_tiles_at_gpt2_small():
