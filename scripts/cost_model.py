@@ -179,6 +179,12 @@ def _causal_tiles(r) -> int:
     return r["batch"] * r["heads"] * tiles * (tiles + 1) // 2
 
 
+def _off_diagonal_tiles(r) -> int:
+    """The pairs before each query tile's diagonal one: the forward's main loop (the
+    diagonal tile, peeled, masked, runs once a block outside it)."""
+    return _causal_tiles(r) - r["batch"] * r["heads"] * (r["context"] // r["attentionTile"])
+
+
 def _attention_rereads(r, launch) -> int:
     """K and V tiles loaded once per query tile that reads them (the floor counts once)."""
     tile_bytes = 2 * r["attentionTile"] * r["headWidth"] * 2  # K and V, bfloat16
@@ -213,12 +219,13 @@ def _attention_inner_trips(r, launch, inner) -> tuple:
 
 
 def _attention_forward_work(r, launch) -> list:
-    """The forward's blocks in dispatch order (blockIdx.x the query tile, fastest; then the
-    head, then the sequence), each its key tiles: query tile t reads t + 1 of them. The
-    backward's block j reads the query tiles from j on (dK, dV), then the key tiles up to j
-    (dQ): T + 1 tiles every block, balanced."""
+    """The forward's blocks in dispatch order (blockIdx.x fastest; then the head, then the
+    sequence), each its key tiles: query tile t reads t + 1 of them, and block x takes tile
+    T - 1 - x, longest first (attention.cu.j2). The backward's block j reads the query
+    tiles from j on (dK, dV), then the key tiles up to j (dQ): T + 1 tiles every block,
+    balanced."""
     tiles = r["context"] // r["attentionTile"]
-    return [tile + 1 for _ in range(r["batch"] * r["heads"]) for tile in range(tiles)]
+    return [tiles - x for _ in range(r["batch"] * r["heads"]) for x in range(tiles)]
 
 
 def _classifier_merges(loops) -> tuple:
@@ -254,7 +261,7 @@ DESIGNS = {
     # ldmatrix from rows padded by kAttentionRowPadding: its conflict ways are read from the
     # emitted file (sass_audit.attention_ldmatrix_ways: 1 with the padding). In flight: the next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 128 threads.
     "cgImageAttention": Design(inflight=128,
-                               tile_iterations=lambda r: (_causal_tiles(r),),
+                               tile_iterations=lambda r: (_off_diagonal_tiles(r),),
                                l2_bytes=_attention_rereads,
                                inner_trips=_attention_inner_trips,
                                pipelined=True, block_work=_attention_forward_work),
@@ -394,6 +401,13 @@ def tile_loop_work(facts: LaunchFacts, audit: KernelAudit, design: Design, roles
         return work
     # ldmatrix's conflicts come from the audited file's row stride, not from the design
     conflicts = {**design.conflicts, "ldsm": audit.ldsm_conflicts}
+    # the code outside the main loops (the prologue, a peeled last tile, the epilogue) runs
+    # once a warp
+    grid_warps = facts.blocks * facts.warps
+    work["hmma"] += audit.straight.get("tensor", 0) * grid_warps
+    work["wavefronts"] += shared_wavefronts(audit.straight, conflicts) * grid_warps
+    work["issue"] += audit.straight.get("instructions", 0) * grid_warps
+    work["mufu"] += audit.straight.get("mufu", 0) * grid_warps
     iterations = design.tile_iterations(roles)
     assert len(iterations) == len(audit.tile_loops), \
         f"{facts.image}: the design names {len(iterations)} tiled loops, the SASS has " \
@@ -501,10 +515,11 @@ def model_kernel_calibrated(facts: LaunchFacts, audit: KernelAudit, design: Desi
     grid_warps = facts.blocks * facts.warps
     warps_per_scheduler = max(1.0, blocks_resident * facts.warps / hw.sub_partitions)
     work = tile_loop_work(facts, audit, design, roles)
-    issue = work["issue"] + audit.straight.get("instructions", 0) * grid_warps
-    mufu = work["mufu"] + audit.straight.get("mufu", 0) * grid_warps
-    wavefronts = work["wavefronts"] + shared_wavefronts(audit.straight, design.conflicts) \
-        * grid_warps
+    issue, mufu, wavefronts = work["issue"], work["mufu"], work["wavefronts"]
+    if not design.tile_iterations:  # else tile_loop_work counted the code outside loops
+        issue += audit.straight.get("instructions", 0) * grid_warps
+        mufu += audit.straight.get("mufu", 0) * grid_warps
+        wavefronts += shared_wavefronts(audit.straight, design.conflicts) * grid_warps
     loops = audit.untiled_loops
     trips = design.loop_trips(roles, facts, loops) if design.loop_trips else \
         (grid_warps,) * len(loops)

@@ -149,6 +149,11 @@ CLASSES = {
     "MUFU": "mufu",  # the special-function unit: ex2, rcp, rsq, sin, cos, lg2
 }
 
+# Opcodes counted one by one as well (`op:FFMA`), for the promises the design makes of its
+# arithmetic (an exponential's argument one FFMA, a select only where a mask is); `ex2`
+# counts MUFU.EX2.
+OPCODES_COUNTED = ("FFMA", "FMUL", "FADD", "FSEL", "FMNMX", "FSETP", "ISETP")
+
 # The accesses that take shared-memory wavefronts (generic ones priced as shared).
 SHARED_KINDS = ("lds", "sts", "ldsm", "ldgsts", "generic")
 
@@ -211,7 +216,8 @@ class KernelCode:
     loops: list[Loop] = field(default_factory=list)
 
     def counts(self, where=lambda i: True) -> Counter:
-        """Instructions by class, `wide` for 128-bit global accesses, `ticket` for the
+        """Instructions by class, `op:OPCODE` for the OPCODES_COUNTED and `ex2` for
+        MUFU.EX2, `wide` for 128-bit global accesses, `ticket` for the
         atomics that are atomicInc (ATOMG.E.INC: they count, they add no data), `instructions` for
         all of them, and `wavefronts:KIND` for the shared and generic accesses' wavefronts
         (a generic access is priced as shared: in these kernels that is where they go;
@@ -221,6 +227,10 @@ class KernelCode:
             if not where(instruction):
                 continue
             found["instructions"] += 1
+            if instruction.base in OPCODES_COUNTED:
+                found[f"op:{instruction.base}"] += 1
+            if instruction.opcode.startswith("MUFU.EX2"):
+                found["ex2"] += 1
             if instruction.kind is None:
                 continue
             found[instruction.kind] += 1

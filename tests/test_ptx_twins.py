@@ -86,6 +86,24 @@ def mma_problems(text: str) -> list[str]:
     return []
 
 
+def _flushed(x: np.ndarray) -> np.ndarray:
+    """A subnormal float32 as zero (the .ftz of the PTX ISA)."""
+    return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x).astype(np.float32)
+
+
+def ex2_problems(text: str) -> list[str]:
+    """ex2.approx.ftz.f32 (PTX ISA, "ex2"): 2^x within 2 ulp, a subnormal argument read as
+    zero and a subnormal result written as zero."""
+    rows = _rows(text, "ex2").astype(np.float32)
+    assert len(rows) == 16
+    x, got = rows[:, 0], rows[:, 1]
+    with np.errstate(over="ignore"):
+        expected = _flushed(np.exp2(_flushed(x)))
+    close = np.isclose(got, expected, rtol=2.0 ** -22, atol=0) | (got == expected)
+    return [f"ex2: 2^{a:.9g} = {g:.9g}, expected {e:.9g}"
+            for a, g, e, ok in zip(x, got, expected, close) if not ok]
+
+
 @pytest.fixture(scope="module")
 def output(tmp_path_factory) -> str:
     return _build_and_run(INCLUDE, tmp_path_factory.mktemp("ptx"))
@@ -97,6 +115,16 @@ def test_ldmatrix_twin_gives_each_lane_the_documented_elements(output):
 
 def test_mma_twin_equals_numpy(output):
     assert mma_problems(output) == []
+
+
+def test_ex2_twin_flushes_subnormals_as_the_isa_says(output):
+    assert ex2_problems(output) == []
+
+
+def test_an_ex2_that_keeps_subnormals_is_caught(tmp_path):
+    text = _mutated(tmp_path, "return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;", "return y;")
+    assert ldmatrix_problems(text) == [] and mma_problems(text) == []
+    assert any("2^-127" in p for p in ex2_problems(text))
 
 
 def test_cp_async_lands_at_its_wait(output):

@@ -106,6 +106,37 @@ def tensor_per_tile(*designed: int):
     return promise
 
 
+def exp2_per_logit(logits: int, corrections: int, rescales: int):
+    """Each logit's exponential in the main loop is one MUFU.EX2 whose argument is one FFMA:
+    the scale, log2(e) and the row's maximum folded into it (no FMUL a logit, no denormal
+    guard around `__expf`). Per warp and iteration: EX2 = logits + corrections (a row's
+    rescaling factor each), FFMA at least a logit each, and FMUL only the accumulator's
+    rescaling and the corrections. Forward: 16 rows x 64 keys over 32 lanes = 32 logits a
+    lane, 2 rows a lane, O's 8 accumulators x 4 values rescaled."""
+    def promise(a: KernelAudit) -> bool:
+        loop = a.tile_loops[0]
+        return (loop["ex2"] == logits + corrections and loop["op:FFMA"] >= logits
+                and loop["op:FMUL"] <= rescales + corrections)
+    promise.__name__ = f"exp2_per_logit_{logits}"
+    return promise
+
+
+def mask_on_the_diagonal_only(a: KernelAudit) -> bool:
+    """The causal mask's compare-and-select runs on the diagonal tile only, peeled from the
+    main loops: no select or float compare in any main loop, selects outside them."""
+    return all(loop["op:FSEL"] == 0 and loop["op:FSETP"] == 0 for loop in a.tile_loops) \
+        and a.straight["op:FSEL"] > 0
+
+
+def hmma_per_ldmatrix(at_least: float):
+    """HMMA a fragment load in each main loop: each K or V fragment ldmatrix brings feeds
+    this many products or more (16 query rows a warp: 64 HMMA over 36 ldmatrix.x4)."""
+    def promise(a: KernelAudit) -> bool:
+        return all(loop["tensor"] >= at_least * loop["ldsm"] for loop in a.tile_loops)
+    promise.__name__ = f"hmma_per_ldmatrix_{at_least:.2f}"
+    return promise
+
+
 def _sum_of(total: int, parts: tuple[int, ...]) -> bool:
     reachable = {0}
     while True:
@@ -119,7 +150,8 @@ EVERY_KERNEL = (no_local_memory, no_generic_accesses, no_atomics, launchable)
 
 PROMISES = {
     "cgImageAttention": (tensor_per_tile(64), at_least(2), ldmatrix, cp_async,
-                         conflict_free_ldmatrix),
+                         conflict_free_ldmatrix, exp2_per_logit(32, 2, 32),
+                         mask_on_the_diagonal_only, hmma_per_ldmatrix(16 / 9)),
     "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async,
                                  conflict_free_ldmatrix),
     # float4 or 16-byte packs (docs/kernels.md)
@@ -247,10 +279,12 @@ def test_audit_reads_the_attention_design(gpt2_audit):
     """The FlashAttention-2 design as issue 13 describes it, read from the SASS: each key-tile
     loop (one forward; backward the dK/dV loop, then the dQ loop) feeds its HMMA from
     ldmatrix, streams the next tile by cp.async (16 bytes a thread a copy: 4 wavefronts
-    each) and has no generic access; the tiled loops hold every HMMA (none peeled)."""
+    each) and has no generic access; the backward's loops hold every HMMA, the forward's
+    diagonal tile is peeled (one tile's 64 HMMA outside its loop)."""
     forward, backward = gpt2_audit["cgImageAttention"], gpt2_audit["cgImageAttentionBackward"]
+    assert forward.tensor_outside_loops == 64 and backward.tensor_outside_loops == 0
     for audit, loops in ((forward, 1), (backward, 2)):
-        assert len(audit.tile_loops) == loops and audit.tensor_outside_loops == 0
+        assert len(audit.tile_loops) == loops
         for tile in audit.tile_loops:
             assert tile["tensor"] > 0 and tile["ldsm"] > 0 and tile["ldgsts"] > 0
             assert tile["generic"] == 0 and tile["atomic"] == 0
@@ -262,7 +296,7 @@ def test_audit_reads_the_attention_design(gpt2_audit):
         # k arrive turned (a rotary loop put back would add inner loops with STS)
         assert audit.inner_loops == [[]] * loops
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
-    assert forward.counts["tensor"] == 64 and backward.counts["tensor"] == 224
+    assert forward.counts["tensor"] == 2 * 64 and backward.counts["tensor"] == 224
 
 
 def test_every_kernel_of_the_file_is_audited(gpt2_audit):
@@ -433,6 +467,37 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
     assert wide_global_accesses(audit["cgImageLayerNorm"]) and no_atomics(audit["cgImageCastDown"])
     assert one_ticket(audit["cgImageLayerNormBackward"])
     assert no_local_memory(audit["cgImageAdamW"])
+
+
+# The attention forward's design undone, line by line: the exponential through __expf of the
+# scaled difference (an FMUL a logit and __expf's own), every key tile masked as the diagonal
+# is. Numbers wrong on purpose (only the machine code is read).
+ATTENTION_MUTATIONS = (
+    ("          x = cg_exp2_approx(fmaf(x, scale_log2, -shift));",
+     "          x = __expf((x - new_max) * scale);"),
+    ("key_step(key_tile, cg_false{});", "key_step(key_tile, cg_true{});"),
+)
+
+
+def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
+    """The attention forward's promises of its softmax fail when its template undoes them:
+    one nvcc build of GPT-2 small's file with ATTENTION_MUTATIONS applied."""
+    templates = tmp_path / "templates"
+    shutil.copytree(data_dir("templates"), templates)
+    path = templates / "kernels" / "attention.cu.j2"
+    text = path.read_text(encoding="utf-8")
+    for old, new in ATTENTION_MUTATIONS:
+        assert old in text, "attention.cu.j2 no longer has the line this test mutates"
+        text = text.replace(old, new)
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setenv("CGC_TEMPLATES", str(templates))
+    source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
+    cubin = sass_audit.build_cubin(source, tmp_path / "sass")
+    mutated = sass_audit.audit_code(sass_audit.parse_sass(sass_audit.disassemble(cubin)),
+                                    sass_audit.resources(cubin), shapes)["cgImageAttention"]
+    assert not exp2_per_logit(32, 2, 32)(mutated)
+    assert not mask_on_the_diagonal_only(mutated)
+    assert tensor_per_tile(64)(mutated) and hmma_per_ldmatrix(16 / 9)(mutated)
 
 
 # A local array at the tiny shapes only (kWidth 64: tiny and tiny32), in the zeroing kernel,

@@ -445,12 +445,26 @@ __device__ __forceinline__ void cg_cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// 2^x on the special-function unit (one MUFU.EX2): a subnormal argument or result is zero.
+__device__ __forceinline__ float cg_exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Every committed group but the N most recent has landed (in this thread's view).
 template <int N>
 __device__ __forceinline__ void cg_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 #endif
+
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2(e))
+
+// A compile-time true or false, for a lambda whose body differs by a flag (a kernel's
+// diagonal tile, peeled from its loop): `if constexpr (decltype(flag)::value)`.
+struct cg_true { static constexpr bool value = true; };
+struct cg_false { static constexpr bool value = false; };
 
 // Padding after each row of the attention's shared tiles (cgc/backends/cuda/emit.py).
 constexpr int kAttentionRowPadding = 8;
@@ -632,6 +646,11 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
 // (rows padded: ldmatrix without bank conflicts), the next tile's copy overlapping this one's
 // products. q and k arrive already rotated: the rotary pass (rotary.cu.j2) turned them once,
 // in the qkv buffer, before this launch.
+// The blocks run longest first: block x takes query tile gridDim.x - 1 - x (t + 1 key tiles),
+// so the short ones fill the last wave (scripts/cost_model.py prices the imbalance). The
+// softmax runs in base 2 on raw scores: one FFMA applies the scale and the row's maximum and
+// ex2.approx.ftz takes it (cg_exp2_approx); the causal mask is applied to the diagonal tile
+// only, peeled from the loop (every earlier key tile is wholly visible).
 extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAttention(__nv_bfloat16* __restrict__ output, float* __restrict__ lse, const __nv_bfloat16* __restrict__ qkv) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
@@ -642,13 +661,14 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   low_t* keys = q + T * kStride;                 // 2 stages of T x kStride
   low_t* values = keys + 2 * T * kStride;        // 2 stages of T x kStride
 
-  const int tile = blockIdx.x, head = blockIdx.y, sequence = blockIdx.z;
+  const int tile = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, sequence = blockIdx.z;
   if (tile * T >= kContext || head >= kHeads) return;
   const size_t base = static_cast<size_t>(sequence) * kContext;
   const size_t first = base + tile * T;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
+  const float scale_log2 = scale * kLog2e;  // e^(scale x) = 2^(scale log2(e) x)
 
   // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async:
   // kCopies chunks a thread, a count fixed by the shape (as in the backward, whose run-time
@@ -673,7 +693,9 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   copy_tile(keys, base, 1);
   copy_tile(values, base, 2);
   cg_cp_async_commit();
-  for (int key_tile = 0; key_tile <= tile; ++key_tile) {
+  // One key tile: S = Q K^T, the online softmax, O += P V. `diagonal` (a compile-time
+  // constant) masks the keys after each query: the last tile only.
+  auto key_step = [&](int key_tile, auto diagonal) {
     low_t* k = keys + (key_tile % 2) * T * kStride;
     low_t* v = values + (key_tile % 2) * T * kStride;
     cg_cp_async_wait<0>();
@@ -689,7 +711,7 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
       for (int d = 0; d < D / 16; ++d) load_a(query[d], q + top * kStride + d * 16, kStride);
     }
 
-    Accumulator s[T / 8];  // S = Q K^T: 16 rows x T keys
+    Accumulator s[T / 8];  // S = Q K^T: 16 rows x T keys, unscaled
 #pragma unroll
     for (int n = 0; n < T / 8; ++n) zero(s[n]);
 #pragma unroll
@@ -706,28 +728,29 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
     // Online softmax over the lane's two rows; a row's 64 keys lie in its 4 lanes (a quad).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int query_position = tile * T + top + g + 8 * h;
       float tile_max = -CG_INFINITY;
 #pragma unroll
       for (int n = 0; n < T / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[n].x[2 * h + e];
-          x *= scale;
-          if (key_tile * T + n * 8 + 2 * t + e > query_position) x = -CG_INFINITY;
+          if constexpr (decltype(diagonal)::value) {
+            if (n * 8 + 2 * t + e > top + g + 8 * h) x = -CG_INFINITY;  // a key after the query
+          }
           tile_max = fmaxf(tile_max, x);
         }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[h], tile_max);  // finite: key 0 is always visible
-      const float correction = __expf(row_max[h] - new_max);
+      const float shift = new_max * scale_log2;
+      const float correction = cg_exp2_approx(fmaf(row_max[h], scale_log2, -shift));
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < T / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[n].x[2 * h + e];
-          x = __expf(x - new_max);
+          x = cg_exp2_approx(fmaf(x, scale_log2, -shift));
           sum += x;
         }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -754,7 +777,9 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
         mma(out[2 * n + 1], p, right);
       }
     }
-  }
+  };
+  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
+  key_step(tile, cg_true{});
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const size_t row = first + top + g + 8 * h;
@@ -765,7 +790,7 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
       to[n * 8] = from_float<low_t>(out[n].x[2 * h] * inverse);
       to[n * 8 + 1] = from_float<low_t>(out[n].x[2 * h + 1] * inverse);
     }
-    if (t == 0) lse[row * kHeads + head] = row_max[h] + __logf(row_sum[h]);
+    if (t == 0) lse[row * kHeads + head] = row_max[h] * scale + __logf(row_sum[h]);
   }
 }
 

@@ -157,5 +157,10 @@ int main() {
     wrong += seen[i * 4] != -1 || seen[i * 4 + 1] != i * 4 || seen[i * 4 + 2] != -1 ||
              seen[i * 4 + 3] != 128 + i * 4;
   CHECK(wrong == 0, "cp.async: %d threads saw a copy land before or after its wait", wrong);
+
+  // ex2.approx.ftz.f32 over normal, subnormal and infinite arguments and results
+  const float ex2_arguments[] = {0.0f, 1.0f, -1.0f, 0.5f, 10.0f, -126.0f, -126.5f, -127.0f, -149.0f,
+                                 -150.0f, 127.5f, 128.0f, 1e-40f, -1e-40f, -INFINITY, INFINITY};
+  for (float x : ex2_arguments) std::printf("ex2 %.9g %.9g\n", x, cg_exp2_approx(x));
   FINISH("ptx");
 }

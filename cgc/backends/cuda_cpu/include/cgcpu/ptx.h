@@ -26,6 +26,7 @@
 // needs a __syncthreads after that wait, as on a GPU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -185,6 +186,14 @@ inline void cg_cp_async_16(void* shared, const void* global, const char* file = 
   cgcpu::detail::Fiber& self = *w.current;
   cgcpu::detail::TsanIgnore ignore;
   self.async_copies.push_back({shared, global, 16u, self.async_groups});
+}
+
+// ex2.approx.ftz.f32: 2^x, a subnormal argument read as zero and a subnormal result written as
+// zero (PTX ISA, "ex2"): the twin rounds 2^x correctly where the hardware is within 2 ulp.
+inline float cg_exp2_approx(float x) {
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 
 inline void cg_cp_async_commit() {
