@@ -219,13 +219,13 @@ def _attention_inner_trips(r, launch, inner) -> tuple:
 
 
 def _attention_forward_work(r, launch) -> list:
-    """The forward's blocks in dispatch order (blockIdx.x fastest; then the head, then the
-    sequence), each its key tiles: query tile t reads t + 1 of them, and block x takes tile
-    T - 1 - x, longest first (attention.cu.j2). The backward's block j reads the query
-    tiles from j on (dK, dV), then the key tiles up to j (dQ): T + 1 tiles every block,
-    balanced."""
-    tiles = r["context"] // r["attentionTile"]
-    return [tiles - x for _ in range(r["batch"] * r["heads"]) for x in range(tiles)]
+    """The forward's blocks in dispatch order, each its key tiles: query tile t reads t + 1
+    of them, and the blocks take the tiles longest first, the last tile of every (head,
+    sequence) pair, then the one before (attention.cu.j2). The backward's block j reads the
+    query tiles from j on (dK, dV), then the key tiles up to j (dQ): T + 1 tiles every
+    block, balanced."""
+    tiles, pairs = r["context"] // r["attentionTile"], r["batch"] * r["heads"]
+    return [tiles - linear // pairs for linear in range(tiles * pairs)]
 
 
 def _classifier_merges(loops) -> tuple:

@@ -646,8 +646,9 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
 // (rows padded: ldmatrix without bank conflicts), the next tile's copy overlapping this one's
 // products. q and k arrive already rotated: the rotary pass (rotary.cu.j2) turned them once,
 // in the qkv buffer, before this launch.
-// The blocks run longest first: block x takes query tile gridDim.x - 1 - x (t + 1 key tiles),
-// so the short ones fill the last wave (scripts/cost_model.py prices the imbalance). The
+// The blocks run longest first (query tile t reads t + 1 key tiles): every pair's last tile,
+// then the ones before, so the short ones fill the last wave (scripts/cost_model.py prices
+// the imbalance of the dispatch order). The
 // softmax runs in base 2 on raw scores: one FFMA applies the scale and the row's maximum and
 // ex2.approx.ftz takes it (cg_exp2_approx); the causal mask is applied to the diagonal tile
 // only, peeled from the loop (every earlier key tile is wholly visible).
@@ -661,7 +662,13 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   low_t* keys = q + T * kStride;                 // 2 stages of T x kStride
   low_t* values = keys + 2 * T * kStride;        // 2 stages of T x kStride
 
-  const int tile = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, sequence = blockIdx.z;
+  // Blocks in dispatch order (blockIdx.x fastest, then y, z) take the query tiles longest
+  // first: the last tile of every (head, sequence) pair, then the tile before it, and so on
+  // (the same blocks as the grid's, in another order).
+  const unsigned linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned pairs = gridDim.y * gridDim.z;
+  const int tile = gridDim.x - 1 - linear / pairs;
+  const int head = linear % pairs % gridDim.y, sequence = linear % pairs / gridDim.y;
   if (tile * T >= kContext || head >= kHeads) return;
   const size_t base = static_cast<size_t>(sequence) * kContext;
   const size_t first = base + tile * T;
