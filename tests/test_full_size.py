@@ -65,6 +65,18 @@ class Partition:
     count: int | None = None
     rebased: tuple = ("count",)  # scalars that count elements from the launch's start
     fixed: dict = field(default_factory=dict)  # scalars a one-part sub-launch takes instead
+    part_of: object = None  # block (x, y, z), grid -> its part, where not block[axis]
+
+    def part(self, block, grid) -> int:
+        return self.part_of(block, grid) if self.part_of else block[self.axis]
+
+
+def attention_sequence(block, grid) -> int:
+    """The sequence a forward attention block serves: blocks run longest first over the
+    grid's linear index (templates/kernels/attention.cu.j2), so not its z."""
+    x, y, z = block
+    X, Y, Z = grid
+    return (x + X * (y + Y * z)) % (Y * Z) // Y
 
 
 def partitions(c, grid) -> dict:
@@ -74,7 +86,8 @@ def partitions(c, grid) -> dict:
     return {
         "cgImageEmbedding": Partition(0, {"output": W, "ids": 1}),
         "cgImageLayerNorm": Partition(0, {"output": W, "statistics": 2, "input": W}),
-        "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * 3 * W}),
+        "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * 3 * W},
+                                      part_of=attention_sequence),
         "cgImageAttentionBackward": Partition(2, {"gradientQkv": T * 3 * W, "qkv": T * 3 * W,
                                                   "gradientOutput": T * W, "lse": T * H,
                                                   "delta": T * H}),
@@ -120,9 +133,13 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
                 for a, b in columns]
 
     attention_rows = (z * T + x * tile, tile)
-    if image == "cgImageAttention":
-        return {"output": rows(*attention_rows, W, [(y * D, (y + 1) * D)]),
-                "lse": rows(*attention_rows, H, [(y, y + 1)])}[pointer]
+    if image == "cgImageAttention":  # longest first: the grid's linear index, tiles last
+        X, Y, Z = grid
+        linear, pairs = x + X * (y + Y * z), Y * Z
+        head, sequence = linear % pairs % Y, attention_sequence(block, grid)
+        first = (sequence * T + (X - 1 - linear // pairs) * tile, tile)
+        return {"output": rows(*first, W, [(head * D, (head + 1) * D)]),
+                "lse": rows(*first, H, [(head, head + 1)])}[pointer]
     if image == "cgImageAttentionBackward":
         heads = [(p * W + y * D, p * W + (y + 1) * D) for p in range(3)]  # dq, dk, dv
         return rows(*attention_rows, 3 * W, heads)
@@ -297,7 +314,7 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
         coordinates = [(b % grid[0], b // grid[0] % grid[1], b // (grid[0] * grid[1]))
                        for b in blocks]
         partition = partitions(c, grid).get(image.name)
-        parts = sorted({xyz[partition.axis] for xyz in coordinates}) if partition else None
+        parts = sorted({partition.part(xyz, grid) for xyz in coordinates}) if partition else None
         scalars = {s.parameter.name: s.value for s in bound.scalars}
         access = {b.parameter.name: b.parameter.access for b in bound.pointers}
         views = {}
