@@ -118,11 +118,6 @@ class Model:
     # What one SM stores a clock when it writes alone (a product's last tile, after every
     # other tile is done)
     sm_store_bytes_per_clock: int = 64
-    # A warp alone on its scheduler running a chain of merges: clocks from one of its
-    # instructions to the next. A classifier merge is about 40 instructions whose longest
-    # dependent path is about 15 deep (Hopper: FP32 and integer about 4 clocks, MUFU about
-    # 20, a shared load issued ahead of its use): about 80 clocks, 2 an instruction
-    lone_warp_cycles: float = 2.0
 
 
 MODEL = Model()  # the optimistic bound
@@ -164,13 +159,10 @@ class Design:
     #     (blockIdx.x fastest), for a grid of unequal blocks (causal attention);
     # loop_trips(roles, launch, loops): for each loop outside the main loops (the audit's
     #     untiled_loops, in address order) its warp-trips over the whole grid (default: a
-    #     trip a warp);
-    # serial(roles, launch, loops): instructions one warp runs alone, each waiting on the
-    #     one before, while the rest of its block waits (a merge in thread 0), a block.
+    #     trip a warp).
     pipelined: bool = False
     block_work: object = None
     loop_trips: object = None
-    serial: object = None
 
 
 def _causal_tiles(r) -> int:
@@ -228,26 +220,20 @@ def _attention_forward_work(r, launch) -> list:
     return [tiles - linear // pairs for linear in range(tiles * pairs)]
 
 
-def _classifier_merges(loops) -> tuple:
-    """(merges a row, merges a trip of the merge loop): one merge a warp after the first,
-    two MUFU.EX2 a merge (the two rescalings), so the unrolled trip's MUFU count says how
-    many merges it holds."""
-    (merge,) = loops
-    assert merge.get("mufu", 0) % 2 == 0 and merge.get("mufu", 0) > 0, \
-        "cgImageClassifier: the merge loop is no longer two MUFU a merge; price it again"
-    return 1024 // 32 - 1, merge["mufu"] // 2
-
-
-def _classifier_merge_trips(r, launch, loops) -> tuple:
-    merges, per_trip = _classifier_merges(loops)
-    return (launch.blocks * (merges // per_trip),)
-
-
-def _classifier_merge_serial(r, launch, loops) -> float:
-    """A row's merges, in thread 0 alone, each waiting on the last (the merged maximum and
-    sum): the loop's trips and the merges left over (in the code after it, about as long)."""
-    merges, per_trip = _classifier_merges(loops)
-    return merges / per_trip * loops[0]["instructions"]
+def _classifier_trips(r, launch, loops) -> tuple:
+    """Each of the classifier's loops steps through a thread's groups of 16 bytes of its row
+    (the copies in, the three passes), so many groups a trip as the trip has 16-byte shared
+    accesses (the loop unrolled): its trips a warp are the thread's groups over those. The
+    row: half the floor's bytes a block (read once, written once; the few bytes of loss and
+    target left out). nvcc's remainder loop of the copies is priced as if it took them all
+    (an over-estimate of about 50 instructions a warp in 600)."""
+    groups = launch.floor_bytes // (2 * launch.blocks) / 16 / launch.threads
+    trips = []
+    for counts in loops:
+        per_trip = counts.get("lds", 0) or counts.get("ldgsts", 0)
+        assert per_trip, "cgImageClassifier: a loop without 16-byte shared accesses; price it"
+        trips.append(launch.blocks * launch.warps * groups / per_trip)
+    return tuple(trips)
 
 
 # Per 32 keys of one pass of cgImageScatterOrder's sort, one warp-iteration of its inner loop:
@@ -286,12 +272,10 @@ DESIGNS = {
                                        last_block_inflight=16 * 16),
     "cgImageLayerNormBackwardAdd": Design(inflight=288, last_block_bytes=_norm_partials,
                                           last_block_inflight=16 * 16),
-    # a row a block: each thread loads its 7 groups of 16 bytes (50304 bfloat16 logits over
-    # 1024 threads) before using any
-    # then thread 0 merges the 32 warps' (max, sum, argmax) alone: the one loop, 4 merges a
-    # trip (2 MUFU.EX2 each), 31 merges a row
-    "cgImageClassifier": Design(inflight=112, loop_trips=_classifier_merge_trips,
-                                serial=_classifier_merge_serial),
+    # a row a block, two blocks an SM: each thread copies its 6 or 7 groups of 16 bytes
+    # (50304 bfloat16 logits over 1024 threads) to shared memory before using any; then
+    # three passes over them (max, sum, gradient) and warp-parallel reductions
+    "cgImageClassifier": Design(inflight=98, loop_trips=_classifier_trips),
     "cgImageCastDown": Design(inflight=32),
     "cgImageSquareSum": Design(inflight=16),
     # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
@@ -506,8 +490,7 @@ def model_kernel_calibrated(facts: LaunchFacts, audit: KernelAudit, design: Desi
       hides either: memory plus work;
     - the grid: unequal blocks (block_work) by the makespan of their dispatch order over
       the SM's slots; equal ones by the last wave's fill;
-    - serial parts: a warp alone per block (serial, at lone_warp_cycles an instruction,
-      other resident blocks overlapping it), the last block's tail, the launch overhead."""
+    - serial parts: the last block's tail, the launch overhead."""
     per_sm = max(audit.occupancy.blocks, 1)
     active = min(hw.sms, facts.blocks)
     blocks_resident = min(per_sm, -(-facts.blocks // hw.sms))
@@ -553,13 +536,10 @@ def model_kernel_calibrated(facts: LaunchFacts, audit: KernelAudit, design: Desi
     spread = imbalance(design.block_work(roles, facts), active * per_sm) \
         if design.block_work else 1 / tail(facts.blocks, per_sm * hw.sms)
     parts["imbalance"] = (max(memory, body) + parts["exposed"]) * (spread - 1)
-    serial = design.serial(roles, facts, loops) if design.serial else 0
-    parts["serial"] = facts.blocks / active * serial * model.lone_warp_cycles \
-        / hw.clock_hz / blocks_resident
     parts["last block"] = last_block_seconds(facts, design, roles, hw, model)
     parts["overhead"] = model.launch_overhead_s
-    parts["total"] = (max(memory, body) + parts["exposed"]) * spread + parts["serial"] \
-        + parts["last block"] + parts["overhead"]
+    parts["total"] = (max(memory, body) + parts["exposed"]) * spread + parts["last block"] \
+        + parts["overhead"]
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
 
 
@@ -1113,17 +1093,16 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
 
 PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "overhead")
 # The calibrated model's parts: its pipes, memory, what is not hidden (exposed: memory or
-# work a block cannot overlap; imbalance: the grid's uneven end; serial: a warp alone),
-# and a product's last tile
+# work a block cannot overlap; imbalance: the grid's uneven end), and a product's last tile
 CALIBRATED_PARTS = ("hbm", "l2", "tensor", "shared", "issue", "mufu", "exposed",
-                    "imbalance", "serial", "last block", "last tile", "overhead")
+                    "imbalance", "last block", "last tile", "overhead")
 
 
 def print_parts(program, audits, hw: Hardware = H200, model: Model = MODEL) -> None:
     """Each image's modelled parts, summed over its launches (MODELLED, microseconds): in
     the optimistic bound the longest part (after the tail) is what a launch costs, the
     others what it hides; in the calibrated estimate the busiest pipe or memory plus what
-    is exposed, imbalance, serial and overhead."""
+    is exposed, imbalance and overhead."""
     price = Pricer(program, audits, 1, hw, model)
     keys = CALIBRATED_PARTS if model.calibrated else PARTS
     sums = defaultdict(lambda: defaultdict(float))

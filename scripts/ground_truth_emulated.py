@@ -126,7 +126,7 @@ def library_source(program, plan, emitted_text: str) -> str:
                      for launch, _, _ in program.launches()}.items())
     lines.append("static void cg_gt_attributes() {")
     for name, image in images:
-        shared = shared_memory_bytes(name, constants, program.low)
+        shared = shared_memory_bytes(image, constants, program.low)
         if image.library is None and shared > 48 * 1024:
             lines.append(f"  cudaFuncSetAttribute({name}, "
                          f"cudaFuncAttributeMaxDynamicSharedMemorySize, {shared});")

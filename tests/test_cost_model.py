@@ -295,21 +295,24 @@ def test_calibrated_memory_hides_work_only_with_another_block():
     assert two.time == pytest.approx(1e-3 + MODEL.launch_overhead_s)
 
 
-def test_calibrated_serial_merge_by_hand():
-    """A merge loop of 160 instructions and 8 MUFU (4 merges a trip), 31 merges a row, one
-    thread alone: 31 / 4 x 160 instructions at 2 clocks each, a block; 264 blocks on 132 SMs,
-    one an SM: 2 blocks' merges an SM."""
-    merge = Counter({"instructions": 160, "mufu": 8})
-    audit = _audit(1)
-    audit.untiled_loops = [merge]
-    facts = LaunchFacts("cgImageClassifier", 264, 1024, 0, 0)
-    modelled = _calibrated(facts, audit, cost_model.DESIGNS["cgImageClassifier"])
-    assert modelled.parts["serial"] == pytest.approx(2 * 31 / 4 * 160 * 2 / 1.83e9)
-    # the loop's warp trips: 7 a block (28 of the 31 merges), the rest after it
-    assert modelled.parts["issue"] == pytest.approx(264 * 7 * 160 / (132 * 1.83e9 * 4))
-    with pytest.raises(AssertionError, match="two MUFU a merge"):
-        audit.untiled_loops = [Counter({"instructions": 160, "mufu": 3})]
-        _calibrated(facts, audit, cost_model.DESIGNS["cgImageClassifier"])
+def test_calibrated_classifier_loops_by_hand():
+    """The classifier's loops each step through a thread's groups of 16 bytes: 264 rows of
+    1024 bfloat16 (2048 bytes, 128 groups) over 32 threads, 4 groups a thread; a copy loop of
+    12 instructions, one copy a trip, runs 4 trips a warp; a pass of 70 instructions, two
+    loads a trip, 2. Issue: 264 blocks x (4 x 12 + 2 x 70) warp instructions over 132 SMs'
+    4 schedulers. A loop that touches no row is refused, not priced as one trip."""
+    copies = Counter({"instructions": 12, "ldgsts": 1})
+    sums = Counter({"instructions": 70, "lds": 2, "mufu": 16})
+    audit = _audit(2)
+    audit.untiled_loops = [copies, sums]
+    facts = LaunchFacts("cgImageClassifier", 264, 32, floor_bytes=264 * 2 * 2048, flops=0)
+    design = cost_model.DESIGNS["cgImageClassifier"]
+    modelled = _calibrated(facts, audit, design)
+    assert modelled.parts["issue"] == pytest.approx(264 * (4 * 12 + 2 * 70) / (132 * 1.83e9 * 4))
+    assert modelled.parts["mufu"] == pytest.approx(264 * 2 * 16 * 32 / (132 * 1.83e9 * 16))
+    audit.untiled_loops = [copies, Counter({"instructions": 40, "lds": 0})]
+    with pytest.raises(AssertionError, match="without 16-byte shared accesses"):
+        _calibrated(facts, audit, design)
 
 
 def test_calibrated_estimate_is_slower_than_the_optimistic_bound(audits, train):

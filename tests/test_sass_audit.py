@@ -137,6 +137,40 @@ def hmma_per_ldmatrix(at_least: float):
     return promise
 
 
+def classifier_passes(values_per_group: int):
+    """The classifier's three passes over its row in shared memory, each a loop over the
+    thread's 16-byte groups (one 16-byte LDS a group): the maximum, an FMNMX a value and no
+    exponential; the sum, one FFMA and one EX2 a value (log2(e) and the maximum folded into
+    the FFMA, no FMUL); the gradient, one FFMA, one EX2 and at most one FMUL (the scale) a
+    value. None compares a value: at most one FSETP a group (the maximum pass's group against
+    the thread's largest) and no FSEL."""
+    def promise(a: KernelAudit) -> bool:
+        passes = [loop for loop in a.untiled_loops  # 16-byte loads: 4 wavefronts each
+                  if loop["lds"] and loop["wavefronts:lds"] == 4 * loop["lds"]]
+        if len(passes) != 3:
+            return False
+        top, total, gradient = passes
+        values = {id(loop): loop["lds"] * values_per_group for loop in passes}
+        return (top["op:FMNMX"] >= values[id(top)] and top["ex2"] == 0
+                and total["ex2"] == total["op:FFMA"] == values[id(total)]
+                and total["op:FMUL"] == 0
+                and gradient["ex2"] == gradient["op:FFMA"] == values[id(gradient)]
+                and gradient["op:FMUL"] <= values[id(gradient)]
+                and all(loop["op:FSETP"] <= loop["lds"] and loop["op:FSEL"] == 0
+                        for loop in passes))
+    promise.__name__ = f"classifier_passes_{values_per_group}_a_group"
+    return promise
+
+
+def warp_parallel_merge(a: KernelAudit) -> bool:
+    """No thread merges the warps' results alone: every loop of the kernel steps through the
+    row (16-byte copies or loads, 4 wavefronts each); none walks the warps' partial results
+    (a loop of 4-byte shared loads, 1 wavefront each)."""
+    return bool(a.untiled_loops) and all(
+        loop["lds"] + loop["ldgsts"] > 0 and loop["wavefronts:lds"] == 4 * loop["lds"]
+        and loop["wavefronts:ldgsts"] == 4 * loop["ldgsts"] for loop in a.untiled_loops)
+
+
 def _sum_of(total: int, parts: tuple[int, ...]) -> bool:
     reachable = {0}
     while True:
@@ -160,7 +194,8 @@ PROMISES = {
     "cgImageLayerNormBackward": (wide_global_accesses, one_ticket),
     "cgImageLayerNormBackwardAdd": (wide_global_accesses, one_ticket),
     "cgImageCastDown": (wide_global_accesses,),
-    "cgImageClassifier": (wide_global_accesses,),
+    "cgImageClassifier": (wide_global_accesses, at_least(2), cp_async, classifier_passes(8),
+                          warp_parallel_merge),
     "cgImageAdamW": (wide_global_accesses,),
     "cgImageSquareSum": (wide_global_accesses,),
 }
@@ -498,6 +533,47 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     assert not exp2_per_logit(32, 2, 32)(mutated)
     assert not mask_on_the_diagonal_only(mutated)
     assert tensor_per_tile(64)(mutated) and hmma_per_ldmatrix(16 / 9)(mutated)
+
+
+# Each undoes one of the classifier's choices: e^(x - max) by __expf (an FMUL and a guard
+# around each EX2), and the sum's merge by thread 0 alone, warp after warp.
+CLASSIFIER_MUTATIONS = (
+    ("      sum += cg_exp2_approx(fmaf(classifier_value(values, j), kLog2e, -shift));",
+     "      sum += __expf(classifier_value(values, j) - row_top);"),
+    ("  const float row_sum = block_reduce<{{ threads }}>(sum, 0.0f, shared_sum, cg_plus());",
+     "  sum = warp_sum(sum);\n"
+     "  if (threadIdx.x % 32 == 0) shared_sum[threadIdx.x / 32] = sum;\n"
+     "  __syncthreads();\n"
+     "  if (threadIdx.x == 0) {\n"
+     "#pragma unroll 1\n"
+     "    for (int w = 1; w < {{ threads }} / 32; ++w) sum += shared_sum[w];\n"
+     "    shared_sum[0] = sum;\n"
+     "  }\n"
+     "  __syncthreads();\n"
+     "  const float row_sum = shared_sum[0];"),
+)
+
+
+def test_mutated_classifier_breaks_its_promises(tmp_path, monkeypatch):
+    """The classifier's promises fail when its template undoes them, one mutation at a time
+    (each its own nvcc build of GPT-2 small's file): __expf breaks classifier_passes, a merge
+    in thread 0 breaks warp_parallel_merge, and neither breaks the other's promise."""
+    broken, shipped = [], data_dir("templates")  # before CGC_TEMPLATES points elsewhere
+    for index, (old, new) in enumerate(CLASSIFIER_MUTATIONS):
+        templates = tmp_path / f"templates{index}"
+        shutil.copytree(shipped, templates)
+        path = templates / "kernels" / "classifier.cu.j2"
+        text = path.read_text(encoding="utf-8")
+        assert old in text, "classifier.cu.j2 no longer has the line this test mutates"
+        path.write_text(text.replace(old, new), encoding="utf-8")
+        monkeypatch.setenv("CGC_TEMPLATES", str(templates))
+        source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
+        cubin = sass_audit.build_cubin(source, tmp_path / f"sass{index}")
+        mutated = sass_audit.audit_code(sass_audit.parse_sass(sass_audit.disassemble(cubin)),
+                                        sass_audit.resources(cubin), shapes)
+        audit = mutated["cgImageClassifier"]
+        broken.append((classifier_passes(8)(audit), warp_parallel_merge(audit)))
+    assert broken == [(False, True), (True, False)]
 
 
 # A local array at the tiny shapes only (kWidth 64: tiny and tiny32), in the zeroing kernel,

@@ -137,7 +137,8 @@ def template_name(image: str) -> str:
 
 # The kernel constants each image's dynamic shared memory is sized from (below).
 SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
-                           "cgImageAttentionBackward": ("kAttentionTile", "kHeadWidth")}
+                           "cgImageAttentionBackward": ("kAttentionTile", "kHeadWidth"),
+                           "cgImageClassifier": ("kVocab",)}
 
 
 # Elements of padding after each row of the attention kernels' shared tiles (16 bytes in
@@ -145,19 +146,21 @@ SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
 # once fall on 8 different groups of 4 banks. The kernel reads it as kAttentionRowPadding.
 ATTENTION_ROW_PADDING = 8
 
-
-def shared_memory_bytes(image: str, constants: dict[str, int], low: str) -> int:
-    """Dynamic shared memory of the attention kernels, tiles of low_t with padded rows.
-    Forward: the query tile and two stages of key and value tiles. Backward: the two tiles
-    a block holds (k and v, then q and dO) and two stages of the two it streams (q and dO,
-    then k and v). `constants` are the kernel constants by C name."""
-    if image not in SHARED_MEMORY_CONSTANTS:
+def shared_memory_bytes(image, constants: dict[str, int], low: str) -> int:
+    """Dynamic shared memory of a kernel image (`image`: its declaration). The attention
+    kernels: tiles of low_t with padded rows; forward, the query tile and two stages of key
+    and value tiles; backward, the two tiles a block holds (k and v, then q and dO) and two
+    stages of the two it streams (q and dO, then k and v). The classifier: its row of logits.
+    `constants` are the kernel constants by C name."""
+    low_bytes = element_bytes("low", low)
+    if image.name == "cgImageClassifier":
+        return constants["kVocab"] * low_bytes
+    if image.name not in SHARED_MEMORY_CONSTANTS:
         return 0
     tile, width = constants["kAttentionTile"], constants["kHeadWidth"]
-    low_bytes = element_bytes("low", low)
-    if image == "cgImageAttention":
+    if image.name == "cgImageAttention":
         return 5 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
-    if image == "cgImageAttentionBackward":
+    if image.name == "cgImageAttentionBackward":
         return 6 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
     return 0
 
@@ -449,7 +452,7 @@ class Emitter:
             code = _render(self.environment, template, image, self.low)
             summary = (image.doc or name).replace("\n", " ")
             found.append(Kernel(name, summary, code.rstrip("\n"),
-                                shared_memory_bytes(name, self.constants, self.low),
+                                shared_memory_bytes(image, self.constants, self.low),
                                 template, str(file)))
         return found
 
@@ -479,7 +482,7 @@ class Emitter:
             return [comment, call]
         grid = ", ".join(format_nat(g) for g in bound.grid)
         block = ", ".join(str(b) for b in image.block)
-        shared = shared_memory_bytes(image.name, self.constants, self.low)
+        shared = shared_memory_bytes(image, self.constants, self.low)
         call = (f"CG_LAUNCH({image.name}, dim3({grid}), dim3({block}), {shared}, stream)"
                 f"({', '.join(arguments)});")
         return [comment, call, f"CG_LAUNCHED(\"{where}\");"]

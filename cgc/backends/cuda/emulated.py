@@ -214,7 +214,7 @@ def entry_points(program, prefix: str, grid_for_libraries: bool) -> list[str]:
             lines.append(f'  {name}(cudaStream_t{{}}, "{name}", {", ".join(arguments)});')
         else:
             block = ", ".join(map(str, image.block))
-            shared = shared_memory_bytes(name, constants, program.low)
+            shared = shared_memory_bytes(image, constants, program.low)
             lines.append(f"int {prefix}{name}(unsigned gx, unsigned gy, unsigned gz, void** a) {{")
             lines.append(f"  CG_LAUNCH({name}, dim3(gx, gy, gz), dim3({block}), {shared}, "
                          f"cudaStream_t{{}})({', '.join(arguments)});")

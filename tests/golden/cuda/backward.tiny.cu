@@ -44,30 +44,51 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// T as given, not deduced from this argument (a literal of another type then converts).
+template <typename T> struct cg_identity { using type = T; };
+template <typename T> using cg_same = typename cg_identity<T>::type;
+
+// The combinations the reductions below take (a functor, so that one template serves all).
+struct cg_plus {
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct cg_max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct cg_min {
+  __device__ __forceinline__ int operator()(int a, int b) const { return min(a, b); }
+};
+
+// Over the warp's 32 lanes, by butterfly shuffles: every lane gets the result.
+template <typename T, typename Combine>
+__device__ __forceinline__ T warp_reduce(T v, Combine combine) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, cg_plus()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, cg_max()); }
+
+// Over the block, warp by warp, then every warp over the warps' results (no thread merges
+// alone); every thread gets the result. `scratch` holds one T per warp; `identity` fills the
+// lanes past the last warp.
+template <int kThreads, typename T, typename Combine>
+__device__ __forceinline__ T block_reduce(T v, cg_same<T> identity, T* scratch, Combine combine) {
+  constexpr int kWarps = kThreads / 32;
+  v = warp_reduce(v, combine);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_reduce(lane < kWarps ? scratch[lane] : identity, combine);
 }
 
 // Sum over the block; every thread gets the result. `scratch` holds one float per warp.
 template <int kThreads>
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  constexpr int kWarps = kThreads / 32;
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = lane < kWarps ? scratch[lane] : 0.0f;
-  return warp_sum(total);
+  return block_reduce<kThreads>(v, 0.0f, scratch, cg_plus());
 }
 
 // Eight consecutive low_t values in one 16-byte access (bfloat16), or two (float32).

@@ -44,30 +44,51 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// T as given, not deduced from this argument (a literal of another type then converts).
+template <typename T> struct cg_identity { using type = T; };
+template <typename T> using cg_same = typename cg_identity<T>::type;
+
+// The combinations the reductions below take (a functor, so that one template serves all).
+struct cg_plus {
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct cg_max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct cg_min {
+  __device__ __forceinline__ int operator()(int a, int b) const { return min(a, b); }
+};
+
+// Over the warp's 32 lanes, by butterfly shuffles: every lane gets the result.
+template <typename T, typename Combine>
+__device__ __forceinline__ T warp_reduce(T v, Combine combine) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, cg_plus()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, cg_max()); }
+
+// Over the block, warp by warp, then every warp over the warps' results (no thread merges
+// alone); every thread gets the result. `scratch` holds one T per warp; `identity` fills the
+// lanes past the last warp.
+template <int kThreads, typename T, typename Combine>
+__device__ __forceinline__ T block_reduce(T v, cg_same<T> identity, T* scratch, Combine combine) {
+  constexpr int kWarps = kThreads / 32;
+  v = warp_reduce(v, combine);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_reduce(lane < kWarps ? scratch[lane] : identity, combine);
 }
 
 // Sum over the block; every thread gets the result. `scratch` holds one float per warp.
 template <int kThreads>
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  constexpr int kWarps = kThreads / 32;
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = lane < kWarps ? scratch[lane] : 0.0f;
-  return warp_sum(total);
+  return block_reduce<kThreads>(v, 0.0f, scratch, cg_plus());
 }
 
 // Eight consecutive low_t values in one 16-byte access (bfloat16), or two (float32).
@@ -1052,16 +1073,23 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(__nv_bfloat16*
   }
 }
 
-// cgImageClassifier: The fused classifier: one row per block, held in registers. Writes the row's loss (lse - logit[target]) and whether its largest logit is the target, and overwrites its logits, in place and in the low type, with their gradient (softmax - [j == target]) * scale: one read and one write of each row. An ignored row's loss and gradient are 0.
-// The fused classifier (the design of llm.c's, written for cgc): one block a row. The row's
-// logits come in once, 16 bytes a load, and stay in registers (kHeld groups of 16 bytes a
-// thread); the block finds the row's largest logit, its index and the sum of exponentials
-// (an online log-sum-exp, merged across the block); then every thread overwrites its own
-// logits with their gradient, (e^(logit - lse) - [j == target]) * scale, in the low type.
-// One read and one write of each row, no float32 copy of the logits or of their gradient.
-// Ties for the largest logit go to the smallest index, as in cgImageLoss.
-// A group: 16 bytes of a row, one load or store, held as raw words so that a thread's
-// groups take 4 registers each (bfloat16 values kept one to a register would spill).
+// cgImageClassifier: The fused classifier: one row per block, held in shared memory. Writes the row's loss (lse - logit[target]) and whether its largest logit is the target, and overwrites its logits, in place and in the low type, with their gradient (softmax - [j == target]) * scale: one read and one write of each row. An ignored row's loss and gradient are 0.
+// The fused classifier (after llm.c's, rewritten for cgc): one block a row, two blocks an SM,
+// so that one block's loads overlap the other's arithmetic. The row's logits come in once,
+// 16 bytes a copy, by cp.async into shared memory, and stay there (a row of GPT-2's 50,304
+// bfloat16 is 100,608 bytes: two rows fit an SM's 228 KB). Three passes over them, none of
+// them branching a value: the row's largest logit; the sum of 2^(x log2(e) - max log2(e))
+// (one FFMA and one ex2.approx a logit); then each logit overwritten by its gradient
+// 2^(x log2(e) - lse log2(e)) * scale in the low type, the target's (minus one) written after
+// by the thread that wrote its group. Each reduction runs warp by warp, then every warp over
+// the warps' results (block_reduce): no thread merges alone. One read and one write of each
+// row in global memory, no float32 copy of the logits or of their gradient. Ties for the
+// largest logit go to the smallest index, as in cgImageLoss: only the threads that hold the
+// maximum look for its column, in the one group where they saw it first.
+// Why shared memory and not registers: held in registers (64 a thread at two blocks of 512),
+// ptxas keeps each pass's unpacked floats alive for the next and spills them (about 200
+// local loads and stores, scripts/sass_audit.py); a load from shared memory cannot be kept.
+// A group: 16 bytes of a row, one copy, load or store.
 constexpr int kClassifierPerGroup = 16 / sizeof(low_t);  // 8 bfloat16 or 4 float32
 
 __device__ __forceinline__ unsigned int classifier_word(const uint4& group, int word) {
@@ -1078,95 +1106,77 @@ __device__ __forceinline__ float classifier_value(const uint4& group, int j) {
   }
 }
 
-// sum * e^(top - merged), 0 for a part that saw no finite logit (as loss_rescaled does).
-__device__ __forceinline__ float classifier_rescaled(float sum, float top, float merged) {
-  return top == -CG_INFINITY ? 0.0f : sum * __expf(top - merged);
-}
-
-extern "C" __global__ void __launch_bounds__(1024) cgImageClassifier(__nv_bfloat16* __restrict__ logits, float* __restrict__ loss, int* __restrict__ correct, const int* __restrict__ targets, float scale, int ignoreIndex) {
+extern "C" __global__ void __launch_bounds__(1024, 2) cgImageClassifier(__nv_bfloat16* __restrict__ logits, float* __restrict__ loss, int* __restrict__ correct, const int* __restrict__ targets, float scale, int ignoreIndex) {
   constexpr int kGroups = kVocab / kClassifierPerGroup;  // cgVocab: a multiple of 8 (model.cg)
-  constexpr int kHeld = (kGroups + 1024 - 1) / 1024;
-  constexpr int kWarps = 1024 / 32;
-  __shared__ float shared_top[kWarps], shared_sum[kWarps];
-  __shared__ int shared_best[kWarps];
-  __shared__ float shared_row[3];  // the row's largest logit, sum of exponentials, target logit
+  __shared__ float shared_top[1024 / 32], shared_sum[1024 / 32];
+  __shared__ int shared_best[1024 / 32];
+  __shared__ float shared_target;  // the target's logit, read by thread 0
+  CG_DYNAMIC_SHARED(row_bytes);    // the row's logits (shared_memory_bytes in emit.py)
+  const uint4* held = reinterpret_cast<const uint4*>(row_bytes);
   const int row = blockIdx.x;
   low_t* x = logits + static_cast<size_t>(row) * kVocab;
   const int target = targets[row];
   const bool counted = target >= 0 && target != ignoreIndex && target < kVocab;
-  uint4 held[kHeld];
-  float top = -CG_INFINITY, sum = 0.0f;
-  int best = 0;
+  // Each thread copies, and later reads back, only its own groups: its cp.async wait is
+  // all the ordering it needs before the first pass.
+  for (int group = threadIdx.x; group < kGroups; group += 1024)
+    cg_cp_async_16(row_bytes + 16 * group, x + kClassifierPerGroup * group);
+  cg_cp_async_commit();
+  // Read before the first barrier, so before any thread overwrites the row.
+  if (threadIdx.x == 0) shared_target = counted ? to_float(x[target]) : 0.0f;
+  cg_cp_async_wait<0>();
+
+  float top = -CG_INFINITY;
+  int top_group = 0;  // the first of this thread's groups that holds its largest value
+  for (int group = threadIdx.x; group < kGroups; group += 1024) {
+    const uint4 values = held[group];
+    float group_top = -CG_INFINITY;
 #pragma unroll
-  for (int i = 0; i < kHeld; ++i) {
-    const int group = threadIdx.x + i * 1024;
-    if (group < kGroups) held[i] = *reinterpret_cast<const uint4*>(x + kClassifierPerGroup * group);
+    for (int j = 0; j < kClassifierPerGroup; ++j)
+      group_top = fmaxf(group_top, classifier_value(values, j));
+    top_group = group_top > top ? group : top_group;
+    top = fmaxf(top, group_top);
   }
+  const float row_top = block_reduce<1024>(top, -CG_INFINITY, shared_top, cg_max());
+
+  const float shift = row_top * kLog2e;  // e^(x - max) = 2^(x log2(e) - max log2(e))
+  float sum = 0.0f;
+  for (int group = threadIdx.x; group < kGroups; group += 1024) {
+    const uint4 values = held[group];
 #pragma unroll
-  for (int i = 0; i < kHeld; ++i) {
-    const int group = threadIdx.x + i * 1024;
-    if (group >= kGroups) continue;
+    for (int j = 0; j < kClassifierPerGroup; ++j)
+      sum += cg_exp2_approx(fmaf(classifier_value(values, j), kLog2e, -shift));
+  }
+  int best = kVocab;  // the first column holding the maximum, in the few threads that hold it
+  if (top == row_top) {
+    const uint4 values = held[top_group];
 #pragma unroll
-    for (int j = 0; j < kClassifierPerGroup; ++j) {
-      const float v = classifier_value(held[i], j);
-      const int column = kClassifierPerGroup * group + j;
-      if (column == target) shared_row[2] = v;  // one thread of the block holds the target
-      if (v > top) {
-        sum = sum * __expf(top - v) + 1.0f;
-        top = v;
-        best = column;
-      } else if (v > -CG_INFINITY) {
-        sum += __expf(v - top);
-      }
-    }
+    for (int j = kClassifierPerGroup - 1; j >= 0; --j)
+      if (classifier_value(values, j) == row_top) best = kClassifierPerGroup * top_group + j;
   }
-  // Combine (max, sum, argmax) across the warp, then across the warps.
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_top = __shfl_xor_sync(0xffffffffu, top, offset);
-    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
-    const int other_best = __shfl_xor_sync(0xffffffffu, best, offset);
-    const float merged = fmaxf(top, other_top);
-    sum = classifier_rescaled(sum, top, merged) + classifier_rescaled(other_sum, other_top, merged);
-    if (other_top > top || (other_top == top && other_best < best)) best = other_best;
-    top = merged;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    shared_top[warp] = top;
-    shared_sum[warp] = sum;
-    shared_best[warp] = best;
-  }
-  __syncthreads();
+  const float row_sum = block_reduce<1024>(sum, 0.0f, shared_sum, cg_plus());
+  const int row_best = block_reduce<1024>(best, kVocab, shared_best, cg_min());
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) {
-      const float merged = fmaxf(top, shared_top[w]);
-      sum = classifier_rescaled(sum, top, merged) + classifier_rescaled(shared_sum[w], shared_top[w], merged);
-      if (shared_top[w] > top || (shared_top[w] == top && shared_best[w] < best))
-        best = shared_best[w];
-      top = merged;
-    }
-    shared_row[0] = top;
-    shared_row[1] = sum;
-    loss[row] = counted ? top + __logf(sum) - shared_row[2] : 0.0f;
-    correct[row] = counted && best == target ? 1 : 0;
+    loss[row] = counted ? row_top + __logf(row_sum) - shared_target : 0.0f;
+    correct[row] = counted && row_best == target ? 1 : 0;
   }
-  __syncthreads();
-  const float lse = shared_row[0] + __logf(shared_row[1]);
-#pragma unroll
-  for (int i = 0; i < kHeld; ++i) {
-    const int group = threadIdx.x + i * 1024;
-    if (group >= kGroups) continue;
+
+  const float lse_shift = shift + __log2f(row_sum);  // lse log2(e)
+  const float gradient_scale = counted ? scale : 0.0f;
+  for (int group = threadIdx.x; group < kGroups; group += 1024) {
+    const uint4 values = held[group];
     __align__(16) low_t gradient[kClassifierPerGroup];
 #pragma unroll
-    for (int j = 0; j < kClassifierPerGroup; ++j) {
-      const float p = __expf(classifier_value(held[i], j) - lse);
-      const float g = (p - (kClassifierPerGroup * group + j == target ? 1.0f : 0.0f)) * scale;
-      gradient[j] = from_float<low_t>(counted ? g : 0.0f);
-    }
+    for (int j = 0; j < kClassifierPerGroup; ++j)
+      gradient[j] = from_float<low_t>(
+          cg_exp2_approx(fmaf(classifier_value(values, j), kLog2e, -lse_shift)) * gradient_scale);
     *reinterpret_cast<uint4*>(x + kClassifierPerGroup * group) =
         *reinterpret_cast<const uint4*>(gradient);
   }
+  // The target's gradient, (p - 1) * scale, over what this thread stored above.
+  if (counted && threadIdx.x == target / kClassifierPerGroup % 1024)
+    x[target] = from_float<low_t>(
+        (cg_exp2_approx(fmaf(shared_target, kLog2e, -lse_shift)) - 1.0f) * scale);
 }
 
 // cgImageEmbedding: x[row] = E[ids[row]]: one block per token row.
@@ -1957,7 +1967,7 @@ static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
   // library.cg:551:11 (from backward.cg:43:11) cgImageClassifier
-  CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 0, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
+  CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 512, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
   CG_LAUNCHED("library.cg:551:11 (from backward.cg:43:11) cgImageClassifier");
 }
 
