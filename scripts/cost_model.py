@@ -172,8 +172,8 @@ def _causal_tiles(r) -> int:
 
 
 def _off_diagonal_tiles(r) -> int:
-    """The pairs before each query tile's diagonal one: the forward's main loop (the
-    diagonal tile, peeled, masked, runs once a block outside it)."""
+    """The pairs off the diagonal: the forward's main loop and each of the backward's two
+    (the diagonal pair, peeled, masked, runs once a block outside them)."""
     return _causal_tiles(r) - r["batch"] * r["heads"] * (r["context"] // r["attentionTile"])
 
 
@@ -251,11 +251,12 @@ DESIGNS = {
                                l2_bytes=_attention_rereads,
                                inner_trips=_attention_inner_trips,
                                pipelined=True, block_work=_attention_forward_work),
-    # the dK/dV loop over query tiles >= j, then the dQ loop over key tiles <= j: each runs
-    # over the causal tile pairs; the streamed pair of tiles (q and dO, then k and v) in flight
+    # the dK/dV loop over query tiles > j, then the dQ loop over key tiles < j: each runs
+    # over the causal tile pairs off the diagonal (the diagonal pair, peeled and masked, once
+    # a block outside each); the streamed pair of tiles (q and dO, then k and v) in flight
     "cgImageAttentionBackward": Design(
         inflight=128,
-        tile_iterations=lambda r: (_causal_tiles(r), _causal_tiles(r)),
+        tile_iterations=lambda r: (_off_diagonal_tiles(r), _off_diagonal_tiles(r)),
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
         inner_trips=_attention_inner_trips, pipelined=True),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient

@@ -121,6 +121,21 @@ def exp2_per_logit(logits: int, corrections: int, rescales: int):
     return promise
 
 
+def backward_exp2_per_logit(logits: int, row_terms: int):
+    """The backward recomputes each probability as one MUFU.EX2 of one FFMA (the scale and
+    the row's lse in log2 units folded in) and each dS as one FFMA and one FMUL
+    (P (dP scale - delta scale)), in both main loops: per warp and tile pair, 16 rows x 64
+    columns over 32 lanes = 32 logits a lane. EX2 = MUFU = logits (no other special
+    function), FFMA at least two a logit, FMUL at most one a logit and the rows' terms
+    (the dK/dV loop scales each of its 16 queries' lse and delta a lane: 32)."""
+    def promise(a: KernelAudit) -> bool:
+        return len(a.tile_loops) == 2 and all(
+            loop["ex2"] == loop["mufu"] == logits and loop["op:FFMA"] >= 2 * logits
+            and loop["op:FMUL"] <= logits + row_terms for loop in a.tile_loops)
+    promise.__name__ = f"backward_exp2_per_logit_{logits}"
+    return promise
+
+
 def mask_on_the_diagonal_only(a: KernelAudit) -> bool:
     """The causal mask's compare-and-select runs on the diagonal tile only, peeled from the
     main loops: no select or float compare in any main loop, selects outside them."""
@@ -187,7 +202,8 @@ PROMISES = {
                          conflict_free_ldmatrix, exp2_per_logit(32, 2, 32),
                          mask_on_the_diagonal_only, hmma_per_ldmatrix(16 / 9)),
     "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async,
-                                 conflict_free_ldmatrix),
+                                 conflict_free_ldmatrix, backward_exp2_per_logit(32, 32),
+                                 mask_on_the_diagonal_only),
     # float4 or 16-byte packs (docs/kernels.md)
     "cgImageEmbedding": (wide_global_accesses,),
     "cgImageLayerNorm": (wide_global_accesses,),
@@ -314,10 +330,11 @@ def test_audit_reads_the_attention_design(gpt2_audit):
     """The FlashAttention-2 design as issue 13 describes it, read from the SASS: each key-tile
     loop (one forward; backward the dK/dV loop, then the dQ loop) feeds its HMMA from
     ldmatrix, streams the next tile by cp.async (16 bytes a thread a copy: 4 wavefronts
-    each) and has no generic access; the backward's loops hold every HMMA, the forward's
-    diagonal tile is peeled (one tile's 64 HMMA outside its loop)."""
+    each) and has no generic access; the diagonal tile pair is peeled from every loop (the
+    forward's one tile's 64 HMMA outside its loop, the backward's 128 + 96, one pair of each
+    of its loops)."""
     forward, backward = gpt2_audit["cgImageAttention"], gpt2_audit["cgImageAttentionBackward"]
-    assert forward.tensor_outside_loops == 64 and backward.tensor_outside_loops == 0
+    assert forward.tensor_outside_loops == 64 and backward.tensor_outside_loops == 128 + 96
     for audit, loops in ((forward, 1), (backward, 2)):
         assert len(audit.tile_loops) == loops
         for tile in audit.tile_loops:
@@ -331,7 +348,7 @@ def test_audit_reads_the_attention_design(gpt2_audit):
         # k arrive turned (a rotary loop put back would add inner loops with STS)
         assert audit.inner_loops == [[]] * loops
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
-    assert forward.counts["tensor"] == 2 * 64 and backward.counts["tensor"] == 224
+    assert forward.counts["tensor"] == 2 * 64 and backward.counts["tensor"] == 2 * 224
 
 
 def test_every_kernel_of_the_file_is_audited(gpt2_audit):
@@ -514,25 +531,43 @@ ATTENTION_MUTATIONS = (
 )
 
 
+# The backward's: e^(scale x - lse) by __expf again in the dK/dV loop, and every step of the
+# dQ loop masked as if it were the diagonal.
+ATTENTION_BACKWARD_MUTATIONS = (
+    ("            p = cg_exp2_approx(fmaf(p, scale_log2, -lse_log2));",
+     "            p = __expf(p * scale - lse_log2 * 0.69314718f);"),
+    ("  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});",
+     "  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
+)
+
+
 def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
-    """The attention forward's promises of its softmax fail when its template undoes them:
-    one nvcc build of GPT-2 small's file with ATTENTION_MUTATIONS applied."""
+    """The attention kernels' promises of their softmax fail when their templates undo them:
+    one nvcc build of GPT-2 small's file with ATTENTION_MUTATIONS and
+    ATTENTION_BACKWARD_MUTATIONS applied."""
     templates = tmp_path / "templates"
     shutil.copytree(data_dir("templates"), templates)
-    path = templates / "kernels" / "attention.cu.j2"
-    text = path.read_text(encoding="utf-8")
-    for old, new in ATTENTION_MUTATIONS:
-        assert old in text, "attention.cu.j2 no longer has the line this test mutates"
-        text = text.replace(old, new)
-    path.write_text(text, encoding="utf-8")
+    for name, mutations in (("attention.cu.j2", ATTENTION_MUTATIONS),
+                            ("attention_backward.cu.j2", ATTENTION_BACKWARD_MUTATIONS)):
+        path = templates / "kernels" / name
+        text = path.read_text(encoding="utf-8")
+        for old, new in mutations:
+            assert old in text, f"{name} no longer has the line this test mutates"
+            text = text.replace(old, new)
+        path.write_text(text, encoding="utf-8")
     monkeypatch.setenv("CGC_TEMPLATES", str(templates))
     source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
     cubin = sass_audit.build_cubin(source, tmp_path / "sass")
-    mutated = sass_audit.audit_code(sass_audit.parse_sass(sass_audit.disassemble(cubin)),
-                                    sass_audit.resources(cubin), shapes)["cgImageAttention"]
+    audits = sass_audit.audit_code(sass_audit.parse_sass(sass_audit.disassemble(cubin)),
+                                   sass_audit.resources(cubin), shapes)
+    mutated = audits["cgImageAttention"]
     assert not exp2_per_logit(32, 2, 32)(mutated)
     assert not mask_on_the_diagonal_only(mutated)
     assert tensor_per_tile(64)(mutated) and hmma_per_ldmatrix(16 / 9)(mutated)
+    backward = audits["cgImageAttentionBackward"]
+    assert not backward_exp2_per_logit(32, 32)(backward)
+    assert not mask_on_the_diagonal_only(backward)
+    assert tensor_per_tile(128, 96)(backward)
 
 
 # Each undoes one of the classifier's choices: e^(x - max) by __expf (an FMUL and a guard

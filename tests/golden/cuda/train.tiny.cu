@@ -834,6 +834,10 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
 // the rotated q and k, are turned back in registers as they are written (the rotary pass's
 // inverse, with the same angles: rotary_angle), so they leave as the gradients at the
 // unrotated q and k. Each element of dQ and dK is written once, by one lane: turned once.
+// The softmax is recomputed in base 2 on raw scores: one FFMA applies the scale and the row's
+// lse (in log2 units) and ex2.approx.ftz takes it (cg_exp2_approx), and dS = P (dP - delta)
+// scale is one FFMA and one FMUL (delta scaled once a row); the causal mask runs on the
+// diagonal tile pair only, peeled from each loop (every other pair is wholly visible).
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
@@ -850,6 +854,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
+  const float scale_log2 = scale * kLog2e;  // e^(scale x - lse) = 2^(scale log2(e) x - lse log2(e))
 
   // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient): kCopies
   // chunks a thread, a count fixed by the shape. Counted from threadIdx.x up to the tile's
@@ -903,7 +908,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   copy_tile(streamed, tile, 0);
   copy_tile(streamed + T * kStride, tile, 3);
   cg_cp_async_commit();
-  for (int query_tile = tile; query_tile < kTiles; ++query_tile) {
+  // One query tile's step; `diagonal` (cg_true or cg_false): the tile pair the mask cuts.
+  auto query_step = [&](int query_tile, auto diagonal) {
     const int stage = (query_tile - tile) % 2;
     low_t* q = streamed + stage * 2 * T * kStride;
     low_t* dout = q + T * kStride;
@@ -915,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
       copy_tile(next + T * kStride, query_tile + 1, 3);
     }
     cg_cp_async_commit();
-    if (query_tile == tile) {
+    if constexpr (decltype(diagonal)::value) {  // the first step: load this block's k, v
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         load_a(held_a[d], held + top * kStride + d * 16, kStride);
@@ -942,14 +948,16 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
         for (int e = 0; e < 2; ++e) {
           const int query = query_tile * T + c * 16 + n * 8 + 2 * t + e;
           const size_t at = (base + query) * kHeads + head;
-          const float row_lse = lse[at], row_delta = delta[at];
+          const float lse_log2 = lse[at] * kLog2e, delta_scaled = delta[at] * scale;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int key = tile * T + top + g + 8 * h;
             float& p = scores[n].x[2 * h + e];
-            p = key <= query ? __expf(p * scale - row_lse) : 0.0f;
+            p = cg_exp2_approx(fmaf(p, scale_log2, -lse_log2));
+            if constexpr (decltype(diagonal)::value) {
+              if (top + g + 8 * h > c * 16 + n * 8 + 2 * t + e) p = 0.0f;  // a key after the query
+            }
             float& ds = gradients[n].x[2 * h + e];
-            ds = p * (ds - row_delta) * scale;
+            ds = p * fmaf(ds, scale, -delta_scaled);
           }
         }
       FragmentA<low_t> p, ds;
@@ -966,7 +974,10 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
         mma(first_sum[2 * n + 1], ds, right);
       }
     }
-  }
+  };
+  query_step(tile, cg_true{});
+  for (int query_tile = tile + 1; query_tile < kTiles; ++query_tile)
+    query_step(query_tile, cg_false{});
   store(first_sum, 1);
   store(second_sum, 2);
 
@@ -979,14 +990,15 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   copy_tile(streamed, 0, 1);
   copy_tile(streamed + T * kStride, 0, 2);
   cg_cp_async_commit();
-  float row_lse[2], row_delta[2];
+  float lse_log2[2], delta_scaled[2];  // this block's query rows g, g + 8: held for the loop
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const size_t at = (base + tile * T + top + g + 8 * h) * kHeads + head;
-    row_lse[h] = lse[at];
-    row_delta[h] = delta[at];
+    lse_log2[h] = lse[at] * kLog2e;
+    delta_scaled[h] = delta[at] * scale;
   }
-  for (int key_tile = 0; key_tile <= tile; ++key_tile) {
+  // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
+  auto key_step = [&](int key_tile, auto diagonal) {
     const int stage = key_tile % 2;
     low_t* k = streamed + stage * 2 * T * kStride;
     low_t* v = k + T * kStride;
@@ -1025,11 +1037,12 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int key = key_tile * T + c * 16 + n * 8 + 2 * t + e;
-            const int query = tile * T + top + g + 8 * h;
-            const float p = key <= query ? __expf(scores[n].x[2 * h + e] * scale - row_lse[h]) : 0.0f;
+            float p = cg_exp2_approx(fmaf(scores[n].x[2 * h + e], scale_log2, -lse_log2[h]));
+            if constexpr (decltype(diagonal)::value) {
+              if (c * 16 + n * 8 + 2 * t + e > top + g + 8 * h) p = 0.0f;  // a key after the query
+            }
             float& ds = gradients[n].x[2 * h + e];
-            ds = p * (ds - row_delta[h]) * scale;
+            ds = p * fmaf(ds, scale, -delta_scaled[h]);
           }
       FragmentA<low_t> ds;
       to_a(ds, gradients[0], gradients[1]);
@@ -1041,7 +1054,9 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
         mma(first_sum[2 * n + 1], ds, right);
       }
     }
-  }
+  };
+  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
+  key_step(tile, cg_true{});
   store(first_sum, 0);
 }
 
