@@ -102,7 +102,7 @@ def bucketed_source(layers: int, nested: bool = False) -> str:
     return IMPORTS.format(schedules=SCHEDULES) + BUCKETS + f"""
 def {entry} : (family NvidiaLaunchSchedule) =
   (cgThen (cgConcurrently exampleSort cgForwardSaved)
-    (cgThen (cgClassifier (cgArena cgDy0))
+    (cgThen (cgClassifier (cgArena cgDy0) (cgArena cgGradientLow))
       (cgThen {chain}
         (cgThen exampleRest cgOptimizer))))
 """
@@ -111,17 +111,21 @@ def {entry} : (family NvidiaLaunchSchedule) =
 PRODUCTS = """
 --- cgLayerBackwardSaved with each weight gradient's product beside the chain it does not
 --- touch: dW_proj | dX_proj, dW_fc | dX_fc, dW_out | (dX_out ... the first layer norm's
---- backward), and inside the last, dW_qkv | (dX_qkv, the layer norm's backward).
+--- backward), and inside the last, dW_qkv | (dX_qkv, the layer norm's backward). The first
+--- layer norm's low copy cannot go to cgGradientLow, which dW_out reads beside it (the
+--- checker refuses the race): it goes to a buffer of its own, which the layer below (or,
+--- for the top layer, the classifier's layer norm) fills and its first products read.
+arena exampleSpareLow low cgSeqWidth
+
 def exampleLayerProducts : (Nat -> Schedule) =
   (lambda unrestricted layer : Nat .
     (cgPhase cgPhaseLayerBackward
-      (cgThen (cgCastDown (cgArena cgGradientLow) (cgArena cgDy0) cgSeqWidth)
       (cgThen
         (cgConcurrently
           (cgProductWeightSet cgWidth4 cgWidth cgSeq (cgGradientOf cgProjWeight layer)
-            (cgItem (cgArena cgSavedFcAct) layer) (cgArena cgGradientLow))
+            (cgItem (cgArena cgSavedFcAct) layer) (cgArena exampleSpareLow))
           (cgProductTransposedGeluBackward cgSeq cgWidth4 cgWidth (cgArena cgGradientFc)
-            (cgArena cgGradientLow) (cgHalfOf cgProjWeight layer)
+            (cgArena exampleSpareLow) (cgHalfOf cgProjWeight layer)
             (cgItem (cgArena cgSavedFcPre) layer)))
       (cgThen
         (cgConcurrently
@@ -133,8 +137,7 @@ def exampleLayerProducts : (Nat -> Schedule) =
         (cgLayerNormBackwardAdd (cgWeightOf cgLn2Gamma layer) (cgGradientOf cgLn2Gamma layer)
           (cgGradientOf cgLn2Beta layer) (cgItem (cgArena cgSavedMiddle) layer)
           (cgArena cgGradientNormed) (cgItem (cgArena cgSavedStatistics2) layer)
-          (cgArena cgDy0) (cgArena cgDy1))
-      (cgThen (cgCastDown (cgArena cgGradientLow) (cgArena cgDy1) cgSeqWidth)
+          (cgArena cgDy0) (cgArena cgDy1) (cgArena cgGradientLow))
         (cgConcurrently
           (cgProductWeightSet cgWidth cgWidth cgSeq (cgGradientOf cgOutputWeight layer)
             (cgItem (cgArena cgSavedAttention) layer) (cgArena cgGradientLow))
@@ -164,13 +167,13 @@ def exampleLayerProducts : (Nat -> Schedule) =
                   (cgGradientOf cgLn1Gamma layer) (cgGradientOf cgLn1Beta layer)
                   (cgBoundary layer) (cgArena cgGradientNormed)
                   (cgItem (cgArena cgSavedStatistics1) layer) (cgArena cgDy1)
-                  (cgArena cgDy0)))))))))))))))
+                  (cgArena cgDy0) (cgArena exampleSpareLow)))))))))))))
 
 def exampleProductsStep : (family NvidiaLaunchSchedule) =
   (cgThen
     (cgConcurrently exampleSort
       (cgThen cgForwardSaved
-        (cgThen (cgClassifier (cgArena cgDy0))
+        (cgThen (cgClassifier (cgArena cgDy0) (cgArena exampleSpareLow))
           (nvidiaAffineLaunchRepeat cgLayers
             (lambda unrestricted fromTop : Nat .
               (exampleLayerProducts

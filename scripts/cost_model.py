@@ -277,7 +277,6 @@ DESIGNS = {
     # (50304 bfloat16 logits over 1024 threads) to shared memory before using any; then
     # three passes over them (max, sum, gradient) and warp-parallel reductions
     "cgImageClassifier": Design(inflight=98, loop_trips=_classifier_trips),
-    "cgImageCastDown": Design(inflight=32),
     "cgImageSquareSum": Design(inflight=16),
     # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
     "cgImageAdamW": Design(inflight=64),

@@ -184,7 +184,7 @@ def test_a_run_time_fault_is_a_diagnostic_at_the_launch(monkeypatch, capsys, tmp
     original = machine_module.Machine._launch
 
     def faulty(self, launch, phase, point):
-        if launch.image.name == "cgImageCastDown":
+        if launch.image.name == "cgImageLayerNorm":
             raise machine_module.Fault("bounds", "pointer 0 'output' touches elements 0 .. 9, "
                                                  "outside the 8 of its buffer")
         return original(self, launch, phase, point)

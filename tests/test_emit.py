@@ -97,8 +97,9 @@ def test_every_kernel_image_has_its_template():
 def test_a_template_error_is_reported_at_the_template_line(tmp_path, monkeypatch):
     templates = tmp_path / "templates"
     shutil.copytree(data_dir("templates"), templates)
-    # a kernel the training step launches (its GELU is now a product's epilogue)
-    broken = templates / "kernels" / "cast_down.cu.j2"
+    # a kernel the training step launches (its GELU is now a product's epilogue, its cast
+    # down the layer-norm backward's second output)
+    broken = templates / "kernels" / "attention_delta.cu.j2"
     lines = broken.read_text().splitlines()
     lines[4] = lines[4] + " undefined_identifier += 1;"
     broken.write_text("\n".join(lines) + "\n")
@@ -108,7 +109,7 @@ def test_a_template_error_is_reported_at_the_template_line(tmp_path, monkeypatch
     assert not ok
     text = render_all(compiler_diagnostics(result, log, "train.tiny.cu"))
     assert f"{broken}:5:1: error: identifier \"undefined_identifier\" is undefined " \
-           "(in the kernel of image 'cgImageCastDown')" in text
+           "(in the kernel of image 'cgImageAttentionDelta')" in text
     assert "note: emitted as line" in text
 
 
@@ -162,3 +163,18 @@ def test_an_epilogue_product_with_an_aux_ld_cublaslt_refuses_is_an_error():
     assert [p.message for p in problems] == [
         "image 'cgImageProductGelu' is launched with n = 1020, but cuBLASLt's GELU_AUX epilogue "
         "needs the leading dimension of its aux matrix (pre, n) divisible by 8"]
+
+
+def test_a_kernel_past_the_shared_memory_a_block_may_have_is_a_diagnostic(capsys):
+    """The classifier holds its row on chip: at a vocabulary of 128,256 (Llama 3's) in
+    bfloat16 that is 256,512 bytes, past sm_90's 227 KiB a block. cgc compile says so at
+    the image's declaration, exit 1, before any CUDA is written; at GPT-2's 50,304 it
+    compiles."""
+    from cgc.cli import main
+    status = main(["compile", str(SCHEDULES / "train.cg"), "--config", "gpt2",
+                   "--set", "cgVocab=128256", "-o", "-"])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err
+    assert re.search(r"images\.cg:\d+:1: error: the kernel of image 'cgImageClassifier' needs "
+                     r"256,512 bytes of dynamic shared memory a block", err), err
+    assert "note: the classifier holds its whole row of 128256 logits on chip" in err

@@ -26,7 +26,7 @@ import pytest
 
 from cgc.backends.cuda.emulated import COMPILER, FLAGS, HEADERS, build, compiler_missing
 from cgc.training.data import Batches, load_corpus
-from cgc.backends.numerics import decode, storage_dtype
+from cgc.backends.numerics import decode, encode, storage_dtype
 from cgc.training.loop import train
 from cgc.checking.memory import storage_home
 from cgc.core.elements import element_bytes
@@ -117,11 +117,67 @@ def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overri
             else:
                 assert np.abs(ours).max() <= tolerance, where
         checked.add(launch.image.name)
-    assert len(checked) >= 19  # every kernel and product image of the step
+    assert len(checked) >= 18  # every kernel and product image of the step
     # the cuBLASLt products: epilogues (pre included: every written pointer is compared) and
     # the residual read as C, distinct from D (D poisoned first: a copy skipped shows as NaN)
     assert {"cgImageProductGelu", "cgImageProductTransposedGeluBackward",
             "cgImageProductResidual"} <= checked
+
+
+@pytest.mark.parametrize("config", ["tiny", "tiny32"])
+def test_the_classifier_keeps_ties_and_ignored_rows_as_the_reference(config):
+    """The classifier on logits made to tie (values on a grid of quarters: each row's
+    maximum held by several columns, in several threads and groups) and on targets of
+    which some are ignored (the image's ignoreIndex, -1) or out of range: each row's hit
+    (the smallest tied column, as np.argmax) and loss exactly as the reference's (the
+    loss within float32 rounding), an ignored row's loss and gradient zero, every
+    gradient within the bfloat16 or float32 tolerance."""
+    emulated, reference = pair(config)
+    program, plan, low = reference.program, reference.plan, reference.program.low
+    rows, vocab = program.role("batch") * program.role("context"), program.role("vocab")
+    rng = np.random.default_rng(5)
+    logits = (rng.integers(-8, 9, size=(rows, vocab)) / 4).astype(np.float32)
+    logits[:, vocab - 1] = logits.max()  # the last column ties the top of every row
+    targets = rng.integers(0, vocab, size=rows).astype(np.int32)
+    targets[::7] = -1                    # ignored
+    targets[3::11] = vocab + 2           # out of range: not counted either
+    tied = np.flatnonzero(logits[0] == logits[0].max())
+    targets[0], targets[1] = tied[0], tied[-1]  # the first tied column hits; the last not
+    launches = [(launch, phase, point, call) for (launch, phase, point), call
+                in zip(program.unrolled(), emulated.calls)]
+    for launch, phase, point, call in launches:
+        if launch.image.name != "cgImageClassifier":
+            continue
+        for binding in launch.pointers:
+            name = launch.image.pointers[binding.index].name
+            values = {"logits": logits, "targets": targets}.get(name)
+            if values is None:
+                continue
+            for memory in (emulated.memory, reference.machine.memory):
+                home, first, last = written_view(memory, program, plan, binding, point, low)
+                memory[home][first:last] = encode(values.ravel(), binding.view.storage.element,
+                                                  low).view(np.uint8)
+        call()
+        reference.machine.launch(launch, phase, point)
+        got, want = {}, {}
+        for binding in launch.pointers:
+            name = launch.image.pointers[binding.index].name
+            element = binding.view.storage.element
+            for memory, into in ((emulated.memory, got), (reference.machine.memory, want)):
+                home, first, last = written_view(memory, program, plan, binding, point, low)
+                into[name] = decode(memory[home][first:last].view(storage_dtype(element, low)),
+                                    element, low)
+        counted = (targets >= 0) & (targets < vocab)
+        assert np.array_equal(got["correct"], want["correct"])
+        assert got["correct"][0] == 1 and got["correct"][1] == 0
+        assert np.allclose(got["loss"], want["loss"], rtol=1e-5, atol=1e-5)
+        assert (got["loss"][~counted] == 0).all()
+        gradient, expected = got["logits"].reshape(rows, vocab), want["logits"].reshape(rows, vocab)
+        assert (gradient[~counted] == 0).all()
+        tolerance = 2e-2 if config == "tiny" else 1e-4
+        assert relative(gradient, expected) <= tolerance, relative(gradient, expected)
+        return
+    raise AssertionError("the step launches no cgImageClassifier")
 
 
 def test_the_float32_step_matches_the_numpy_backend():

@@ -105,11 +105,12 @@ def partitions(c, grid) -> dict:
         "cgImageLayerNormBackward": Partition(0, {"gradientInput": rows_n, "gradientOutput":
                                                   rows_n, "input": rows_n,
                                                   "statistics": 2 * norm_rows,
-                                                  "partials": 2 * W}, fixed={"rows": norm_rows}),
+                                                  "partials": 2 * W, "gradientLow": rows_n},
+                                         fixed={"rows": norm_rows}),
         "cgImageLayerNormBackwardAdd": Partition(0, {"gradientInput": rows_n, "gradientOutput":
                                                      rows_n, "input": rows_n, "residual": rows_n,
                                                      "statistics": 2 * norm_rows,
-                                                     "partials": 2 * W},
+                                                     "partials": 2 * W, "gradientLow": rows_n},
                                                  fixed={"rows": norm_rows}),
         "cgImageAdamW": Partition(0, {"parameter": 1024, "gradient": 1024,
                                       "moment1": 1024, "moment2": 1024, "copy": 1024},
@@ -150,7 +151,8 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     if image in ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"):
         # dgamma and dbeta are the last block's, which runs only when every block of the
         # launch has taken its ticket: never under block sampling (they stay unwritten)
-        per_block = {"gradientInput": int(scalars["rows"]) // grid[0] * W, "partials": 2 * W,
+        rows_a_block = int(scalars["rows"]) // grid[0] * W
+        per_block = {"gradientInput": rows_a_block, "gradientLow": rows_a_block, "partials": 2 * W,
                      "gradientGamma": 0, "gradientBeta": 0}[pointer]
         return [(x * per_block, (x + 1) * per_block)] if per_block else []
     if image == "cgImageScatter":

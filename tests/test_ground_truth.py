@@ -79,13 +79,14 @@ def test_an_unbound_pointer_has_no_c_program(lane):
 
 
 def test_a_slot_moved_onto_one_live_across_it_keeps_both_values(lane):
-    """Every use of cgGradientAttention in a layer's backward moved onto cgSavedNormed1's
-    bytes (a stacked slot the backward reads in every later layer): the step computes what
-    it computes with a slot each. The plan that took a write binding a slot's whole view as
-    a whole write let another slot into such a slot's bytes between the partial write and the
-    read (with cgSavedQkv, a mutant the campaign no longer draws: 304 bytes of the gradient
-    norm's partial sums came out different)."""
-    record = judge(lane, "train.cg", "slot cgGradientAttention renamed cgSavedNormed1 "
+    """Every use of cgGradientLow in a layer's backward moved onto cgSavedQkv's bytes (a
+    stacked slot the backward reads in every later layer): the step computes what it
+    computes with a slot each. The plan that took a write binding a slot's whole view as a
+    whole write let another slot into such a slot's bytes between the partial write and the
+    read (with this very slot, then with cgGradientAttention onto cgSavedNormed1, mutants
+    the campaign drew before the layer-norm backward wrote the low copy: 304 bytes of the
+    gradient norm's partial sums came out different)."""
+    record = judge(lane, "train.cg", "slot cgGradientLow renamed cgSavedQkv "
                                      "throughout cgLayerBackwardFrom")
     assert record["gt1"] == "safe", record
     # The (covers ...) clauses refuse it (the product that writes the gradient must cover
@@ -98,10 +99,12 @@ def test_a_slot_moved_onto_one_live_across_it_keeps_both_values(lane):
 
 
 def test_the_values_ground_truth_sees_a_plan_that_shares_live_bytes(monkeypatch):
-    """The detector, broken on purpose: live ranges that keep a slot only at the launches
-    that touch it (a value dead as soon as written), so that slots share bytes across
-    values still to be read. The unmutated step then ends with other bits than with a slot
-    each, and without an access fault (the machine sees nothing wrong)."""
+    """The detector, broken on purpose: live ranges that keep a float slot only at the
+    launches that touch it (a value dead as soon as written), so that slots share bytes
+    across values still to be read. The unmutated step then ends with other bits than with
+    a slot each, and without an access fault (the machine sees nothing wrong). The int32
+    slots (the sorted ids' order) keep their true ranges: their bytes overwritten, the
+    scatter refuses an order entry out of range, a fault the machine sees by itself."""
     from cgc.backends.base import initial_parameters
     from cgc.checking import flow
     path = str(ROOT / "schedules" / "train.cg")
@@ -114,10 +117,14 @@ def test_the_values_ground_truth_sees_a_plan_that_shares_live_bytes(monkeypatch)
     assert campaign.ground_truth_1(program, parameters, machines=machines)[0] == "safe"
     assert campaign.ground_truth_values(program, parameters, machines[0]) == ("same", "")
 
+    true_ranges = flow.Flow.live_ranges
+
     def touches_only(self):
-        return {name: flow.merged([[self.places[t].position] * 2 for t in times])
-                for name, times in self.touched.items()
-                if self.program.storages[name].kind == "arena"}
+        ranges = true_ranges(self)
+        storages = self.program.storages
+        return {name: ranges[name] if storages[name].element == "int32" else
+                flow.merged([[self.places[t].position] * 2 for t in times])
+                for name, times in self.touched.items() if storages[name].kind == "arena"}
 
     monkeypatch.setattr(flow.Flow, "live_ranges", touches_only)
     machines = []

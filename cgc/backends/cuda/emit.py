@@ -141,6 +141,18 @@ SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
                            "cgImageClassifier": ("kVocab",)}
 
 
+# The most dynamic shared memory a block may opt into on sm_90 (H100, H200): 227 KiB.
+MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
+# What each image's dynamic shared memory holds (shared_memory_bytes), for its diagnostic.
+SHARED_MEMORY_HOLDS = {
+    "cgImageAttention": "the kernel holds a query tile and two stages of key and value tiles "
+                        "of {kAttentionTile} rows of {kHeadWidth}",
+    "cgImageAttentionBackward": "the kernel holds six tiles of {kAttentionTile} rows of "
+                                "{kHeadWidth}",
+    "cgImageClassifier": "the classifier holds its whole row of {kVocab} logits on chip, in the "
+                         "low type; a larger vocabulary needs another classifier image",
+}
+
 # Elements of padding after each row of the attention kernels' shared tiles (16 bytes in
 # bfloat16): rows of a head then start 4 banks apart, so that the 8 rows an ldmatrix reads at
 # once fall on 8 different groups of 4 banks. The kernel reads it as kAttentionRowPadding.
@@ -298,6 +310,16 @@ def image_problems(program: Program) -> list[Diagnostic]:
                 "error", f"the kernel of image '{name}' uses {constant}, but no `roles` "
                 f"declaration gives the role '{role}'", image.span,
                 (Note(f"add ({role} NAME) to the model's roles declaration"),)))
+        if needed <= given:
+            shared = shared_memory_bytes(image, dict(program.kernel_constants()), program.low)
+            if shared > MAX_DYNAMIC_SHARED_BYTES:
+                found.append(Diagnostic(
+                    "error", f"the kernel of image '{name}' needs {shared:,} bytes of dynamic "
+                    f"shared memory a block at this configuration, more than the "
+                    f"{MAX_DYNAMIC_SHARED_BYTES:,} (227 KiB) a block may have on sm_90",
+                    image.span,
+                    (Note(SHARED_MEMORY_HOLDS.get(name, "its tiles")
+                          .format(**dict(program.kernel_constants()))),)))
     return found
 
 

@@ -76,12 +76,14 @@ def _layer_norm_gradient(k: Kernel):
 def layer_norm_backward(k: Kernel) -> None:
     dx, _, _ = _layer_norm_gradient(k)
     k.pointers["gradientInput"].write(0, dx)
+    k.pointers["gradientLow"].write(0, dx)  # rounded to the low type as it is stored
 
 
 def layer_norm_backward_add(k: Kernel) -> None:
     dx, rows, width = _layer_norm_gradient(k)
     residual = k.pointers["residual"].read(0, rows * width).reshape(rows, width)
     k.pointers["gradientInput"].write(0, residual + dx)
+    k.pointers["gradientLow"].write(0, residual + dx)
 
 
 def _operands(k: Kernel, transposed: bool, weight: bool):

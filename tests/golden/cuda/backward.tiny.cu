@@ -194,7 +194,7 @@ constexpr int kNormTailLoads = 16;
 template <int kThreads, bool kAdd, int kRowWidth = kWidth>
 __device__ __forceinline__ void layer_norm_backward(
     float* gradientInput, float* gradientGamma, float* gradientBeta, float* partials,
-    const float* gradientOutput, const float* input, const float* statistics,
+    low_t* gradientLow, const float* gradientOutput, const float* input, const float* statistics,
     const float* gamma, const float* residual, int rows, unsigned int* tickets) {
   static_assert(kRowWidth == kWidth, "the model's width");
   constexpr int kWarps = kThreads / 32;
@@ -258,6 +258,7 @@ __device__ __forceinline__ void layer_norm_backward(
           dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
         }
         *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+        store4(gradientLow + base + c, dx.x, dx.y, dx.z, dx.w);  // what the next products read
       }
     }
   }
@@ -1139,27 +1140,29 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(__nv_bfloat16
 }
 
 // cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the last block to finish (a ticket: atomicInc on a counter of the kernel's own, which the last block puts back to zero) adds the rows of partials in block order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
-// dinput = LN'(dout), and dgamma and dbeta written whole, in one launch (layer_norm_backward
+// dinput = LN'(dout) (and its low-type copy, which the next products read), and dgamma and
+// dbeta written whole, in one launch (layer_norm_backward
 // in common.cuh: each block's partial sums, then the last block to take a ticket adds them).
 // The ticket counter: zero at module load, put back to zero by the last block of each launch.
 __device__ unsigned int cgImageLayerNormBackward_tickets = 0;
 
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, __nv_bfloat16* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, false>(gradientInput, gradientGamma, gradientBeta, partials,
-                                            gradientOutput, input, statistics, gamma, nullptr,
-                                            rows, &cgImageLayerNormBackward_tickets);
+                                            gradientLow, gradientOutput, input, statistics, gamma,
+                                            nullptr, rows, &cgImageLayerNormBackward_tickets);
 }
 
 // cgImageLayerNormBackwardAdd: As cgImageLayerNormBackward, adding the residual gradient: dinput = residual + LN'(dout). The residual may be dinput itself (an in-place update of the residual gradient).
-// dinput = residual + LN'(dout), and dgamma and dbeta written whole, in one launch
+// dinput = residual + LN'(dout) (and its low-type copy, which the next products read), and
+// dgamma and dbeta written whole, in one launch
 // (layer_norm_backward in common.cuh); residual may be dinput itself. The ticket counter:
 // zero at module load, put back to zero by the last block of each launch.
 __device__ unsigned int cgImageLayerNormBackwardAdd_tickets = 0;
 
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, __nv_bfloat16* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, true>(gradientInput, gradientGamma, gradientBeta, partials,
-                                           gradientOutput, input, statistics, gamma, residual,
-                                           rows, &cgImageLayerNormBackwardAdd_tickets);
+                                           gradientLow, gradientOutput, input, statistics, gamma,
+                                           residual, rows, &cgImageLayerNormBackwardAdd_tickets);
 }
 
 // cgImageLoss: Per-row cross-entropy: loss = lse - logit[target]; correct = argmax == target.
@@ -1732,14 +1735,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:536:7 cgImageLoss
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:556:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:536:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:556:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -1758,9 +1761,9 @@ static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
   cgImageProductWeight(stream, "library.cg:38:13 (from backward.cg:72:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
   // library.cg:38:13 (from backward.cg:76:17) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:76:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:238:17 (from backward.cg:78:17) cgImageLayerNormBackward
-  CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, 256);
-  CG_LAUNCHED("library.cg:238:17 (from backward.cg:78:17) cgImageLayerNormBackward");
+  // library.cg:255:19 (from backward.cg:78:17) cgImageLayerNormBackward
+  CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 256);
+  CG_LAUNCHED("library.cg:255:19 (from backward.cg:78:17) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
@@ -1770,12 +1773,12 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:86:11) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // library.cg:280:7 (from backward.cg:86:11) cgImageRotary
+  // library.cg:301:7 (from backward.cg:86:11) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("library.cg:280:7 (from backward.cg:86:11) cgImageRotary");
-  // library.cg:314:31 (from backward.cg:86:11) cgImageAttention
+  CG_LAUNCHED("library.cg:301:7 (from backward.cg:86:11) cgImageRotary");
+  // library.cg:335:31 (from backward.cg:86:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 15360, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:314:31 (from backward.cg:86:11) cgImageAttention");
+  CG_LAUNCHED("library.cg:335:31 (from backward.cg:86:11) cgImageAttention");
   // library.cg:38:13 (from backward.cg:86:11) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
   // library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm
@@ -1783,11 +1786,8 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:220:13 (from backward.cg:86:11) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:86:11) cgImageProductGelu
   cgImageProductGelu(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  // library.cg:176:9 (from backward.cg:86:11) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:86:11) cgImageCastDown");
-  // concurrently, library.cg:403:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:403:33");
+  // concurrently, library.cg:423:31: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:423:31");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
@@ -1797,9 +1797,9 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedGeluBackward
     cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
   }
-  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:403:33");
-  // concurrently, library.cg:414:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:414:35");
+  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:423:31");
+  // concurrently, library.cg:434:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:434:33");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
@@ -1808,16 +1808,13 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed
     cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-    // library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), 256);
-    CG_LAUNCHED("library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
-    // library.cg:176:9 (from backward.cg:86:11) cgImageCastDown
-    CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-    CG_LAUNCHED("library.cg:176:9 (from backward.cg:86:11) cgImageCastDown");
+    // library.cg:282:21 (from backward.cg:86:11) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCHED("library.cg:282:21 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:414:35");
-  // concurrently, library.cg:435:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:435:37");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:434:33");
+  // concurrently, library.cg:454:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:454:35");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
@@ -1826,16 +1823,16 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedLow
     cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:446:43 (from backward.cg:86:11) cgImageAttentionDelta
+    // library.cg:465:41 (from backward.cg:86:11) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:446:43 (from backward.cg:86:11) cgImageAttentionDelta");
-    // library.cg:452:43 (from backward.cg:86:11) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:465:41 (from backward.cg:86:11) cgImageAttentionDelta");
+    // library.cg:471:41 (from backward.cg:86:11) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 18432, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:452:43 (from backward.cg:86:11) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:471:41 (from backward.cg:86:11) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:435:37");
-  // concurrently, library.cg:464:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:464:37");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:454:35");
+  // concurrently, library.cg:483:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:483:35");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
@@ -1844,11 +1841,11 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed
     cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:86:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-    // library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), 256);
-    CG_LAUNCHED("library.cg:262:19 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
+    // library.cg:282:21 (from backward.cg:86:11) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCHED("library.cg:282:21 (from backward.cg:86:11) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:464:37");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:483:35");
 }
 
 // phase cgPhaseScatter

@@ -194,7 +194,7 @@ constexpr int kNormTailLoads = 16;
 template <int kThreads, bool kAdd, int kRowWidth = kWidth>
 __device__ __forceinline__ void layer_norm_backward(
     float* gradientInput, float* gradientGamma, float* gradientBeta, float* partials,
-    const float* gradientOutput, const float* input, const float* statistics,
+    low_t* gradientLow, const float* gradientOutput, const float* input, const float* statistics,
     const float* gamma, const float* residual, int rows, unsigned int* tickets) {
   static_assert(kRowWidth == kWidth, "the model's width");
   constexpr int kWarps = kThreads / 32;
@@ -258,6 +258,7 @@ __device__ __forceinline__ void layer_norm_backward(
           dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
         }
         *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+        store4(gradientLow + base + c, dx.x, dx.y, dx.z, dx.w);  // what the next products read
       }
     }
   }
@@ -1077,17 +1078,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionDelta(float* _
   }
 }
 
-// cgImageCastDown: float32 to the low type, 2048 elements per block.
-// output = input in the low type.
-extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(float* __restrict__ output, const float* __restrict__ input, int count) {
-  const long first = element_group(256);
-  if (first + 8 <= count) {
-    store8(output + first, load8(input + first));
-  } else {
-    for (long i = first; i < count; ++i) output[i] = from_float<low_t>(input[i]);
-  }
-}
-
 // cgImageClassifier: The fused classifier: one row per block, held in shared memory. Writes the row's loss (lse - logit[target]) and whether its largest logit is the target, and overwrites its logits, in place and in the low type, with their gradient (softmax - [j == target]) * scale: one read and one write of each row. An ignored row's loss and gradient are 0.
 // The fused classifier (after llm.c's, rewritten for cgc): one block a row, two blocks an SM,
 // so that one block's loads overlap the other's arithmetic. The row's logits come in once,
@@ -1100,7 +1090,9 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(float* __restr
 // the warps' results (block_reduce): no thread merges alone. One read and one write of each
 // row in global memory, no float32 copy of the logits or of their gradient. Ties for the
 // largest logit go to the smallest index, as in cgImageLoss: only the threads that hold the
-// maximum look for its column, in the one group where they saw it first.
+// maximum look for its column, in the one group where they saw it first. (Logits that are
+// not finite in an ignored row give a gradient of NaN x 0 there, where the reference writes 0;
+// a finite row's is 0, as the reference's.)
 // Why shared memory and not registers: held in registers (64 a thread at two blocks of 512),
 // ptxas keeps each pass's unpacked floats alive for the next and spills them (about 200
 // local loads and stores, scripts/sass_audit.py); a load from shared memory cannot be kept.
@@ -1122,10 +1114,11 @@ __device__ __forceinline__ float classifier_value(const uint4& group, int j) {
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 2) cgImageClassifier(float* __restrict__ logits, float* __restrict__ loss, int* __restrict__ correct, const int* __restrict__ targets, float scale, int ignoreIndex) {
+  static_assert(kVocab % kClassifierPerGroup == 0, "a row of whole 16-byte groups");
   constexpr int kGroups = kVocab / kClassifierPerGroup;  // cgVocab: a multiple of 8 (model.cg)
   __shared__ float shared_top[1024 / 32], shared_sum[1024 / 32];
   __shared__ int shared_best[1024 / 32];
-  __shared__ float shared_target;  // the target's logit, read by thread 0
+  __shared__ float shared_target;  // the target's logit: thread 0 reads it from the row
   CG_DYNAMIC_SHARED(row_bytes);    // the row's logits (shared_memory_bytes in emit.py)
   const uint4* held = reinterpret_cast<const uint4*>(row_bytes);
   const int row = blockIdx.x;
@@ -1266,27 +1259,29 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(float* __rest
 }
 
 // cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the last block to finish (a ticket: atomicInc on a counter of the kernel's own, which the last block puts back to zero) adds the rows of partials in block order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
-// dinput = LN'(dout), and dgamma and dbeta written whole, in one launch (layer_norm_backward
+// dinput = LN'(dout) (and its low-type copy, which the next products read), and dgamma and
+// dbeta written whole, in one launch (layer_norm_backward
 // in common.cuh: each block's partial sums, then the last block to take a ticket adds them).
 // The ticket counter: zero at module load, put back to zero by the last block of each launch.
 __device__ unsigned int cgImageLayerNormBackward_tickets = 0;
 
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, float* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, false>(gradientInput, gradientGamma, gradientBeta, partials,
-                                            gradientOutput, input, statistics, gamma, nullptr,
-                                            rows, &cgImageLayerNormBackward_tickets);
+                                            gradientLow, gradientOutput, input, statistics, gamma,
+                                            nullptr, rows, &cgImageLayerNormBackward_tickets);
 }
 
 // cgImageLayerNormBackwardAdd: As cgImageLayerNormBackward, adding the residual gradient: dinput = residual + LN'(dout). The residual may be dinput itself (an in-place update of the residual gradient).
-// dinput = residual + LN'(dout), and dgamma and dbeta written whole, in one launch
+// dinput = residual + LN'(dout) (and its low-type copy, which the next products read), and
+// dgamma and dbeta written whole, in one launch
 // (layer_norm_backward in common.cuh); residual may be dinput itself. The ticket counter:
 // zero at module load, put back to zero by the last block of each launch.
 __device__ unsigned int cgImageLayerNormBackwardAdd_tickets = 0;
 
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, float* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, true>(gradientInput, gradientGamma, gradientBeta, partials,
-                                           gradientOutput, input, statistics, gamma, residual,
-                                           rows, &cgImageLayerNormBackwardAdd_tickets);
+                                           gradientLow, gradientOutput, input, statistics, gamma,
+                                           residual, rows, &cgImageLayerNormBackwardAdd_tickets);
 }
 
 // cgImageRotary: Rotary positions on the q and k parts of a qkv buffer, in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back. The step launches it once a layer, after the QKV product (inverse 0); the attention backward turns dq and dk back itself. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
@@ -1945,12 +1940,12 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // library.cg:280:7 (from forward.cg:17:7) cgImageRotary
+    // library.cg:301:7 (from forward.cg:17:7) cgImageRotary
     CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgSavedQkv + 49152L * (layer), 0);
-    CG_LAUNCHED("library.cg:280:7 (from forward.cg:17:7) cgImageRotary");
-    // library.cg:314:31 (from forward.cg:17:7) cgImageAttention
+    CG_LAUNCHED("library.cg:301:7 (from forward.cg:17:7) cgImageRotary");
+    // library.cg:335:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 30720, stream)(cgSavedAttention + 16384L * (layer), cgSavedAttentionLse + 1024L * (layer), cgSavedQkv + 49152L * (layer));
-    CG_LAUNCHED("library.cg:314:31 (from forward.cg:17:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:335:31 (from forward.cg:17:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm
@@ -1972,18 +1967,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:551:11 (from backward.cg:29:11) cgImageClassifier
+  // library.cg:573:13 (from backward.cg:29:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 1024, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:551:11 (from backward.cg:29:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:573:13 (from backward.cg:29:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -1992,18 +1987,15 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:29:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
   // library.cg:38:13 (from backward.cg:29:11) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:29:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:238:17 (from backward.cg:29:11) cgImageLayerNormBackward
-  CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, 256);
-  CG_LAUNCHED("library.cg:238:17 (from backward.cg:29:11) cgImageLayerNormBackward");
+  // library.cg:255:19 (from backward.cg:29:11) cgImageLayerNormBackward
+  CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 256);
+  CG_LAUNCHED("library.cg:255:19 (from backward.cg:29:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:176:9 (from backward.cg:31:7) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 16384);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:31:7) cgImageCastDown");
-  // concurrently, library.cg:403:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:403:33");
+  // concurrently, library.cg:423:31: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:423:31");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
@@ -2013,9 +2005,9 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward
     cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcPre + 65536L * (1 - fromTop), 256, 256, 64);
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:403:33");
-  // concurrently, library.cg:414:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:414:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:423:31");
+  // concurrently, library.cg:434:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:434:33");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
@@ -2024,16 +2016,13 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-    // library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), 256);
-    CG_LAUNCHED("library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
-    // library.cg:176:9 (from backward.cg:31:7) cgImageCastDown
-    CG_LAUNCH(cgImageCastDown, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 16384);
-    CG_LAUNCHED("library.cg:176:9 (from backward.cg:31:7) cgImageCastDown");
+    // library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCHED("library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:414:35");
-  // concurrently, library.cg:435:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:435:37");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:434:33");
+  // concurrently, library.cg:454:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:454:35");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
@@ -2042,16 +2031,16 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow
     cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:446:43 (from backward.cg:31:7) cgImageAttentionDelta
+    // library.cg:465:41 (from backward.cg:31:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:446:43 (from backward.cg:31:7) cgImageAttentionDelta");
-    // library.cg:452:43 (from backward.cg:31:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:465:41 (from backward.cg:31:7) cgImageAttentionDelta");
+    // library.cg:471:41 (from backward.cg:31:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 36864, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:452:43 (from backward.cg:31:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:471:41 (from backward.cg:31:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:435:37");
-  // concurrently, library.cg:464:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:464:37");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:454:35");
+  // concurrently, library.cg:483:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:483:35");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
@@ -2060,11 +2049,11 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-    // library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), 256);
-    CG_LAUNCHED("library.cg:262:19 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
+    // library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCHED("library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:464:37");
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:483:35");
 }
 
 // phase cgPhaseScatter

@@ -194,7 +194,7 @@ constexpr int kNormTailLoads = 16;
 template <int kThreads, bool kAdd, int kRowWidth = kWidth>
 __device__ __forceinline__ void layer_norm_backward(
     float* gradientInput, float* gradientGamma, float* gradientBeta, float* partials,
-    const float* gradientOutput, const float* input, const float* statistics,
+    low_t* gradientLow, const float* gradientOutput, const float* input, const float* statistics,
     const float* gamma, const float* residual, int rows, unsigned int* tickets) {
   static_assert(kRowWidth == kWidth, "the model's width");
   constexpr int kWarps = kThreads / 32;
@@ -258,6 +258,7 @@ __device__ __forceinline__ void layer_norm_backward(
           dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
         }
         *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+        store4(gradientLow + base + c, dx.x, dx.y, dx.z, dx.w);  // what the next products read
       }
     }
   }
@@ -1077,17 +1078,6 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionDelta(float* _
   }
 }
 
-// cgImageCastDown: float32 to the low type, 2048 elements per block.
-// output = input in the low type.
-extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(__nv_bfloat16* __restrict__ output, const float* __restrict__ input, int count) {
-  const long first = element_group(256);
-  if (first + 8 <= count) {
-    store8(output + first, load8(input + first));
-  } else {
-    for (long i = first; i < count; ++i) output[i] = from_float<low_t>(input[i]);
-  }
-}
-
 // cgImageClassifier: The fused classifier: one row per block, held in shared memory. Writes the row's loss (lse - logit[target]) and whether its largest logit is the target, and overwrites its logits, in place and in the low type, with their gradient (softmax - [j == target]) * scale: one read and one write of each row. An ignored row's loss and gradient are 0.
 // The fused classifier (after llm.c's, rewritten for cgc): one block a row, two blocks an SM,
 // so that one block's loads overlap the other's arithmetic. The row's logits come in once,
@@ -1100,7 +1090,9 @@ extern "C" __global__ void __launch_bounds__(256) cgImageCastDown(__nv_bfloat16*
 // the warps' results (block_reduce): no thread merges alone. One read and one write of each
 // row in global memory, no float32 copy of the logits or of their gradient. Ties for the
 // largest logit go to the smallest index, as in cgImageLoss: only the threads that hold the
-// maximum look for its column, in the one group where they saw it first.
+// maximum look for its column, in the one group where they saw it first. (Logits that are
+// not finite in an ignored row give a gradient of NaN x 0 there, where the reference writes 0;
+// a finite row's is 0, as the reference's.)
 // Why shared memory and not registers: held in registers (64 a thread at two blocks of 512),
 // ptxas keeps each pass's unpacked floats alive for the next and spills them (about 200
 // local loads and stores, scripts/sass_audit.py); a load from shared memory cannot be kept.
@@ -1122,10 +1114,11 @@ __device__ __forceinline__ float classifier_value(const uint4& group, int j) {
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 2) cgImageClassifier(__nv_bfloat16* __restrict__ logits, float* __restrict__ loss, int* __restrict__ correct, const int* __restrict__ targets, float scale, int ignoreIndex) {
+  static_assert(kVocab % kClassifierPerGroup == 0, "a row of whole 16-byte groups");
   constexpr int kGroups = kVocab / kClassifierPerGroup;  // cgVocab: a multiple of 8 (model.cg)
   __shared__ float shared_top[1024 / 32], shared_sum[1024 / 32];
   __shared__ int shared_best[1024 / 32];
-  __shared__ float shared_target;  // the target's logit, read by thread 0
+  __shared__ float shared_target;  // the target's logit: thread 0 reads it from the row
   CG_DYNAMIC_SHARED(row_bytes);    // the row's logits (shared_memory_bytes in emit.py)
   const uint4* held = reinterpret_cast<const uint4*>(row_bytes);
   const int row = blockIdx.x;
@@ -1266,27 +1259,29 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(__nv_bfloat16
 }
 
 // cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the last block to finish (a ticket: atomicInc on a counter of the kernel's own, which the last block puts back to zero) adds the rows of partials in block order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
-// dinput = LN'(dout), and dgamma and dbeta written whole, in one launch (layer_norm_backward
+// dinput = LN'(dout) (and its low-type copy, which the next products read), and dgamma and
+// dbeta written whole, in one launch (layer_norm_backward
 // in common.cuh: each block's partial sums, then the last block to take a ticket adds them).
 // The ticket counter: zero at module load, put back to zero by the last block of each launch.
 __device__ unsigned int cgImageLayerNormBackward_tickets = 0;
 
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, __nv_bfloat16* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, false>(gradientInput, gradientGamma, gradientBeta, partials,
-                                            gradientOutput, input, statistics, gamma, nullptr,
-                                            rows, &cgImageLayerNormBackward_tickets);
+                                            gradientLow, gradientOutput, input, statistics, gamma,
+                                            nullptr, rows, &cgImageLayerNormBackward_tickets);
 }
 
 // cgImageLayerNormBackwardAdd: As cgImageLayerNormBackward, adding the residual gradient: dinput = residual + LN'(dout). The residual may be dinput itself (an in-place update of the residual gradient).
-// dinput = residual + LN'(dout), and dgamma and dbeta written whole, in one launch
+// dinput = residual + LN'(dout) (and its low-type copy, which the next products read), and
+// dgamma and dbeta written whole, in one launch
 // (layer_norm_backward in common.cuh); residual may be dinput itself. The ticket counter:
 // zero at module load, put back to zero by the last block of each launch.
 __device__ unsigned int cgImageLayerNormBackwardAdd_tickets = 0;
 
-extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, int rows) {
+extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, __nv_bfloat16* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, true>(gradientInput, gradientGamma, gradientBeta, partials,
-                                           gradientOutput, input, statistics, gamma, residual,
-                                           rows, &cgImageLayerNormBackwardAdd_tickets);
+                                           gradientLow, gradientOutput, input, statistics, gamma,
+                                           residual, rows, &cgImageLayerNormBackwardAdd_tickets);
 }
 
 // cgImageRotary: Rotary positions on the q and k parts of a qkv buffer, in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back. The step launches it once a layer, after the QKV product (inverse 0); the attention backward turns dq and dk back itself. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
@@ -1947,12 +1942,12 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:220:13 (from forward.cg:25:7) cgImageLayerNorm");
     // library.cg:38:13 (from forward.cg:25:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:25:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // library.cg:280:7 (from forward.cg:25:7) cgImageRotary
+    // library.cg:301:7 (from forward.cg:25:7) cgImageRotary
     CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-    CG_LAUNCHED("library.cg:280:7 (from forward.cg:25:7) cgImageRotary");
-    // library.cg:314:31 (from forward.cg:25:7) cgImageAttention
+    CG_LAUNCHED("library.cg:301:7 (from forward.cg:25:7) cgImageRotary");
+    // library.cg:335:31 (from forward.cg:25:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 46080, stream)(cgAttention, cgAttentionLse, cgQkv);
-    CG_LAUNCHED("library.cg:314:31 (from forward.cg:25:7) cgImageAttention");
+    CG_LAUNCHED("library.cg:335:31 (from forward.cg:25:7) cgImageAttention");
     // library.cg:38:13 (from forward.cg:25:7) cgImageProductResidual
     cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:25:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
     // library.cg:220:13 (from forward.cg:25:7) cgImageLayerNorm
@@ -1974,18 +1969,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm
+  // library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:527:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:530:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm");
+  // library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:551:11 (from backward.cg:43:11) cgImageClassifier
+  // library.cg:573:13 (from backward.cg:43:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:551:11 (from backward.cg:43:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:573:13 (from backward.cg:43:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -1994,9 +1989,9 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
   cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:43:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
   // library.cg:38:13 (from backward.cg:43:11) cgImageProductData
   cgImageProductData(stream, "library.cg:38:13 (from backward.cg:43:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:238:17 (from backward.cg:43:11) cgImageLayerNormBackward
-  CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, 8192);
-  CG_LAUNCHED("library.cg:238:17 (from backward.cg:43:11) cgImageLayerNormBackward");
+  // library.cg:255:19 (from backward.cg:43:11) cgImageLayerNormBackward
+  CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 8192);
+  CG_LAUNCHED("library.cg:255:19 (from backward.cg:43:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
@@ -2006,12 +2001,12 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:220:13 (from backward.cg:45:7) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:45:7) cgImageProductDataLow
   cgImageProductDataLow(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // library.cg:280:7 (from backward.cg:45:7) cgImageRotary
+  // library.cg:301:7 (from backward.cg:45:7) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("library.cg:280:7 (from backward.cg:45:7) cgImageRotary");
-  // library.cg:314:31 (from backward.cg:45:7) cgImageAttention
+  CG_LAUNCHED("library.cg:301:7 (from backward.cg:45:7) cgImageRotary");
+  // library.cg:335:31 (from backward.cg:45:7) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 46080, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:314:31 (from backward.cg:45:7) cgImageAttention");
+  CG_LAUNCHED("library.cg:335:31 (from backward.cg:45:7) cgImageAttention");
   // library.cg:38:13 (from backward.cg:45:7) cgImageProductResidual
   cgImageProductResidual(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
   // library.cg:220:13 (from backward.cg:45:7) cgImageLayerNorm
@@ -2019,11 +2014,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:220:13 (from backward.cg:45:7) cgImageLayerNorm");
   // library.cg:38:13 (from backward.cg:45:7) cgImageProductGelu
   cgImageProductGelu(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  // library.cg:176:9 (from backward.cg:45:7) cgImageCastDown
-  CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy0, 6291456);
-  CG_LAUNCHED("library.cg:176:9 (from backward.cg:45:7) cgImageCastDown");
-  // concurrently, library.cg:403:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:403:33");
+  // concurrently, library.cg:423:31: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:423:31");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
@@ -2033,9 +2025,9 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedGeluBackward
     cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:403:33");
-  // concurrently, library.cg:414:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:414:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:423:31");
+  // concurrently, library.cg:434:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:434:33");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
@@ -2044,16 +2036,13 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-    // library.cg:262:19 (from backward.cg:45:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), 8192);
-    CG_LAUNCHED("library.cg:262:19 (from backward.cg:45:7) cgImageLayerNormBackwardAdd");
-    // library.cg:176:9 (from backward.cg:45:7) cgImageCastDown
-    CG_LAUNCH(cgImageCastDown, dim3(3072, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientLow, cgDy1, 6291456);
-    CG_LAUNCHED("library.cg:176:9 (from backward.cg:45:7) cgImageCastDown");
+    // library.cg:282:21 (from backward.cg:45:7) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
+    CG_LAUNCHED("library.cg:282:21 (from backward.cg:45:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:414:35");
-  // concurrently, library.cg:435:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:435:37");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:434:33");
+  // concurrently, library.cg:454:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:454:35");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
@@ -2062,16 +2051,16 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedLow
     cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:446:43 (from backward.cg:45:7) cgImageAttentionDelta
+    // library.cg:465:41 (from backward.cg:45:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:446:43 (from backward.cg:45:7) cgImageAttentionDelta");
-    // library.cg:452:43 (from backward.cg:45:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:465:41 (from backward.cg:45:7) cgImageAttentionDelta");
+    // library.cg:471:41 (from backward.cg:45:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:452:43 (from backward.cg:45:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:471:41 (from backward.cg:45:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:435:37");
-  // concurrently, library.cg:464:37: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:464:37");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:454:35");
+  // concurrently, library.cg:483:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:483:35");
   {  // branch 0, on this stream
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
@@ -2080,11 +2069,11 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     cudaStream_t stream = cg_streams[1];
     // library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:45:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-    // library.cg:262:19 (from backward.cg:45:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), 8192);
-    CG_LAUNCHED("library.cg:262:19 (from backward.cg:45:7) cgImageLayerNormBackwardAdd");
+    // library.cg:282:21 (from backward.cg:45:7) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
+    CG_LAUNCHED("library.cg:282:21 (from backward.cg:45:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:464:37");
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:483:35");
 }
 
 // phase cgPhaseScatter
