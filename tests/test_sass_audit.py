@@ -169,12 +169,13 @@ def classifier_passes(values_per_group: int):
         if len(passes) != 3:
             return False
         top, total, gradient = passes
-        values = {id(loop): loop["lds"] * values_per_group for loop in passes}
-        return (top["op:FMNMX"] >= values[id(top)] and top["ex2"] == 0
-                and total["ex2"] == total["op:FFMA"] == values[id(total)]
-                and total["op:FMUL"] == 0
-                and gradient["ex2"] == gradient["op:FFMA"] == values[id(gradient)]
-                and gradient["op:FMUL"] <= values[id(gradient)]
+
+        def values(loop):
+            return loop["lds"] * values_per_group
+        return (top["op:FMNMX"] >= values(top) and top["ex2"] == 0
+                and total["ex2"] == total["op:FFMA"] == values(total) and total["op:FMUL"] == 0
+                and gradient["ex2"] == gradient["op:FFMA"] == values(gradient)
+                and gradient["op:FMUL"] <= values(gradient)
                 and all(loop["op:FSETP"] <= loop["lds"] and loop["op:FSEL"] == 0
                         for loop in passes))
     promise.__name__ = f"classifier_passes_{values_per_group}_a_group"

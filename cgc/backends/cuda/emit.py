@@ -135,46 +135,53 @@ def template_name(image: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
 
 
-# The kernel constants each image's dynamic shared memory is sized from (below).
-SHARED_MEMORY_CONSTANTS = {"cgImageAttention": ("kAttentionTile", "kHeadWidth"),
-                           "cgImageAttentionBackward": ("kAttentionTile", "kHeadWidth"),
-                           "cgImageClassifier": ("kVocab",)}
-
-
-# The most dynamic shared memory a block may opt into on sm_90 (H100, H200): 227 KiB.
-MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
-# What each image's dynamic shared memory holds (shared_memory_bytes), for its diagnostic.
-SHARED_MEMORY_HOLDS = {
-    "cgImageAttention": "the kernel holds a query tile and two stages of key and value tiles "
-                        "of {kAttentionTile} rows of {kHeadWidth}",
-    "cgImageAttentionBackward": "the kernel holds six tiles of {kAttentionTile} rows of "
-                                "{kHeadWidth}",
-    "cgImageClassifier": "the classifier holds its whole row of {kVocab} logits on chip, in the "
-                         "low type; a larger vocabulary needs another classifier image",
-}
-
 # Elements of padding after each row of the attention kernels' shared tiles (16 bytes in
 # bfloat16): rows of a head then start 4 banks apart, so that the 8 rows an ldmatrix reads at
 # once fall on 8 different groups of 4 banks. The kernel reads it as kAttentionRowPadding.
 ATTENTION_ROW_PADDING = 8
 
+# The most dynamic shared memory a block may opt into on sm_90 (H100, H200): 227 KiB.
+MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """An image's dynamic shared memory: the kernel constants it is sized from, its bytes
+    (from those constants by C name and the low type's bytes), and what it holds, for the
+    diagnostic of a size past MAX_DYNAMIC_SHARED_BYTES."""
+    constants: tuple[str, ...]
+    size: object
+    holds: str
+
+
+def _tiles(count: int):
+    return lambda c, low_bytes: \
+        count * c["kAttentionTile"] * (c["kHeadWidth"] + ATTENTION_ROW_PADDING) * low_bytes
+
+
+SHARED_MEMORY = {
+    # the query tile and two stages of key and value tiles, padded rows of low_t
+    "cgImageAttention": SharedMemory(
+        ("kAttentionTile", "kHeadWidth"), _tiles(5),
+        "the kernel holds a query tile and two stages of key and value tiles of "
+        "{kAttentionTile} rows of {kHeadWidth}"),
+    # the two tiles a block holds (k and v, then q and dO) and two stages of the two it
+    # streams (q and dO, then k and v)
+    "cgImageAttentionBackward": SharedMemory(
+        ("kAttentionTile", "kHeadWidth"), _tiles(6),
+        "the kernel holds six tiles of {kAttentionTile} rows of {kHeadWidth}"),
+    "cgImageClassifier": SharedMemory(
+        ("kVocab",), lambda c, low_bytes: c["kVocab"] * low_bytes,
+        "the classifier holds its whole row of {kVocab} logits on chip, in the low type; a "
+        "larger vocabulary needs another classifier image"),
+}
+
+
 def shared_memory_bytes(image, constants: dict[str, int], low: str) -> int:
-    """Dynamic shared memory of a kernel image (`image`: its declaration). The attention
-    kernels: tiles of low_t with padded rows; forward, the query tile and two stages of key
-    and value tiles; backward, the two tiles a block holds (k and v, then q and dO) and two
-    stages of the two it streams (q and dO, then k and v). The classifier: its row of logits.
-    `constants` are the kernel constants by C name."""
-    low_bytes = element_bytes("low", low)
-    if image.name == "cgImageClassifier":
-        return constants["kVocab"] * low_bytes
-    if image.name not in SHARED_MEMORY_CONSTANTS:
-        return 0
-    tile, width = constants["kAttentionTile"], constants["kHeadWidth"]
-    if image.name == "cgImageAttention":
-        return 5 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
-    if image.name == "cgImageAttentionBackward":
-        return 6 * tile * (width + ATTENTION_ROW_PADDING) * low_bytes
-    return 0
+    """Dynamic shared memory of a kernel image (`image`: its declaration; SHARED_MEMORY),
+    0 for the images without. `constants` are the kernel constants by C name."""
+    shared = SHARED_MEMORY.get(image.name)
+    return shared.size(constants, element_bytes("low", low)) if shared else 0
 
 
 def _environment(kernel_folders: tuple[str, ...] = ()) -> jinja2.Environment:
@@ -272,7 +279,8 @@ def image_problems(program: Program) -> list[Diagnostic]:
     image's declaration: a kernel without its template, a template or a shared-memory size
     that needs a model constant no role gives, a library image cuBLAS cannot run."""
     found = []
-    given = {name for name, _ in program.kernel_constants()}
+    constants = dict(program.kernel_constants())
+    given = set(constants)
     used = sorted({launch.image.name: launch.image for launch, _, _ in program.launches()}.items())
     found += _aux_problems(program)
     for name, image in used:
@@ -303,23 +311,22 @@ def image_problems(program: Program) -> list[Diagnostic]:
                 found.append(problem)
                 continue
         needed = set(_CONSTANT.findall(path.read_text(encoding="utf-8")))
-        needed |= set(SHARED_MEMORY_CONSTANTS.get(name, ()))
+        shared = SHARED_MEMORY.get(name)
+        needed |= set(shared.constants if shared else ())
         for constant in sorted(needed - given):
             role = KERNEL_CONSTANTS[constant]
             found.append(Diagnostic(
                 "error", f"the kernel of image '{name}' uses {constant}, but no `roles` "
                 f"declaration gives the role '{role}'", image.span,
                 (Note(f"add ({role} NAME) to the model's roles declaration"),)))
-        if needed <= given:
-            shared = shared_memory_bytes(image, dict(program.kernel_constants()), program.low)
-            if shared > MAX_DYNAMIC_SHARED_BYTES:
+        if shared and needed <= given:
+            size = shared_memory_bytes(image, constants, program.low)
+            if size > MAX_DYNAMIC_SHARED_BYTES:
                 found.append(Diagnostic(
-                    "error", f"the kernel of image '{name}' needs {shared:,} bytes of dynamic "
+                    "error", f"the kernel of image '{name}' needs {size:,} bytes of dynamic "
                     f"shared memory a block at this configuration, more than the "
                     f"{MAX_DYNAMIC_SHARED_BYTES:,} (227 KiB) a block may have on sm_90",
-                    image.span,
-                    (Note(SHARED_MEMORY_HOLDS.get(name, "its tiles")
-                          .format(**dict(program.kernel_constants()))),)))
+                    image.span, (Note(shared.holds.format(**constants)),)))
     return found
 
 
