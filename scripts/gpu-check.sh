@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go, with no network: the GPU tests, the standalone
-# program under compute-sanitizer (memcheck and racecheck, one tiny step), the benchmark;
-# a summary table last. Meant for the lent H200 machine (8 minutes at most).
+# program (three tiny steps: the first eager, choosing each product's algorithm and saying
+# which, the others replaying its CUDA graph; its losses beside the NumPy run's) and under
+# compute-sanitizer (memcheck and racecheck, two steps: one eager, one replayed), the
+# benchmark; a summary table last. Meant for the lent H200 machine (8 minutes at most).
 #
 # That machine has CuPy, PyTorch, nvcc and compute-sanitizer but not lark: carry it as a
 # wheel, fetched here beforehand with
@@ -23,18 +25,22 @@ echo "== GPU tests"
 timeout 240 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
 status[gpu_tests]=${PIPESTATUS[0]}
 
-echo "== standalone program under compute-sanitizer"
-python3 -m cgc run schedules/train.cg --backend numpy --config tiny --steps 1 --dump "$out/dump" >/dev/null
+echo "== standalone program: algorithms chosen, the graph replayed, then under compute-sanitizer"
+python3 -m cgc run schedules/train.cg --backend numpy --config tiny --steps 3 --dump "$out/dump" \
+  | tee "$out/numpy.log" | tail -1
 python3 -m cgc compile schedules/train.cg --config tiny -o "$out/train.tiny.cu" 2>/dev/null
 if python3 -c "import sys; from cgc.backends.cuda.toolchain import nvcc_build; ok, log = nvcc_build(sys.argv[1], sys.argv[2]); print(log); sys.exit(0 if ok else 1)" "$out/train.tiny.cu" "$out/train" >"$out/nvcc.log" 2>&1; then
+  CG_ALGORITHM_REPORT=1 timeout 60 "$out/train" "$out/dump" 3 >"$out/standalone.log" 2>&1
+  status[standalone]=$?
+  cat "$out/standalone.log"
   for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$out/train" "$out/dump" 1 \
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$out/train" "$out/dump" 2 \
       >"$out/$tool.log" 2>&1
     status[$tool]=$?
     tail -3 "$out/$tool.log"
   done
 else
-  cat "$out/nvcc.log"; status[memcheck]=nvcc; status[racecheck]=nvcc
+  cat "$out/nvcc.log"; status[standalone]=nvcc; status[memcheck]=nvcc; status[racecheck]=nvcc
 fi
 
 echo "== benchmark"
@@ -44,7 +50,7 @@ status[bench]=${PIPESTATUS[0]}
 echo
 echo "== summary (0 = passed)"
 printf '%-12s %s\n' "check" "status"
-for check in gpu_tests memcheck racecheck bench; do
+for check in gpu_tests standalone memcheck racecheck bench; do
   printf '%-12s %s\n' "$check" "${status[$check]}"
 done
 tail -4 "$out/bench.log"

@@ -187,6 +187,9 @@ class Stream:
     def synchronize(self):
         drain()
 
+    def is_capturing(self):
+        return _capture is not None
+
     def wait_event(self, event):
         _submit(self, ("wait", event))
 
@@ -211,17 +214,26 @@ class _Graph:
 
 class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
-        pass
+        self.at = 0
 
     def record(self, stream=None):
+        self.at = len(cublaslt.algorithms) if cublaslt is not None else 0
         _submit(stream, ("record", self))
 
     def synchronize(self):
         drain()
 
 
+# A test's: the milliseconds each algorithm of the fake cuBLASLt takes a run (by its index), so
+# that the time between two events is the products run between them; None: every span 1 ms.
+algorithm_milliseconds: dict | None = None
+cublaslt = None
+
+
 def _elapsed(start, end):
-    return 1.0
+    if algorithm_milliseconds is None:
+        return 1.0
+    return sum(algorithm_milliseconds[algo[1]] for algo in cublaslt.algorithms[start.at:end.at])
 
 
 def _gemm(handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c,
@@ -285,6 +297,8 @@ class FakeCublasLt:
 
     def __init__(self):
         self.matmuls = []  # (epilogue, c is d) of every matmul run, for the tests
+        self.algorithms = []  # the algorithm of every matmul run
+        self.split_k_unlabelled = False  # a test's: the split-K algorithm said to be one pass
 
     def create(self):
         return 0x1e
@@ -304,9 +318,14 @@ class FakeCublasLt:
         assert ld >= rows
         return (data_type, rows, columns, ld)
 
-    def heuristic(self, handle, desc, layouts, workspace_bytes, alignments):
+    def heuristic(self, handle, desc, layouts, workspace_bytes, alignments, requested=1):
+        """Three algorithms, as the CPU twin's: two summing k in one pass (the same bits), the
+        third split-K (k's halves summed apart, then added: other bits)."""
         assert all(a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for a in alignments)
-        return types.SimpleNamespace(algo="the fake's")
+        return [types.SimpleNamespace(algo=("the fake's", i)) for i in range(min(requested, 3))]
+
+    def one_pass(self, result):
+        return result.algo[1] != 2 or self.split_k_unlabelled
 
     def matmul(self, handle, desc, alpha, a, a_layout, b, b_layout, beta, c, c_layout, d,
                d_layout, algo, workspace, workspace_bytes, stream):
@@ -322,13 +341,19 @@ class FakeCublasLt:
         alpha_value = ctypes.c_float.from_address(alpha).value
         beta_value = ctypes.c_float.from_address(beta).value
         self.matmuls.append((epilogue, c == d))
+        self.algorithms.append(algo.algo)
+        split = k // 2 if algo.algo[1] == 2 else 0
 
         def run():
             left = _matrix(a, a_layout[0], a_layout[1], a_layout[2], a_layout[3])
             right = _matrix(b, b_layout[0], b_layout[1], b_layout[2], b_layout[3])
             left = left.T if ta else left
             right = right.T if tb else right
-            product = portable.matmul(left, right)  # exactly rounded: any BLAS
+            if split:  # split-K: each half exactly rounded, then added (other bits)
+                product = (portable.matmul(left[:, :split], right[:split])
+                           + portable.matmul(left[:, split:], right[split:]))
+            else:
+                product = portable.matmul(left, right)  # exactly rounded: any BLAS
             value = np.float32(alpha_value) * product
             if beta_value != 0.0:
                 value = value + np.float32(beta_value) * _matrix(c, d_type, m, n, ldd)
@@ -448,7 +473,8 @@ def get_default_memory_pool():
 
 def install(monkeypatch, image_declarations, low_type, kernel_constants) -> None:
     """Makes `import cupy` and `from cupy_backends.cuda.libs import cublas` find this."""
-    global images, low, constants, _capture
+    global images, low, constants, _capture, algorithm_milliseconds
+    algorithm_milliseconds = None
     _allocations.clear()
     _streams.clear()
     _done.clear()

@@ -207,6 +207,43 @@ def test_the_training_loop_dumps_and_traces_a_cupy_run_as_it_does_a_numpy_one(
 
 
 
+def _algorithm_run(monkeypatch, capsys, unlabelled: bool):
+    """Two tiny steps on the fake CuPy, its algorithms timed 3, 2 and 1 ms a run (the split-K
+    one fastest): the losses, and the choices reported."""
+    import re
+    frontend = analyse([PATH])
+    reference = open_run("numpy", frontend, PATH, "tiny", {}, seed=6)
+    fake_cupy.install(monkeypatch, reference.program.images, reference.program.low,
+                      reference.machine.constants)
+    fake_cupy.algorithm_milliseconds = {0: 3.0, 1: 2.0, 2: 1.0}
+    fake_cupy.cublaslt.split_k_unlabelled = unlabelled
+    monkeypatch.setenv("CG_ALGORITHM_REPORT", "1")
+    run = open_run("cupy", frontend, PATH, "tiny", {}, seed=6)
+    batches = Batches(load_corpus(None), 4, 64, 6)
+    capsys.readouterr()
+    losses = [run.step(*batches.next()).loss for _ in range(2)]
+    reports = re.findall(r"(\d+) algorithms in one pass over k, (\d+) give the first's bits, "
+                         r"chose algorithm (\d+)", capsys.readouterr().err)
+    steps_algorithms = {plan["algo"].algo[1] for plan in run.matmul_plans.values()}
+    return losses, [tuple(int(x) for x in r) for r in reports], steps_algorithms
+
+
+def test_the_cupy_run_times_only_one_pass_algorithms_and_keeps_the_fastest(monkeypatch, capsys):
+    losses, reports, kept = _algorithm_run(monkeypatch, capsys, unlabelled=False)
+    assert len(reports) >= 8 and all(r == (2, 2, 1) for r in reports), reports
+    assert kept == {1}  # the faster of the two in one pass; the split-K one never
+
+
+def test_the_cupy_run_never_keeps_an_algorithm_whose_bits_differ(monkeypatch, capsys):
+    """The split-K algorithm labelled one pass: the comparison of bits alone keeps it out
+    where its rounding differs, and it is kept (the fastest) only where it gave the same."""
+    _, reports, _ = _algorithm_run(monkeypatch, capsys, unlabelled=True)
+    assert all(r[0] == 3 for r in reports), reports
+    differed = [r for r in reports if r[1] == 2]
+    assert differed and all(r[2] == 1 for r in differed), reports
+    assert all(r[2] == 2 for r in reports if r[1] == 3), reports
+
+
 def test_a_missing_cublaslt_is_said_not_raised(monkeypatch):
     """Without libcublasLt the CuPy backend is unavailable, with a message saying how to get
     it (no traceback: the run reports it as it reports a missing CuPy)."""

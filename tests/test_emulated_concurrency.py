@@ -105,16 +105,44 @@ def test_forked_and_joined_streams_give_the_same_bits_under_every_seed(programs)
     assert len(hashes) == 1, hashes
 
 
+# ---- (a') a graph replays the calls it captured -------------------------------------------
+
+def test_a_captured_graph_replays_the_round_with_the_same_bits_and_refuses_what_cuda_does(programs):
+    """streams.cu's graph mode checks each replay against the eager round, the replay count,
+    and each refused call's error (CUDA's) inside the program; here every build and seed agree
+    and nothing is reported."""
+    hashes = set()
+    for build_name in ("plain", "shadow", "racecheck"):
+        for seed in SEEDS[:2]:
+            done = _run(programs[build_name], "graph", seed=seed)
+            assert done.returncode == 0 and "graph: ok" in done.stdout, done.stdout + done.stderr
+            assert "cuda_cpu" not in done.stderr and "ThreadSanitizer" not in done.stderr, done.stderr
+            hashes.add(re.search(r"graph hash: (\w+)", done.stdout).group(1))
+    assert len(hashes) == 1, hashes
+
+
+def test_the_shadow_reports_a_race_inside_each_replay_of_a_graph(programs):
+    done = _run(programs["shadow"], "graph-conflict", seed=1)
+    assert done.returncode == 0 and "graph-conflict: ok" in done.stdout, done.stdout + done.stderr
+    replays = _cases(done.stderr, marker="streams: replay ")
+    assert set(replays) == {"0", "1"}, replays
+    expected = (("write_range", "streams.cu:graph writer", "write"),
+                ("read_all", "streams.cu:graph reader", "read"), "global", None, 16384, 0, 1024)
+    for replay in ("0", "1"):
+        assert [_summary(c) for c in replays[replay]] == [expected], replays[replay]
+
+
 # ---- (b) the shadow reports what nothing orders ----------------------------------------
 
-def _cases(stderr: str) -> dict:
-    """The shadow's conflicts of each case of streams.cu's conflict mode."""
+def _cases(stderr: str, marker: str = "streams: case ") -> dict:
+    """The shadow's conflicts of each case of streams.cu's conflict mode (each replay of its
+    graph-conflict mode, with the marker "streams: replay ")."""
     cases, name, lines = {}, None, []
-    for line in stderr.splitlines() + ["streams: case <end>"]:
-        if line.startswith("streams: case "):
+    for line in stderr.splitlines() + [marker + "<end>"]:
+        if line.startswith(marker):
             if name is not None:
                 cases[name] = parse_shadow("\n".join(lines))
-            name, lines = line.split("case ", 1)[1], []
+            name, lines = line[len(marker):], []
         else:
             lines.append(line)
     return cases

@@ -21,9 +21,10 @@ run in, with the kernel, the shared-memory offset and both threads.
   (two attention tiles a sequence, so the barriers that guard a tile's reuse guard something)
   on the first two blocks of every launch (CG_CPU_BLOCKS: block sampling), except for the
   barriers of layer_norm_backward, whose last block runs only when every block of the launch
-  has taken its ticket, and of the sorted scatter, whose window of a run's rows is refilled
-  only in a run longer than 32 rows (the space of byte tokens): those run every block
-  (UNSAMPLED). Removing the barrier between a
+  has taken its ticket (every block of the layer-norm backward launches runs, the others
+  sampled: CG_CPU_UNSAMPLED), and of the sorted scatter, whose window of a run's rows is
+  refilled only in a run longer than 32 rows of the ids the step sorted (the space of byte
+  tokens): those run every block of every launch (UNSAMPLED). Removing the barrier between a
   block's partial sums and its ticket is reported as a race on those partials (global
   memory) with the last block's reads. The ticket's __threadfence calls are not barriers and
   are not removed: ThreadSanitizer does not model fences, and the emulation's atomicInc is
@@ -76,6 +77,12 @@ KERNELS_OF = {
 # longer than one window (32 rows) refills: the space of byte tokens, at a position that
 # blocks 0 and 1 do not hold.
 UNSAMPLED = {"layer_norm_backward", "cgImageScatterSorted"}
+# Of those, the functions whose own kernels alone need every block (their inputs need not be
+# the step's: a barrier guards the kernel's own memory whatever values it holds), the other
+# launches sampled: the layer-norm backward's ticket and partial sums are its own launch's.
+# (The scatter's window depends on the sorted ids, which the sampled sort would not give.)
+UNSAMPLED_KERNELS = {"layer_norm_backward": ("cgImageLayerNormBackward",
+                                             "cgImageLayerNormBackwardAdd")}
 # Every function whose barriers the campaign must reach (at least one site each).
 # (The classifier's barriers are block_reduce's, as are block_sum's.)
 COVERED = {"cgImageAttention", "cgImageAttentionBackward", "block_reduce",
@@ -227,18 +234,25 @@ def test_removing_any_barrier_is_reported(setup):
     _, sites = number_barriers(emit_program(program, plan_memory(program)).text)
     functions = {site.function for site in sites}
     assert COVERED <= functions, functions
-    baselines = {SAMPLE: setup.run("campaign", blocks=SAMPLE, threads=1),
-                 None: setup.run("campaign", blocks=None, threads=2)}
+    def how(site):
+        """The blocks each launch runs, the kernels that run all of theirs, the workers."""
+        if site.function in UNSAMPLED_KERNELS:
+            return SAMPLE, UNSAMPLED_KERNELS[site.function], 2
+        if site.function in UNSAMPLED:
+            return None, (), 2
+        return SAMPLE, (), 1
+
+    def run(ways, **options):
+        blocks, unsampled, threads = ways
+        return setup.run("campaign", blocks=blocks, unsampled=unsampled, threads=threads,
+                         **options)
+
+    baselines = {ways: run(ways) for ways in {how(site) for site in sites}}
     for baseline in baselines.values():
         assert baseline.races == [] and baseline.status == 0, baseline.stderr[-3000:]
 
-    def blocks_of(site):
-        return None if site.function in UNSAMPLED else SAMPLE
-
     def removal(site):
-        blocks = blocks_of(site)
-        return site, setup.run("campaign", blocks=blocks, threads=1 if blocks else 2,
-                               disabled_barrier=site.number)
+        return site, run(how(site), disabled_barrier=site.number)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(removal, sites))
@@ -248,7 +262,7 @@ def test_removing_any_barrier_is_reported(setup):
     for site, result in results:
         key = (site.function, ordinal.setdefault(site.function, 0))
         ordinal[site.function] += 1
-        outcome = _outcome(result, baselines[blocks_of(site)])
+        outcome = _outcome(result, baselines[how(site)])
         kernels = sorted({race.kernel for race in result.races})
         table.append(f"{site.number:3} {site.function:26} #{key[1]} line {site.line:4} "
                      f"{site.kind:14} {outcome:12} {', '.join(kernels)}")
@@ -273,16 +287,16 @@ def test_removing_any_barrier_is_reported(setup):
             if race.threads[0] is None or sides[0] == sides[1]:
                 problems.append(f"{site}: a race needs two threads: {race}")
     print("\nbarrier campaign (tiny, context 128, blocks " + SAMPLE + "; every block for "
-          + ", ".join(sorted(UNSAMPLED)) + "):\n" + "\n".join(table))
+          + ", ".join(sorted(UNSAMPLED)) + ", of "
+          + ", ".join(k for kernels in UNSAMPLED_KERNELS.values() for k in kernels)
+          + " alone for the first):\n" + "\n".join(table))
     assert not problems, "\n".join(problems) + "\n" + "\n".join(table)
     # The redundant barriers, again in a shuffled order: still nothing to report.
     for (function, index) in REDUNDANT:
         site = [s for s in sites if s.function == function][index]
         for seed in (1,):
-            again = setup.run("campaign", blocks=blocks_of(site),
-                              threads=1 if blocks_of(site) else 2, seed=seed,
-                              disabled_barrier=site.number)
-            assert again.races == [] and again.stdout == baselines[blocks_of(site)].stdout, \
+            again = run(how(site), seed=seed, disabled_barrier=site.number)
+            assert again.races == [] and again.stdout == baselines[how(site)].stdout, \
                 (site, seed)
 
 

@@ -21,7 +21,8 @@ from ..base import Run, RunFault, initial_parameters
 from ..numerics import decode, encode, storage_dtype
 from . import cublaslt
 from .cublaslt import alignment
-from .emit import (CUBLAS_PRODUCTS, CUBLASLT_WORKSPACE_BYTES, NCCL_CALLS, NCCL_TYPES,
+from .emit import (ALGORITHM_TRIAL_BYTES, ALGORITHM_TRIAL_RUNS, ALGORITHMS_OFFERED,
+                   CUBLAS_PRODUCTS, CUBLASLT_WORKSPACE_BYTES, NCCL_CALLS, NCCL_TYPES,
                    emit_program, image_problems, rank_mismatch, workspace_beside_plan)
 from .toolchain import include_flags
 
@@ -191,7 +192,8 @@ class CupyRun(Run):
         """A product image through cuBLASLt, from CUBLAS_PRODUCTS as the emitted program's
         cg_matmul does it: column-major D^T = B^T A^T (cuBLASLt's A is our B), C the output
         or a distinct matrix (the residual: no copy), the epilogue's aux matrix laid out as
-        D. Descriptors, layouts and algorithm are made once per shape and alignment."""
+        D. Descriptors, layouts and algorithm are made once per shape and alignment; the
+        algorithm is chosen at the shape's first call (_choose_algorithm)."""
         lt, stream = self.cublaslt, self.streams[stream_number]
         product = CUBLAS_PRODUCTS[name]
         image = self.program.images[name]
@@ -215,23 +217,89 @@ class CupyRun(Run):
             layouts = (lt.layout(low_type, n if b_n else k, k if b_n else n, sizes[product.ld_b]),
                        lt.layout(low_type, k if a_n else m, m if a_n else k, sizes[product.ld_a]),
                        lt.layout(d_type, n, m, n), lt.layout(d_type, n, m, n))
-            algo = lt.heuristic(self.lt_handle, desc, layouts, CUBLASLT_WORKSPACE_BYTES,
-                                alignments[:4])
-            plan = self.matmul_plans[key] = (desc, layouts, algo)
-        desc, layouts, algo = plan
+            results = lt.heuristic(self.lt_handle, desc, layouts, CUBLASLT_WORKSPACE_BYTES,
+                                   alignments[:4], ALGORITHMS_OFFERED)
+            offered = results[:1] + [r for r in results[1:]
+                                     if lt.one_pass(results[0]) and lt.one_pass(r)]
+            plan = self.matmul_plans[key] = {"desc": desc, "layouts": layouts,
+                                             "offered": offered, "algo": offered[0],
+                                             "chosen": False}
+        desc, layouts = plan["desc"], plan["layouts"]
         alpha, beta = np.array(1.0, np.float32), np.array(product.beta, np.float32)
         handle = self.lt_handle  # the stream's own workspace, as the emitted program's
         workspace = self.memory["lt_workspace"].data.ptr + stream_number * CUBLASLT_WORKSPACE_BYTES
 
-        def call():
-            if aux:  # this call's aux matrix (the descriptor is the shape's)
-                lt.set_aux(desc, aux)
+        def run(algo, c_at, d_at, aux_at):
+            if aux_at:  # this call's aux matrix (the descriptor is the shape's)
+                lt.set_aux(desc, aux_at)
             lt.matmul(handle, desc, alpha.ctypes.data, b, layouts[0], a, layouts[1],
-                      beta.ctypes.data, c, layouts[2], d, layouts[3], algo, workspace,
+                      beta.ctypes.data, c_at, layouts[2], d_at, layouts[3], algo, workspace,
                       CUBLASLT_WORKSPACE_BYTES, stream.ptr)
+
+        def call():
+            if not plan["chosen"]:
+                self._choose_algorithm(plan, run, stream, name, (m, n, k), c, d, aux,
+                                       ELEMENTS[self.low if product.low_output
+                                                else "float32"].bytes,
+                                       product.epilogue == "GELU_AUX", product.beta)
+            run(plan["algo"], c, d, aux)
 
         call.image = name
         return call
+
+    def _choose_algorithm(self, plan, run, stream, name, shape, c, d, aux, element: int,
+                          writes_aux: bool, beta: float) -> None:
+        """The emitted program's cg_choose_algorithm, here: each offered algorithm writes D
+        (and a written aux matrix) into scratch memory, C copied there first where C is D;
+        those whose bits differ from the first's are dropped, the rest timed
+        (ALGORITHM_TRIAL_RUNS runs each) and the fastest kept. Not under a capture, nor where
+        D is larger than ALGORITHM_TRIAL_BYTES: the first is kept. CG_ALGORITHM_REPORT in the
+        environment prints each choice on stderr."""
+        import os
+        import sys
+        cupy = self.cupy
+        plan["chosen"] = True
+        m, n, k = shape
+        size = m * n * element
+        if len(plan["offered"]) < 2 or stream.is_capturing() or size > ALGORITHM_TRIAL_BYTES:
+            return
+        trial = cupy.zeros(size, dtype=cupy.uint8)
+        trial_aux = cupy.zeros(size, dtype=cupy.uint8) if writes_aux else None
+        trial_c = trial.data.ptr if c == d else c
+        expected, best, best_seconds, same = None, 0, 0.0, 0
+        for index, algo in enumerate(plan["offered"]):
+            if c == d and beta != 0.0:
+                cupy.cuda.runtime.memcpyAsync(trial.data.ptr, d, size,
+                                              cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+            aux_at = trial_aux.data.ptr if writes_aux else aux
+
+            def once():
+                run(algo, trial_c, trial.data.ptr, aux_at)
+
+            once()
+            got = (trial.get(stream=stream).tobytes(),
+                   trial_aux.get(stream=stream).tobytes() if writes_aux else b"")
+            stream.synchronize()
+            if expected is None:
+                expected = got
+            elif got != expected:
+                continue  # other bits: never chosen
+            same += 1
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            for _ in range(ALGORITHM_TRIAL_RUNS):
+                once()
+            stop.record(stream)
+            stop.synchronize()
+            seconds = cupy.cuda.get_elapsed_time(start, stop) / 1000.0
+            if index == 0 or seconds < best_seconds:
+                best, best_seconds = index, seconds
+        plan["algo"] = plan["offered"][best]
+        if os.environ.get("CG_ALGORITHM_REPORT") is not None:
+            print(f"{name}: cuBLASLt product m {m} n {n} k {k}: {len(plan['offered'])} "
+                  f"algorithms in one pass over k, {same} give the first's bits, chose algorithm "
+                  f"{best} ({1e6 * best_seconds / ALGORITHM_TRIAL_RUNS:.1f} us a run)",
+                  file=sys.stderr)
 
     def _collective(self, image, data, count: int, stream):
         """A collective image through CuPy's NCCL binding, on the run's stream (so that the

@@ -23,6 +23,8 @@ DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE = 3, 4, 7
 DESC_AUX_POINTER, DESC_AUX_LD = 11, 12
 PREF_MAX_WORKSPACE_BYTES = 1
 PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # A, B, C, D bytes
+ALGO_CONFIG_SPLITK_NUM, ALGO_CONFIG_REDUCTION_SCHEME = 2, 3  # int32, uint32
+REDUCTION_SCHEME_NONE = 0
 
 
 class CublasLtError(RuntimeError):
@@ -110,9 +112,11 @@ class CublasLt:
         return layout.value
 
     def heuristic(self, handle: int, desc: int, layouts: tuple[int, int, int, int],
-                  workspace_bytes: int, alignments: tuple[int, int, int, int]):
-        """The heuristic's first algorithm for these layouts (A, B, C, D), told the workspace
-        and the operands' alignments; an opaque value for matmul."""
+                  workspace_bytes: int, alignments: tuple[int, int, int, int],
+                  requested: int = 1) -> list:
+        """The heuristic's algorithms for these layouts (A, B, C, D), best first, up to
+        `requested`, told the workspace and the operands' alignments: opaque values for
+        matmul (those it offers in a state other than success left out)."""
         preference = ctypes.c_void_p()
         self._call("cublasLtMatmulPreferenceCreate", ctypes.byref(preference))
         try:
@@ -124,15 +128,29 @@ class CublasLt:
                 value32 = ctypes.c_uint32(alignment)
                 self._call("cublasLtMatmulPreferenceSetAttribute", preference,
                            ctypes.c_int(attribute), ctypes.byref(value32), ctypes.c_size_t(4))
-            result, count = _HeuristicResult(), ctypes.c_int(0)
+            results, count = (_HeuristicResult * requested)(), ctypes.c_int(0)
             self._call("cublasLtMatmulAlgoGetHeuristic", ctypes.c_void_p(handle),
                        ctypes.c_void_p(desc), *(ctypes.c_void_p(x) for x in layouts), preference,
-                       ctypes.c_int(1), ctypes.byref(result), ctypes.byref(count))
+                       ctypes.c_int(requested), results, ctypes.byref(count))
         finally:
             self.library.cublasLtMatmulPreferenceDestroy(preference)
         if count.value < 1:
             raise CublasLtError("cuBLASLt's heuristic has no algorithm for this product")
-        return result
+        return [results[0]] + [r for r in results[1:count.value] if r.state == 0]
+
+    def one_pass(self, result) -> bool:
+        """Whether the algorithm sums each element's k products in one pass (one split of k,
+        no reduction scheme); one whose configuration cannot be read is not."""
+        splits, reduction = ctypes.c_int32(0), ctypes.c_uint32(1)
+        written = ctypes.c_size_t(0)
+        for attribute, value in ((ALGO_CONFIG_SPLITK_NUM, splits),
+                                 (ALGO_CONFIG_REDUCTION_SCHEME, reduction)):
+            status = self.library.cublasLtMatmulAlgoConfigGetAttribute(
+                ctypes.byref(result.algo), ctypes.c_int(attribute), ctypes.byref(value),
+                ctypes.c_size_t(ctypes.sizeof(value)), ctypes.byref(written))
+            if status != 0:
+                return False
+        return splits.value == 1 and reduction.value == REDUCTION_SCHEME_NONE
 
     def matmul(self, handle: int, desc: int, alpha: int, a: int, a_layout: int, b: int,
                b_layout: int, beta: int, c: int, c_layout: int, d: int, d_layout: int, algo,

@@ -71,6 +71,17 @@ CUBLAS_PRODUCTS = {
 CUBLASLT_WORKSPACE_BYTES = 32 * 1024 * 1024
 
 
+# The choice of algorithm, as both GPU backends make it (the emitted cg_choose_algorithm, the CuPy
+# run's _choose_algorithm): of the heuristic's first ALGORITHMS_OFFERED, those that make one
+# pass over k and give the first's bits on the shape's first operands are each timed over
+# ALGORITHM_TRIAL_RUNS runs, and the fastest kept. A product whose output is larger than
+# ALGORITHM_TRIAL_BYTES keeps the first (its trial copies would cost more memory than the choice
+# is worth; the heuristic's first is the one tuned for large shapes).
+ALGORITHMS_OFFERED = 4
+ALGORITHM_TRIAL_BYTES = 64 << 20
+ALGORITHM_TRIAL_RUNS = 5
+
+
 def workspace_beside_plan(program: Program) -> tuple[int, str]:
     """What a program's run allocates beside its memory plan: cuBLASLt's workspace, one a
     compute stream (the emitted program's cg_lt_workspace, the CuPy run's lt_workspace)."""
@@ -665,6 +676,8 @@ class Emitter:
             sharded=any(c["shard"] is not None for c in collectives),
             rank=self.program.rank, ranks=self.program.ranks,
             workspace_bytes=CUBLASLT_WORKSPACE_BYTES,
+            algorithms_offered=ALGORITHMS_OFFERED, algorithm_trial_bytes=ALGORITHM_TRIAL_BYTES,
+            algorithm_trial_runs=ALGORITHM_TRIAL_RUNS,
             streams=self.compute_streams + (self.communicator_stream is not None),
             compute_streams=self.compute_streams, communicator_stream=self.communicator_stream,
             events=self.event_count,

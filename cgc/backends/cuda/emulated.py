@@ -562,16 +562,18 @@ def parse_racecheck(stderr: str, binary: Path | None = None,
 
 def racecheck_run(program, dump: str, steps: int = 1, disabled_barrier: int | None = None,
                   seed: int | None = None, blocks: str | None = None, threads: int | None = None,
-                  timeout: float = 600) -> RacecheckResult:
+                  unsampled: tuple[str, ...] = (), timeout: float = 600) -> RacecheckResult:
     """The emitted program replaying `steps` steps of a dump under ThreadSanitizer (the
     racecheck build of standalone), with barrier site `disabled_barrier` skipped, the fibers
     in the order of schedule `seed`, only the linear `blocks` of each launch (CG_CPU_BLOCKS,
-    e.g. "0,1,-1") and `threads` workers; its races, exit status and output."""
+    e.g. "0,1,-1") but every block of the kernels named `unsampled` (CG_CPU_UNSAMPLED), and
+    `threads` workers; its races, exit status and output."""
     binary = standalone(program, racecheck=True)
     environment = {**os.environ, **RACECHECK_ENVIRONMENT}
     for name, value in (("CG_CPU_DISABLE_BARRIER", disabled_barrier),
                         ("CG_CPU_SCHEDULE_SEED", seed), ("CG_CPU_BLOCKS", blocks),
-                        ("CG_CPU_THREADS", threads)):
+                        ("CG_CPU_THREADS", threads),
+                        ("CG_CPU_UNSAMPLED", ",".join(unsampled) or None)):
         environment.pop(name, None)
         if value is not None:
             environment[name] = str(value)

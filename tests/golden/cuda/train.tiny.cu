@@ -479,6 +479,45 @@ template <int N>
 __device__ __forceinline__ void cg_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+// Hopper's asynchronous barrier (a 64-bit word of shared memory) and bulk copy (sm_90): a
+// producer arrives declaring the bytes its copies will complete; consumers wait for the phase.
+__device__ __forceinline__ void cg_mbarrier_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(cg_shared_address(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void cg_mbarrier_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cg_shared_address(bar)) : "memory");
+}
+
+__device__ __forceinline__ void cg_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cg_shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void cg_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred done;\n"
+      "cg_wait_%=:\n"
+      "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "  @!done bra cg_wait_%=;\n"
+      "}\n" ::"r"(cg_shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
+// copy engine, completing on `bar`.
+__device__ __forceinline__ void cg_bulk_copy_to_shared(void* shared, const void* global, unsigned bytes,
+                                                       unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   cg_shared_address(shared)),
+               "l"(global), "r"(bytes), "r"(cg_shared_address(bar))
+               : "memory");
+}
 #endif
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2(e))
@@ -1749,10 +1788,25 @@ static cublasLtHandle_t cg_lt = nullptr;
 static const cudaDataType_t cg_low_type = CUDA_R_16BF;
 
 // What one cuBLASLt product needs that depends only on its shape: the matmul descriptor
-// (operations, epilogue, aux leading dimension), the four matrix layouts and the algorithm
-// the heuristic chose. Made at a shape's first call and kept: a step has a handful of shapes.
-// The pointers' alignments are part of the shape, since the heuristic may choose an algorithm
-// that needs the alignment it was told (cublasLt.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*).
+// (operations, epilogue, aux leading dimension), the four matrix layouts and the algorithm.
+// Made at a shape's first call and kept: a step has a handful of shapes. The pointers'
+// alignments are part of the shape, since the heuristic may choose an algorithm that needs the
+// alignment it was told (cublasLt.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*).
+//
+// The algorithm: of the heuristic's first CG_ALGORITHMS_OFFERED, the fastest of those that make
+// one pass over k (no split-K, no reduction scheme) and give the heuristic's first one's bits on
+// the shape's first call's operands (cg_choose_algorithm). A split-K algorithm sums k in another
+// order, so other bits, and a run whose numbers hung on a timing would not resume exactly: it is
+// never chosen (unless the heuristic puts it first, when it is the only one). The CPU build
+// (cgc/backends/cuda_cpu) keeps the first: CG_TIME_ALGORITHMS is 0 there.
+#ifndef CG_TIME_ALGORITHMS
+#define CG_TIME_ALGORITHMS 1
+#endif
+// A product whose output is larger keeps the first (cgc/backends/cuda/emit.py says why).
+static const int CG_ALGORITHMS_OFFERED = 4;
+static const size_t CG_ALGORITHM_TRIAL_BYTES = 67108864UL;
+static const int CG_ALGORITHM_TRIAL_RUNS = 5;
+
 struct CgMatmulPlan {
   cublasOperation_t op_b, op_a;
   int m, n, k, ldb, lda;
@@ -1763,6 +1817,9 @@ struct CgMatmulPlan {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t b_layout, a_layout, c_layout, d_layout;
   cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulAlgo_t offered[CG_ALGORITHMS_OFFERED];
+  int offered_count;
+  bool chosen;  // cg_choose_algorithm has run (at the shape's first call)
 };
 static std::vector<CgMatmulPlan> cg_matmul_plans;
 
@@ -1777,6 +1834,19 @@ static uint32_t cg_alignment(const void* p) {
 static void cg_lt_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
                             const void* value, size_t bytes, const char* where) {
   cg_check(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes), where);
+}
+
+// Whether the algorithm sums each element's k products in one pass (cuBLASLt's configuration:
+// one split of k, no reduction scheme); one whose configuration cannot be read is not.
+static bool cg_one_pass(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splits = 0;
+  uint32_t reduction = 1;
+  size_t written = 0;
+  return cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                              &written) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                              sizeof reduction, &written) == CUBLAS_STATUS_SUCCESS &&
+         splits == 1 && reduction == CUBLASLT_REDUCTION_SCHEME_NONE;
 }
 
 static CgMatmulPlan& cg_matmul_plan(const CgMatmulPlan& shape, const void* aux, const char* where) {
@@ -1816,19 +1886,90 @@ static CgMatmulPlan& cg_matmul_plan(const CgMatmulPlan& shape, const void* aux, 
   for (int i = 0; i < 4; ++i)
     cg_check(cublasLtMatmulPreferenceSetAttribute(preference, alignments[i], &plan.alignment[i],
                                                   sizeof plan.alignment[i]), where);
-  cublasLtMatmulHeuristicResult_t result;
+  cublasLtMatmulHeuristicResult_t results[CG_ALGORITHMS_OFFERED];
   int found = 0;
   cg_check(cublasLtMatmulAlgoGetHeuristic(cg_lt, plan.desc, plan.b_layout, plan.a_layout, plan.c_layout,
-                                          plan.d_layout, preference, 1, &result, &found), where);
+                                          plan.d_layout, preference, CG_ALGORITHMS_OFFERED, results, &found), where);
   cg_check(cublasLtMatmulPreferenceDestroy(preference), where);
   if (found < 1) {
     std::fprintf(stderr, "%s: cuBLASLt has no algorithm for this product (m %d, n %d, k %d)\n", where, plan.m,
                  plan.n, plan.k);
     std::exit(1);
   }
-  plan.algo = result.algo;
+  plan.offered_count = 1;
+  plan.offered[0] = results[0].algo;
+  for (int i = 1; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && cg_one_pass(results[0].algo) && cg_one_pass(results[i].algo))
+      plan.offered[plan.offered_count++] = results[i].algo;
+  plan.algo = results[0].algo;
+  plan.chosen = false;
   cg_matmul_plans.push_back(plan);
   return cg_matmul_plans.back();
+}
+
+// The plan's algorithm, at the shape's first call (its operands are real: A and B as the step
+// has them): each offered algorithm writes D (and a written aux matrix) into scratch memory,
+// C copied there first where C is D; those whose bits differ from the first's are dropped, the
+// rest timed (CG_ALGORITHM_TRIAL_RUNS runs each) and the fastest kept. Nothing the step owns is
+// written. Not under a capture (a graph holds no host wait): the first is kept. CG_ALGORITHM_REPORT
+// in the environment prints each choice on stderr.
+static void cg_choose_algorithm(CgMatmulPlan& plan, cudaStream_t stream, void* workspace, const char* where,
+                                const void* b, const void* a, const void* c, const void* d, float beta,
+                                const void* aux) {
+  plan.chosen = true;
+  const size_t element = plan.d_type == CUDA_R_32F ? 4 : 2;
+  const size_t bytes = static_cast<size_t>(plan.m) * plan.n * element;
+  const bool writes_aux = plan.epilogue == CUBLASLT_EPILOGUE_GELU_AUX;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cg_check(cudaStreamIsCapturing(stream, &capturing), where);
+  if (!CG_TIME_ALGORITHMS || plan.offered_count < 2 || capturing != cudaStreamCaptureStatusNone ||
+      bytes > CG_ALGORITHM_TRIAL_BYTES)
+    return;
+  char* scratch = nullptr;  // each algorithm's D, then its aux matrix where it writes one
+  cg_check(cudaMalloc(&scratch, (writes_aux ? 2 : 1) * bytes), where);
+  char* trial = scratch;
+  char* trial_aux = writes_aux ? scratch + bytes : nullptr;
+  const void* trial_c = c == d ? static_cast<const void*>(trial) : c;
+  const float alpha = 1.0f;
+  cudaEvent_t start, stop;
+  cg_check(cudaEventCreate(&start), where);
+  cg_check(cudaEventCreate(&stop), where);
+  std::vector<char> expected(bytes), got(bytes), expected_aux(writes_aux ? bytes : 0), got_aux(expected_aux.size());
+  int best = 0, same = 0;
+  float best_ms = 0.0f;
+  for (int i = 0; i < plan.offered_count; ++i) {
+    if (c == d && beta != 0.0f) cg_check(cudaMemcpyAsync(trial, d, bytes, cudaMemcpyDeviceToDevice, stream), where);
+    const void* run_aux = writes_aux ? static_cast<const void*>(trial_aux) : aux;
+    if (aux != nullptr) cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &run_aux, sizeof run_aux, where);
+    auto run = [&]() {
+      cg_check(cublasLtMatmul(cg_lt, plan.desc, &alpha, b, plan.b_layout, a, plan.a_layout, &beta, trial_c,
+                              plan.c_layout, trial, plan.d_layout, &plan.offered[i], workspace, plan.workspace,
+                              stream), where);
+    };
+    run();
+    cg_check(cudaMemcpyAsync(i == 0 ? expected.data() : got.data(), trial, bytes, cudaMemcpyDeviceToHost, stream), where);
+    if (writes_aux)
+      cg_check(cudaMemcpyAsync(i == 0 ? expected_aux.data() : got_aux.data(), trial_aux, bytes, cudaMemcpyDeviceToHost,
+                               stream), where);
+    cg_check(cudaStreamSynchronize(stream), where);
+    if (i > 0 && (got != expected || got_aux != expected_aux)) continue;  // other bits: never chosen
+    ++same;
+    cg_check(cudaEventRecord(start, stream), where);
+    for (int r = 0; r < CG_ALGORITHM_TRIAL_RUNS; ++r) run();
+    cg_check(cudaEventRecord(stop, stream), where);
+    cg_check(cudaEventSynchronize(stop), where);
+    float ms = 0.0f;
+    cg_check(cudaEventElapsedTime(&ms, start, stop), where);
+    if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+  }
+  plan.algo = plan.offered[best];
+  if (std::getenv("CG_ALGORITHM_REPORT") != nullptr)
+    std::fprintf(stderr, "%s: cuBLASLt product m %d n %d k %d: %d algorithms in one pass over k, %d give the first's bits, "
+                 "chose algorithm %d (%.1f us a run)\n", where, plan.m, plan.n, plan.k, plan.offered_count, same,
+                 best, 1000.0f * best_ms / CG_ALGORITHM_TRIAL_RUNS);
+  cg_check(cudaEventDestroy(start), where);
+  cg_check(cudaEventDestroy(stop), where);
+  cg_check(cudaFree(scratch), where);
 }
 
 // D[m, n] = epilogue(A B + beta C), row-major, as column-major D^T = B^T A^T: the operands swap
@@ -1850,6 +1991,7 @@ static void cg_matmul(cudaStream_t stream, const char* where, cublasOperation_t 
   const void* pointers[5] = {b, a, c, d, aux};
   for (int i = 0; i < 5; ++i) shape.alignment[i] = cg_alignment(pointers[i]);
   CgMatmulPlan& plan = cg_matmul_plan(shape, aux, where);
+  if (!plan.chosen) cg_choose_algorithm(plan, stream, stream_workspace, where, b, a, c, d, beta, aux);
   if (aux != nullptr)  // this call's aux matrix (the descriptor is the shape's)
     cg_lt_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux, where);
   cg_check(cublasLtMatmul(cg_lt, plan.desc, &alpha, b, plan.b_layout, a, plan.a_layout, &beta, c, plan.c_layout, d,
@@ -2113,7 +2255,10 @@ void cg_step(cudaStream_t stream) {
 // Usage: PROGRAM DIR [STEPS]. The parameters start as DIR/before/ENTRY.npy, step s reads its
 // tokens from row s of DIR/ids.npy and DIR/targets.npy (and its learning rate from element s
 // of DIR/learning_rates.npy, where the schedule has a learningRate role), and each step
-// prints its loss: the same numbers `cgc run` prints for the same dump.
+// prints its loss: the same numbers `cgc run` prints for the same dump. The first step runs
+// launch by launch (the products choose their algorithms there); it is then captured as a
+// CUDA graph, which every later step replays, as the CuPy backend does. The copies of each
+// step's tokens and loss stay outside the graph.
 
 // A little-endian .npy file of float32 or int32 values: its data, after the header.
 static std::vector<char> cg_read_npy(const std::string& path, size_t expected_bytes) {
@@ -2191,18 +2336,31 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   cg_check(cudaStreamCreate(&stream), "creating the stream");
   std::vector<float> losses(rows);
+  cudaGraphExec_t graph = nullptr;
   for (int step = 0; step < steps; ++step) {
     const size_t offset = static_cast<size_t>(step) * rows * sizeof(int);
     cg_check(cudaMemcpyAsync(cgIds, ids.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "ids");
     cg_check(cudaMemcpyAsync(cgTargets, targets.data() + offset, rows * sizeof(int), cudaMemcpyHostToDevice, stream), "targets");
     cg_check(cudaMemcpyAsync(cgStepLearningRate, rates.data() + step * sizeof(float), sizeof(float), cudaMemcpyHostToDevice, stream), "learning rate");
-    cg_step(stream);
+    if (graph == nullptr)
+      cg_step(stream);
+    else
+      cg_check(cudaGraphLaunch(graph, stream), "replaying the step's graph");
     cg_check(cudaMemcpyAsync(losses.data(), cgLoss, rows * sizeof(float), cudaMemcpyDeviceToHost, stream), "loss");
     cg_check(cudaStreamSynchronize(stream), "the step");
+    if (graph == nullptr && step + 1 < steps) {  // capture runs nothing: the next step replays it
+      cudaGraph_t captured = nullptr;
+      cg_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "capturing the step");
+      cg_step(stream);
+      cg_check(cudaStreamEndCapture(stream, &captured), "capturing the step");
+      cg_check(cudaGraphInstantiate(&graph, captured, 0), "instantiating the step's graph");
+      cg_check(cudaGraphDestroy(captured), "the captured graph");
+    }
     double sum = 0.0;
     for (float loss : losses) sum += loss;
     std::printf("step %d: loss %.6f\n", step + 1, sum / rows);
   }
+  if (graph != nullptr) cg_check(cudaGraphExecDestroy(graph), "the step's graph");
   cg_check(cudaStreamDestroy(stream), "destroying the stream");
   cg_products_release();
   cg_release();

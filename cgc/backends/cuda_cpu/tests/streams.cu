@@ -19,6 +19,15 @@
 //               another (for the ThreadSanitizer build).
 //   fault       a launch on a created stream that deadlocks: the launch returns, the fault is
 //               reported (naming its site) when the stream is waited for, and stays.
+//   graph       one round of forked work (kernels, a cuBLASLt product whose alpha and aux
+//               pointer change after the capture, a memset, a device copy) run eagerly, then
+//               captured into a graph (nothing runs during the capture) and replayed three times
+//               on its stream and once on another: the same bits as the eager round, a counter
+//               that counts the replays; then what a capture refuses (a host wait, an
+//               allocation, the legacy stream, a host copy, timing a captured event, a fork never
+//               joined), each with CUDA's error. Prints a hash of the outputs.
+//   graph-conflict  a captured graph whose two branches write and read one buffer with nothing
+//               between them: each replay's pair is reported by the shadow, naming both sites.
 #include "check.h"
 
 #include <cublasLt.h>
@@ -437,12 +446,229 @@ static int fault() {
   FINISH("fault");
 }
 
+__global__ void bump(unsigned* counter) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *counter += 1u;
+}
+
+struct GraphRound {
+  cublasLtHandle_t lt;
+  cudaStream_t parent, side1, side2;
+  cudaEvent_t fork, join1, join2;
+  Product product;
+  float *in, *w, *a, *b, *d, *copy, *out;
+  unsigned* counter;
+  void *ws1, *ws2;
+  size_t workspace_bytes;
+};
+
+// One round: parent and two side streams forked and joined by events.
+static void graph_round(GraphRound& g) {
+  CUDA_OK(cudaEventRecord(g.fork, g.parent));
+  CUDA_OK(cudaStreamWaitEvent(g.side1, g.fork, 0));
+  CUDA_OK(cudaStreamWaitEvent(g.side2, g.fork, 0));
+  CG_LAUNCH(scale, dim3(grid(kN)), dim3(kThreads), 0, g.parent)(g.a, g.in, 2.5f, kN);
+  cgcpu::launch_site("streams.cu graph: parent scale");
+  CG_LAUNCH(scale, dim3(grid(kN)), dim3(kThreads), 0, g.side1)(g.b, g.in, -0.5f, kN);
+  cgcpu::launch_site("streams.cu graph: side1 scale");
+  {  // alpha is a local: the graph keeps its value, not its address
+    float alpha = 2.0f;
+    const float beta = 0.0f;
+    CHECK(cublasLtMatmul(g.lt, g.product.desc, &alpha, g.w, g.product.a, g.in, g.product.b, &beta, g.d,
+                         g.product.d, g.d, g.product.d, &g.product.algo, g.ws2, g.workspace_bytes, g.side2) ==
+              CUBLAS_STATUS_SUCCESS, "cublasLtMatmul");
+    alpha = 1000.0f;
+  }
+  CUDA_OK(cudaMemsetAsync(g.copy, 0, kN * sizeof(float), g.side2));
+  CUDA_OK(cudaMemcpyAsync(g.copy, g.d, g.product.m * g.product.n * sizeof(float), cudaMemcpyDeviceToDevice,
+                          g.side2));
+  CUDA_OK(cudaEventRecord(g.join1, g.side1));
+  CUDA_OK(cudaStreamWaitEvent(g.parent, g.join1, 0));
+  CUDA_OK(cudaEventRecord(g.join2, g.side2));
+  CUDA_OK(cudaStreamWaitEvent(g.parent, g.join2, 0));
+  CG_LAUNCH(combine, dim3(grid(kN)), dim3(kThreads), 0, g.parent)(g.out, g.a, g.b, kN);
+  cgcpu::launch_site("streams.cu graph: parent combine");
+  CG_LAUNCH(bump, dim3(1), dim3(32), 0, g.parent)(g.counter);
+  cgcpu::launch_site("streams.cu graph: parent bump");
+}
+
+static std::vector<float> graph_outputs(const GraphRound& g) {
+  std::vector<float> values(2 * kN);
+  CUDA_OK(cudaMemcpy(values.data(), g.out, kN * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(values.data() + kN, g.copy, kN * sizeof(float), cudaMemcpyDeviceToHost));
+  return values;
+}
+
+static unsigned graph_counter(const GraphRound& g) {
+  unsigned value = 0;
+  CUDA_OK(cudaMemcpy(&value, g.counter, sizeof value, cudaMemcpyDeviceToHost));
+  return value;
+}
+
+static cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) {
+  *graph = reinterpret_cast<cudaGraph_t>(&graph);  // must come back null when refused
+  return cudaStreamEndCapture(stream, graph);
+}
+
+static int graph() {
+  GraphRound g{};
+  cublasLtCreate(&g.lt);
+  CUDA_OK(cudaStreamCreate(&g.parent));
+  CUDA_OK(cudaStreamCreateWithFlags(&g.side1, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&g.side2, cudaStreamNonBlocking));
+  CUDA_OK(cudaEventCreateWithFlags(&g.fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&g.join1, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&g.join2, cudaEventDisableTiming));
+  constexpr int kM = 32, kK = 16, kCols = kN / kK / 4;
+  std::vector<float> host_in(kN), host_w(kM * kK);
+  for (int i = 0; i < kN; ++i) host_in[i] = static_cast<float>((i * 37) % 101) / 16.0f;
+  for (int i = 0; i < kM * kK; ++i) host_w[i] = static_cast<float>((i * 13) % 17 - 8) / 8.0f;
+  g.in = device_floats(kN, 0.0f);
+  g.w = device_floats(kM * kK, 0.0f);
+  CUDA_OK(cudaMemcpy(g.in, host_in.data(), kN * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(g.w, host_w.data(), kM * kK * sizeof(float), cudaMemcpyHostToDevice));
+  g.a = device_floats(kN, 0.0f);
+  g.b = device_floats(kN, 0.0f);
+  g.d = device_floats(kM * kCols, 0.0f);
+  g.copy = device_floats(kN, 7.0f);
+  g.out = device_floats(kN, 0.0f);
+  CUDA_OK(cudaMalloc(&g.counter, sizeof(unsigned)));
+  CUDA_OK(cudaMemset(g.counter, 0, sizeof(unsigned)));
+  g.workspace_bytes = 1 << 16;
+  CUDA_OK(cudaMalloc(&g.ws1, g.workspace_bytes));
+  CUDA_OK(cudaMalloc(&g.ws2, g.workspace_bytes));
+  g.product = make_product(g.lt, kM, kCols, kK, g.workspace_bytes);
+
+  graph_round(g);  // eager
+  CUDA_OK(cudaStreamSynchronize(g.parent));
+  const std::vector<float> eager = graph_outputs(g);
+  CHECK(graph_counter(g) == 1u, "the eager round bumps once");
+  float expected00 = 0.0f;  // D[0, 0] = 2 sum_p W[0, p] in[p, 0]
+  for (int p = 0; p < kK; ++p) expected00 += host_w[p * kM] * host_in[p];
+  CHECK(eager[kN] == 2.0f * expected00, "the product %g, expected %g", eager[kN], 2.0f * expected00);
+  CHECK(eager[2 * kN - 1] == 0.0f, "the copy's tail is the memset's");
+
+  // Captured: nothing runs; the side streams join the capture and report it.
+  CUDA_OK(cudaMemset(g.out, 0, kN * sizeof(float)));
+  CUDA_OK(cudaMemset(g.copy, 0x7f, kN * sizeof(float)));
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OK(cudaStreamIsCapturing(g.side1, &status));
+  CHECK(status == cudaStreamCaptureStatusNone, "side1 has not joined yet");
+  graph_round(g);
+  CUDA_OK(cudaStreamIsCapturing(g.side1, &status));
+  CHECK(status == cudaStreamCaptureStatusActive, "side1 joined the capture by its wait");
+  cudaGraph_t made = nullptr;
+  CUDA_OK(end_capture(g.parent, &made));
+  CHECK(made != nullptr, "a graph");
+  CUDA_OK(cudaStreamIsCapturing(g.parent, &status));
+  CHECK(status == cudaStreamCaptureStatusNone, "the capture ended");
+  CHECK(graph_counter(g) == 1u, "nothing ran during the capture");
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, made, 0));
+  CUDA_OK(cudaGraphDestroy(made));
+  for (int replay = 0; replay < 3; ++replay) CUDA_OK(cudaGraphLaunch(exec, g.parent));
+  CUDA_OK(cudaStreamSynchronize(g.parent));
+  CHECK(graph_counter(g) == 4u, "three replays bump three times: %u", graph_counter(g));
+  const std::vector<float> replayed = graph_outputs(g);
+  CHECK(std::memcmp(replayed.data(), eager.data(), eager.size() * sizeof(float)) == 0,
+        "a replay gives the eager round's bits");
+  cudaStream_t other;
+  CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  CUDA_OK(cudaGraphLaunch(exec, other));
+  CUDA_OK(cudaStreamSynchronize(other));
+  CHECK(graph_counter(g) == 5u, "a replay on another stream, waited for there: %u", graph_counter(g));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+
+  // What a capture refuses: the call's error, then the capture's.
+  void* scratch = nullptr;
+  struct Refusal {
+    const char* name;
+    cudaError_t call, end;
+  };
+  std::vector<Refusal> refusals;
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  refusals.push_back({"a host wait", cudaStreamSynchronize(g.parent), end_capture(g.parent, &made)});
+  CHECK(made == nullptr, "no graph");
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  refusals.push_back({"an allocation", cudaMalloc(&scratch, 256), end_capture(g.parent, &made)});
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  CG_LAUNCH(bump, dim3(1), dim3(32), 0, 0)(g.counter);
+  refusals.push_back({"the legacy stream", cudaGetLastError(), end_capture(g.parent, &made)});
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  refusals.push_back({"a host copy",
+                      cudaMemcpyAsync(g.in, host_in.data(), sizeof(float), cudaMemcpyHostToDevice, g.parent),
+                      end_capture(g.parent, &made)});
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaEventRecord(g.fork, g.parent));
+  refusals.push_back({"waiting for a captured event", cudaEventSynchronize(g.fork), end_capture(g.parent, &made)});
+  CUDA_OK(cudaStreamBeginCapture(g.parent, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaEventRecord(g.fork, g.parent));
+  CUDA_OK(cudaStreamWaitEvent(g.side1, g.fork, 0));
+  CG_LAUNCH(bump, dim3(1), dim3(32), 0, g.side1)(g.counter);
+  refusals.push_back({"a fork never joined", cudaSuccess, end_capture(g.parent, &made)});
+  const cudaError_t expected_call[] = {cudaErrorStreamCaptureUnsupported, cudaErrorStreamCaptureUnsupported,
+                                       cudaErrorStreamCaptureImplicit, cudaErrorStreamCaptureUnsupported,
+                                       cudaErrorStreamCaptureUnsupported, cudaSuccess};
+  for (std::size_t i = 0; i < refusals.size(); ++i) {
+    const cudaError_t expected_end =
+        i + 1 == refusals.size() ? cudaErrorStreamCaptureUnjoined : cudaErrorStreamCaptureInvalidated;
+    CHECK(refusals[i].call == expected_call[i] && refusals[i].end == expected_end, "%s: the call %s, the end %s",
+          refusals[i].name, cudaGetErrorName(refusals[i].call), cudaGetErrorName(refusals[i].end));
+  }
+  CHECK(made == nullptr && scratch == nullptr, "nothing made");
+  CHECK(cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported,
+        "the legacy stream captures nothing");
+  cudaGetLastError();
+  CUDA_OK(cudaDeviceSynchronize());
+  CHECK(graph_counter(g) == 5u, "no refused capture ran anything: %u", graph_counter(g));
+  const std::vector<float> after = graph_outputs(g);
+  std::printf("graph hash: %016llx\n", static_cast<unsigned long long>(hash(after)));
+  cublasLtDestroy(g.lt);
+  FINISH("graph");
+}
+
+// Two branches of a graph that write and read one buffer, unordered: every replay's pair is a
+// conflict for the shadow.
+static int graph_conflict() {
+  cudaStream_t parent, side;
+  CUDA_OK(cudaStreamCreate(&parent));
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  float* x = device_floats(kN, 1.0f);
+  float* y = device_floats(kN, 0.0f);
+  CUDA_OK(cudaStreamBeginCapture(parent, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaEventRecord(fork, parent));
+  CUDA_OK(cudaStreamWaitEvent(side, fork, 0));
+  CG_LAUNCH(write_range, dim3(grid(256)), dim3(kThreads), 0, side)(x, 0, 256, 3.0f);
+  cgcpu::launch_site("streams.cu:graph writer");
+  CG_LAUNCH(read_all, dim3(grid(256)), dim3(kThreads), 0, parent)(y, x, 256);
+  cgcpu::launch_site("streams.cu:graph reader");
+  CUDA_OK(cudaEventRecord(join, side));
+  CUDA_OK(cudaStreamWaitEvent(parent, join, 0));
+  cudaGraph_t made = nullptr;
+  CUDA_OK(cudaStreamEndCapture(parent, &made));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, made, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    std::fprintf(stderr, "streams: replay %d\n", replay);
+    CUDA_OK(cudaGraphLaunch(exec, parent));
+    CUDA_OK(cudaStreamSynchronize(parent));
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(made));
+  FINISH("graph-conflict");
+}
+
 int main(int argc, char** argv) {
   if (mode_is(argc, argv, "clean")) return clean();
   if (mode_is(argc, argv, "conflict")) return conflict();
   if (mode_is(argc, argv, "interleave")) return interleave(argc > 2 && std::strcmp(argv[2], "same") == 0);
   if (mode_is(argc, argv, "racecheck")) return racecheck();
   if (mode_is(argc, argv, "fault")) return fault();
-  std::printf("usage: %s clean|conflict|interleave [same]|racecheck|fault\n", argv[0]);
+  if (mode_is(argc, argv, "graph")) return graph();
+  if (mode_is(argc, argv, "graph-conflict")) return graph_conflict();
+  std::printf("usage: %s clean|conflict|interleave [same]|racecheck|fault|graph|graph-conflict\n", argv[0]);
   return 2;
 }

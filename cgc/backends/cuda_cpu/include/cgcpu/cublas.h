@@ -168,6 +168,7 @@ struct GemmJob {
   GemmEpilogue epilogue = kGemmPlain;
   void* aux = nullptr;  // GELU_AUX: written (the value before GELU); DGELU: read (the GELU input)
   int ldaux = 0;
+  int split = 0;  // > 0: k summed as [0, split) and [split, k) apart, then added (cuBLASLt's split-K)
 };
 
 constexpr int kGemmRows = 4;  // rows of C computed together, sharing each row of op(B)
@@ -188,7 +189,12 @@ CGCPU_NO_TSAN inline void gemm_rows(void* context, std::uint64_t group) {
     arow[r] = job.a + static_cast<std::size_t>(first + (r < rows ? r : 0)) * job.k;
   }
   typedef float Vector __attribute__((vector_size(16)));
+  std::vector<float> first_part;  // split-K: the sums over [0, split)
   for (int p = 0; p < job.k; ++p) {
+    if (p == job.split && job.split > 0) {
+      first_part = accumulator;
+      std::fill(accumulator.begin(), accumulator.end(), 0.0f);
+    }
     const float* brow = job.b + static_cast<std::size_t>(p) * n;
     float scalar[kGemmRows];
     Vector broadcast[kGemmRows];
@@ -214,6 +220,7 @@ CGCPU_NO_TSAN inline void gemm_rows(void* context, std::uint64_t group) {
         acc[r][j] = acc[r][j] + product;
       }
   }
+  for (std::size_t at = 0; at < first_part.size(); ++at) accumulator[at] = first_part[at] + accumulator[at];
   const void* c_in = job.c_in != nullptr ? job.c_in : job.c;
   const int ldc_in = job.c_in != nullptr ? job.ldc_in : job.ldc;
   for (int r = 0; r < rows; ++r) {

@@ -14,7 +14,10 @@
 // CUBLAS_STATUS_NOT_SUPPORTED. The arithmetic is cublasGemmEx's twin (cublas.h): each element's
 // products added in order of k from 0, in float: deterministic, whatever the thread count.
 //
-// The heuristic returns one algorithm, needing no workspace; descriptors hold what was set.
+// The heuristic returns up to three algorithms (as many as asked), none needing workspace: the
+// first and second add each element's products in order of k from 0 (as two of cuBLASLt's tile
+// shapes that make one pass over k: the same bits), the third (where k > 1) sums k's two halves
+// apart and adds them (as cuBLASLt's split-K: other bits). Descriptors hold what was set.
 // Arguments cuBLASLt refuses are refused with its statuses: no handle (NOT_INITIALIZED), a null
 // descriptor or layout, a size that does not match, an attribute of the wrong size, an epilogue
 // with no aux pointer or a bad aux ld (INVALID_VALUE), types it has no kernel for (NOT_SUPPORTED).
@@ -22,6 +25,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "cublas.h"
@@ -66,6 +71,20 @@ typedef enum {
 typedef struct {
   uint64_t data[8];
 } cublasLtMatmulAlgo_t;
+
+typedef enum {
+  CUBLASLT_ALGO_CONFIG_ID = 0,
+  CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
+  CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
+  CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3,
+} cublasLtMatmulAlgoConfigAttributes_t;
+
+typedef enum {
+  CUBLASLT_REDUCTION_SCHEME_NONE = 0,
+  CUBLASLT_REDUCTION_SCHEME_INPLACE = 1,
+  CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2,
+  CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE = 4,
+} cublasLtReductionScheme_t;
 
 typedef struct {
   cublasLtMatmulAlgo_t algo;
@@ -252,12 +271,43 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cu
     return CUBLAS_STATUS_INVALID_VALUE;
   const cublasStatus_t status = cgcpu::detail::lt_validate(desc, a, b, c, d);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
-  std::memset(&results[0], 0, sizeof results[0]);
-  results[0].algo.data[0] = 0x4c74;  // the one algorithm: the twin's order of arithmetic
-  results[0].workspaceSize = 0;
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].wavesCount = 1.0f;
-  *returned = 1;
+  const int k = static_cast<int>(desc->transa != CUBLAS_OP_N ? a->rows : a->cols);
+  const int offered = k > 1 ? 3 : 2;
+  *returned = requested < offered ? requested : offered;
+  for (int i = 0; i < *returned; ++i) {
+    std::memset(&results[i], 0, sizeof results[i]);
+    results[i].algo.data[0] = 0x4c74;  // the twin's
+    results[i].algo.data[1] = static_cast<std::uint64_t>(i);  // 2: split-K
+    results[i].workspaceSize = 0;
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].wavesCount = 1.0f;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// An algorithm's configuration as cuBLASLt reports it: the twin's third is split-K in two. Test
+// hook: CG_CPU_SPLIT_K_UNLABELLED=1 reports it as one pass, so that what stands behind the label
+// (the emitted program's comparison of bits) is tested on its own.
+inline cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                           cublasLtMatmulAlgoConfigAttributes_t attribute, void* buffer,
+                                                           size_t bytes, size_t* written) {
+  if (algo == nullptr || algo->data[0] != 0x4c74) return CUBLAS_STATUS_INVALID_VALUE;
+  const char* unlabelled = std::getenv("CG_CPU_SPLIT_K_UNLABELLED");
+  const bool split = algo->data[1] == 2 && !(unlabelled != nullptr && std::strcmp(unlabelled, "1") == 0);
+  std::uint32_t value;
+  switch (attribute) {
+    case CUBLASLT_ALGO_CONFIG_ID: value = static_cast<std::uint32_t>(algo->data[1]); break;
+    case CUBLASLT_ALGO_CONFIG_TILE_ID: value = 0; break;
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: value = split ? 2 : 1; break;
+    case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME:
+      value = split ? CUBLASLT_REDUCTION_SCHEME_INPLACE : CUBLASLT_REDUCTION_SCHEME_NONE;
+      break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (written != nullptr) *written = sizeof value;
+  if (bytes == 0 && written != nullptr) return CUBLAS_STATUS_SUCCESS;  // a query of the size
+  if (buffer == nullptr || bytes != sizeof value) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(buffer, &value, sizeof value);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -272,12 +322,28 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
   if (sticky() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   if (!stream_valid(stream)) return CUBLAS_STATUS_INVALID_VALUE;
-  if (algo != nullptr && algo->data[0] != 0x4c74) return CUBLAS_STATUS_INVALID_VALUE;  // not the heuristic's
+  if (algo != nullptr && (algo->data[0] != 0x4c74 || algo->data[1] > 2))
+    return CUBLAS_STATUS_INVALID_VALUE;  // not the heuristic's
   if (workspaceBytes > 0 && workspace == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   const cublasStatus_t status = lt_validate(desc, Adesc, Bdesc, Cdesc, Ddesc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   const bool has_aux = desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
   if (has_aux && desc->aux == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (any_capture() && capture_of(stream) != nullptr) {
+    // As CUDA bakes them into the graph's node: what the call reads at once, copied now.
+    const auto held = std::make_shared<std::tuple<cublasLtMatmulDescOpaque_t, cublasLtMatrixLayoutOpaque_t,
+                                                  cublasLtMatrixLayoutOpaque_t, cublasLtMatrixLayoutOpaque_t,
+                                                  cublasLtMatrixLayoutOpaque_t, cublasLtMatmulAlgo_t>>(
+        *desc, *Adesc, *Bdesc, *Cdesc, *Ddesc, algo != nullptr ? *algo : cublasLtMatmulAlgo_t{});
+    const float alpha_value = *static_cast<const float*>(alpha), beta_value = *static_cast<const float*>(beta);
+    const bool has_algo = algo != nullptr;
+    capture_call(stream, [=]() {
+      cublasLtMatmul(handle, &std::get<0>(*held), &alpha_value, A, &std::get<1>(*held), B, &std::get<2>(*held),
+                     &beta_value, C, &std::get<3>(*held), D, &std::get<4>(*held),
+                     has_algo ? &std::get<5>(*held) : nullptr, workspace, workspaceBytes, stream);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
   const bool ta = desc->transa != CUBLAS_OP_N, tb = desc->transb != CUBLAS_OP_N;
   const int m = static_cast<int>(Ddesc->rows), n = static_cast<int>(Ddesc->cols);
   const int k = static_cast<int>(ta ? Adesc->rows : Adesc->cols);
@@ -316,6 +382,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
                                                                     : kGemmPlain;
   work->job.aux = const_cast<void*>(desc->aux);
   work->job.ldaux = ldaux;
+  if (algo != nullptr && algo->data[1] == 2) work->job.split = k / 2;
   work->operands(A, B, in, ta, tb, lda, ldb, a_rows, a_cols, b_rows, b_cols, k);
   if (beta_value != 0.0f) work->ranges.push_back({C, m, n, ldd, d_size, kShadowRead});
   if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU) work->ranges.push_back({desc->aux, m, n, ldaux, d_size, kShadowRead});

@@ -137,6 +137,11 @@ inline const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorLaunchTimeout: return "the launch timed out and was terminated";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnjoined: return "capture was not joined: a stream forked from the capture did not rejoin it";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
     default: return "unknown error";
   }
 }
@@ -155,6 +160,11 @@ inline const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
@@ -192,6 +202,7 @@ inline cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
+  if (cgcpu::detail::capture_forbids() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
   cgcpu::detail::wait_device();
   CGCPU_STICKY_GUARD();
   return cudaSuccess;
@@ -229,6 +240,7 @@ inline cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   if (pointer == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *pointer = nullptr;
   CGCPU_STICKY_GUARD();
+  if (cgcpu::detail::capture_forbids() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
   if (bytes == 0) return cudaSuccess;
   void* memory = cgcpu::detail::allocate_device(bytes);
   if (memory == nullptr) return cgcpu::detail::record(cudaErrorMemoryAllocation);
@@ -247,6 +259,7 @@ inline cudaError_t cudaMalloc(T** pointer, std::size_t bytes) {
 
 // As on a GPU, freeing waits for the device: no queued op may still use the memory.
 inline cudaError_t cudaFree(void* pointer) {
+  if (cgcpu::detail::capture_forbids() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
   cgcpu::detail::wait_device();
   CGCPU_STICKY_GUARD();
   if (pointer == nullptr) return cudaSuccess;
@@ -342,6 +355,11 @@ inline cudaError_t copy(void* destination, const void* source, std::size_t bytes
   // The device side of a copy must lie inside one allocation (as on a GPU).
   if ((to_device && !device_range(destination, bytes)) || (from_device && !device_range(source, bytes)))
     return record(cudaErrorInvalidValue);
+  if (any_capture() && to_device && from_device && capture_of(stream) != nullptr) {
+    capture_call(stream, [=]() { copy(destination, source, bytes, cudaMemcpyDeviceToDevice, stream, name); });
+    return cudaSuccess;
+  }
+  if (capture_refuses(stream)) return cudaErrorStreamCaptureUnsupported;  // host memory: not kept
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   std::unique_ptr<CopyWork> work(new CopyWork);
   work->to = destination;
@@ -374,6 +392,10 @@ inline cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_
   CGCPU_STICKY_GUARD();
   if (bytes == 0) return cudaSuccess;
   if (!device_range(pointer, bytes)) return record(cudaErrorInvalidValue);
+  if (any_capture() && capture_of(stream) != nullptr) {
+    capture_call(stream, [=]() { fill(pointer, value, bytes, stream, name); });
+    return cudaSuccess;
+  }
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   std::unique_ptr<MemsetWork> work(new MemsetWork);
   work->to = pointer;
@@ -435,6 +457,13 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  if (cgcpu::detail::any_capture()) {  // the legacy stream, or a stream that captures: refused
+    if (cgcpu::detail::is_legacy(stream)) return cgcpu::detail::capture_forbids(cudaErrorStreamCaptureImplicit);
+    if (cgcpu::detail::Capture* capture = cgcpu::detail::capture_of(stream)) {
+      cgcpu::detail::invalidate(*capture, cudaErrorStreamCaptureUnsupported);
+      return cgcpu::detail::record(cudaErrorStreamCaptureUnsupported);
+    }
+  }
   cgcpu::detail::wait_stream(stream);
   CGCPU_STICKY_GUARD();
   return cudaSuccess;
@@ -449,6 +478,8 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
   if (flags != 0) return cgcpu::detail::record(cudaErrorInvalidValue);
   CGCPU_STICKY_GUARD();
   if (cgcpu::detail::skip_this_wait()) return cudaSuccess;  // CG_CPU_SKIP_WAIT
+  cgcpu::detail::capture_note_wait(stream, event);  // may join `stream` to a capture
+  if (cgcpu::detail::capture_call(stream, [=]() { cudaStreamWaitEvent(stream, event, 0); })) return cudaSuccess;
   std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
   cgcpu::detail::enqueue(stream, "cudaStreamWaitEvent", nullptr, event, nullptr);
   if (cgcpu::detail::is_legacy(stream)) cgcpu::detail::run_pending();
@@ -469,6 +500,9 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (!cgcpu::detail::event_valid(event) || !cgcpu::detail::stream_valid(stream))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   CGCPU_STICKY_GUARD();
+  const bool captured = cgcpu::detail::capture_call(stream, [=]() { cudaEventRecord(event, stream); });
+  cgcpu::detail::capture_note_record(stream, event);
+  if (captured) return cudaSuccess;
   std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
   cgcpu::detail::enqueue(stream, "cudaEventRecord", nullptr, nullptr, event);
   if (cgcpu::detail::is_legacy(stream)) cgcpu::detail::run_pending();
@@ -476,6 +510,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!cgcpu::detail::event_valid(event)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  if (cgcpu::detail::captured_event(event)) return cgcpu::detail::record(cudaErrorStreamCaptureUnsupported);
   cgcpu::detail::run_pending();
   std::vector<std::uint64_t> clock;
   {
@@ -492,6 +527,8 @@ inline cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, 
   if (milliseconds == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   if (!cgcpu::detail::event_valid(start) || !cgcpu::detail::event_valid(end))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
+  if (cgcpu::detail::captured_event(start) || cgcpu::detail::captured_event(end))
+    return cgcpu::detail::record(cudaErrorStreamCaptureUnsupported);
   cgcpu::detail::run_pending();
   if (!start->recorded || !end->recorded) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
@@ -531,6 +568,13 @@ inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, 
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attribute, value);
 }
 
+// The emitted program times the algorithms cuBLASLt's heuristic offers (CG_TIME_ALGORITHMS): the
+// CPU build keeps the first (a time on the CPU says nothing of a GPU); -DCG_TIME_ALGORITHMS=1
+// runs the choice here too, to test it.
+#ifndef CG_TIME_ALGORITHMS
+#define CG_TIME_ALGORITHMS 0
+#endif
+
 // After every launch in the emitted host program (its own definition is the fallback): names the
 // launch (cgcpu::launch_site: faults and the shadow's reports say where it was issued), then the
 // emitted program's check of the launch's error.
@@ -542,3 +586,121 @@ inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attribute, 
 #ifndef CG_ISSUED
 #define CG_ISSUED(where) ::cgcpu::launch_site(where)
 #endif
+
+// ---- stream capture and graphs (capture.h) ------------------------------------------------------
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+
+// Every mode is held to the global mode's rules (the strictest; the one the emitted programs use).
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  using namespace cgcpu::detail;
+  if (!stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
+  CGCPU_STICKY_GUARD();
+  if (is_legacy(stream)) return record(cudaErrorStreamCaptureUnsupported);  // CUDA captures no legacy stream
+  Captures& c = captures();
+  std::lock_guard<std::recursive_mutex> lock(c.mutex);
+  if (capture_of(stream) != nullptr) return record(cudaErrorIllegalState);
+  c.active.emplace_back(new Capture);
+  Capture* capture = c.active.back().get();
+  capture->graph = new CUgraph_st;
+  capture->graph->origin = stream;
+  capture->origin = stream_index(stream);
+  capture->calls[capture->origin] = 0;
+  c.members[capture->origin] = capture;
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  using namespace cgcpu::detail;
+  if (status == nullptr) return record(cudaErrorInvalidValue);
+  if (!stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
+  *status = cudaStreamCaptureStatusNone;
+  if (is_legacy(stream)) return any_capture() ? record(cudaErrorStreamCaptureImplicit) : cudaSuccess;
+  if (Capture* capture = capture_of(stream))
+    *status = capture->invalidated != cudaSuccess ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+// Ends the capture `stream` began: its graph, unless a refused call invalidated it or a stream it
+// forked has work the origin never waited for.
+inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  using namespace cgcpu::detail;
+  if (graph == nullptr) return record(cudaErrorInvalidValue);
+  *graph = nullptr;
+  if (!stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
+  Captures& c = captures();
+  std::lock_guard<std::recursive_mutex> lock(c.mutex);
+  Capture* capture = capture_of(stream);
+  if (capture == nullptr || capture->origin != stream_index(stream)) return record(cudaErrorIllegalState);
+  cudaError_t result = capture->invalidated != cudaSuccess ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
+  if (result == cudaSuccess)
+    for (const auto& member : capture->calls) {
+      std::vector<unsigned> visiting;
+      if (!capture_joined(*capture, member.first, visiting)) result = cudaErrorStreamCaptureUnjoined;
+    }
+  for (auto it = c.members.begin(); it != c.members.end();) it = it->second == capture ? c.members.erase(it) : ++it;
+  for (auto it = c.records.begin(); it != c.records.end();)
+    it = it->second.capture == capture ? c.records.erase(it) : ++it;
+  c.last = nullptr;
+  std::unique_ptr<CUgraph_st> made(capture->graph);
+  for (std::size_t i = 0; i < c.active.size(); ++i)
+    if (c.active[i].get() == capture) {
+      c.active.erase(c.active.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  if (result != cudaSuccess) return record(result);
+  *graph = made.release();
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0) {
+  if (exec == nullptr || graph == nullptr || flags != 0) return cgcpu::detail::record(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->calls, graph->origin};
+  return cudaSuccess;
+}
+
+// The graph's calls again, in capture order, on the streams they were captured on; ordered after
+// `stream`'s earlier work, and `stream`'s later work after them (through the capture's origin).
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  using namespace cgcpu::detail;
+  if (exec == nullptr) return record(cudaErrorInvalidValue);
+  if (!stream_valid(stream) || !stream_valid(exec->origin)) return record(cudaErrorInvalidResourceHandle);
+  CGCPU_STICKY_GUARD();
+  if (capture_refuses(stream)) return cudaErrorStreamCaptureUnsupported;  // a graph inside a capture: not kept
+  cudaEvent_t before = nullptr, after = nullptr;
+  const bool elsewhere = stream != exec->origin;
+  if (elsewhere) {
+    cudaEventCreateWithFlags(&before, 0);
+    cudaEventCreateWithFlags(&after, 0);
+    cudaEventRecord(before, stream);
+    cudaStreamWaitEvent(exec->origin, before, 0);
+  }
+  for (const CUgraph_st::Call& call : exec->calls) {
+    call.issue();
+    if (call.site != nullptr) cgcpu::launch_site(call.site);
+  }
+  if (elsewhere) {
+    cudaEventRecord(after, exec->origin);
+    cudaStreamWaitEvent(stream, after, 0);
+    cudaEventDestroy(before);
+    cudaEventDestroy(after);
+  }
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}

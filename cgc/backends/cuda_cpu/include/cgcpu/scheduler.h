@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdint>
+#include <map>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -79,7 +80,7 @@ struct WarpState {
   unsigned sync_generation = 0;  // __syncwarp completions (racecheck: which sync object)
 };
 
-enum class FiberState : unsigned char { Ready, Running, AtBarrier, AtWarp, Exited };
+enum class FiberState : unsigned char { Ready, Running, AtBarrier, AtWarp, AtMbarrier, Exited };
 
 struct Fiber {
   Context context;
@@ -102,6 +103,27 @@ struct Fiber {
   };
   std::vector<AsyncCopy> async_copies;
   unsigned async_groups = 0;
+  // mbarrier.h: the barrier this thread waits on (AtMbarrier), and for which phase parity.
+  const void* mbarrier = nullptr;
+  unsigned mbarrier_parity = 0;
+};
+
+// mbarrier.h: an asynchronous barrier's state (the block's table holds one per barrier, from
+// its mbarrier.init): its phase, the arrivals it expects each phase and those still to come,
+// its tx-count, the bulk copies of its phase not yet made, how many phases it has completed,
+// and its synchronisation object for racecheck.
+struct MbarrierState {
+  struct Copy {
+    void* to;
+    const void* from;
+    unsigned bytes;
+  };
+  unsigned phase = 0;
+  unsigned expected = 0, pending = 0;
+  long long tx = 0;
+  std::vector<Copy> copies;
+  unsigned long long completed = 0;
+  char tsan = 0;
 };
 
 // The emulator's bookkeeping in a CUDA thread (racecheck): hidden from TSan, and counted, so
@@ -152,6 +174,8 @@ struct Worker {
   char tsan_block_start = 0, tsan_block_end = 0;
   char tsan_barrier[2] = {0, 0};
   char tsan_warp[32][2] = {};
+
+  std::map<const void*, MbarrierState> mbarriers;  // this block's (mbarrier.h)
 
   bool fault = false;
   char message[8192];
@@ -581,6 +605,14 @@ inline std::string deadlock_text(Worker& w) {
         add(strformat("wait at %s (%s:%d) with mask 0x%08x (warp %u)", f.what, f.file, f.line, p.mask, i / 32), i);
         break;
       }
+      case FiberState::AtMbarrier: {
+        const auto found = w.mbarriers.find(f.mbarrier);
+        const MbarrierState* s = found != w.mbarriers.end() ? &found->second : nullptr;
+        add(strformat("wait at %s (%s:%d) for phase parity %u of the barrier %p (%u of %u arrivals pending, "
+                      "tx-count %lld)", f.what, f.file, f.line, f.mbarrier_parity, f.mbarrier, s ? s->pending : 0u,
+                      s ? s->expected : 0u, s ? s->tx : 0ll), i);
+        break;
+      }
       case FiberState::Exited:
         add("have exited", i);
         break;
@@ -649,6 +681,7 @@ CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t 
   }
   w.launch = &launch;
   w.threads = n;
+  w.mbarriers.clear();
   w.exited = 0;
   w.arrived = 0;
   w.fault = false;
@@ -741,6 +774,8 @@ inline bool stream_valid(cudaStream_t stream);  // runtime_api.h
 // fault only stops new ones from being handed out, so every lower block has run; the report
 // does not depend on the number of workers or on what ran beside it.
 struct KernelWork : Work {
+  // The same launch, with copies of its arguments, for each replay of a captured graph.
+  virtual std::unique_ptr<KernelWork> clone() const = 0;
   LaunchInfo info{};
   std::vector<std::uint64_t> sample;  // the blocks to run (block sampling)
   bool sampled = false;
@@ -804,6 +839,11 @@ inline cudaError_t launch(std::unique_ptr<KernelWork> work, const void* kernel, 
       g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535)
     return record(cudaErrorInvalidConfiguration);
   if (info.shared > shared_limit(kernel)) return record(cudaErrorInvalidValue);
+  if (any_capture() && capture_of(stream) != nullptr) {  // capture.h: the same launch again, later
+    std::shared_ptr<KernelWork> captured(work.release());
+    capture_call(stream, [captured, kernel, stream]() { launch(captured->clone(), kernel, stream); });
+    return cudaSuccess;
+  }
   std::lock_guard<std::recursive_mutex> lock(device_mutex());
   // Numbered in the order issued: the fibers' order (CG_CPU_SCHEDULE_SEED) depends on it, not on
   // when the launch runs.
@@ -814,12 +854,14 @@ inline cudaError_t launch(std::unique_ptr<KernelWork> work, const void* kernel, 
   {
     Config& c = config();
     std::lock_guard<std::mutex> blocks_lock(c.blocks_mutex);
-    for (long long listed : c.blocks) {
-      const long long block = listed < 0 ? static_cast<long long>(work->blocks) + listed : listed;
-      if (block >= 0 && static_cast<std::uint64_t>(block) < work->blocks)
-        work->sample.push_back(static_cast<std::uint64_t>(block));
-    }
-    if (!c.blocks.empty()) {
+    const bool unsampled = std::find(c.unsampled.begin(), c.unsampled.end(), info.name) != c.unsampled.end();
+    if (!unsampled)
+      for (long long listed : c.blocks) {
+        const long long block = listed < 0 ? static_cast<long long>(work->blocks) + listed : listed;
+        if (block >= 0 && static_cast<std::uint64_t>(block) < work->blocks)
+          work->sample.push_back(static_cast<std::uint64_t>(block));
+      }
+    if (!c.blocks.empty() && !unsampled) {
       std::sort(work->sample.begin(), work->sample.end());
       work->sample.erase(std::unique(work->sample.begin(), work->sample.end()), work->sample.end());
       work->sampled = true;
@@ -864,6 +906,13 @@ class Launcher {
     BoundWork(Kernel k, std::tuple<typename std::decay<Params>::type...>&& a) : kernel(k), arguments(std::move(a)) {}
     Kernel kernel;
     std::tuple<typename std::decay<Params>::type...> arguments;
+    std::unique_ptr<KernelWork> clone() const override {  // a graph's replay (capture.h)
+      std::unique_ptr<BoundWork> copy(
+          new BoundWork(kernel, std::tuple<typename std::decay<Params>::type...>(arguments)));
+      copy->info = info;
+      copy->info.self = copy.get();
+      return copy;
+    }
   };
   static void invoke(const void* self) {
     const BoundWork& bound = *static_cast<const BoundWork*>(self);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,6 +29,8 @@ namespace cgcpu {
 // CG_CPU_BLOCKS        a comma-separated list of linear block indices (negative: from the
 //                      end, -1 the last block): every launch runs only those of its blocks
 //                      that exist (block sampling; unset or empty: every block).
+// CG_CPU_UNSAMPLED     a comma-separated list of kernel names whose launches run every block
+//                      whatever CG_CPU_BLOCKS says (a kernel whose last block needs them all).
 // CG_CPU_DISABLE_BARRIER  a barrier site number: cgcpu::barrier_disabled(n) is true for it
 //                      (the racecheck campaign's hook; default -1, none).
 // CG_CPU_INTERLEAVE_SEED  the order in which the blocks of launches that may run at the same
@@ -50,6 +53,7 @@ struct Config {
   // Block sampling: written by the host between launches (under the device lock).
   std::mutex blocks_mutex;
   std::vector<long long> blocks;
+  std::vector<std::string> unsampled;  // kernels that run every block (CG_CPU_UNSAMPLED)
 };
 
 namespace detail {
@@ -97,6 +101,14 @@ inline Config& config() {
         }
         c->blocks.push_back(block);
         at = *end == ',' ? end + 1 : end;
+      }
+    }
+    if (const char* text = std::getenv("CG_CPU_UNSAMPLED")) {
+      std::string names = text;
+      for (std::size_t at = 0; at <= names.size();) {
+        const std::size_t comma = std::min(names.find(',', at), names.size());
+        if (comma > at) c->unsampled.push_back(names.substr(at, comma - at));
+        at = comma + 1;
       }
     }
     return c;

@@ -133,6 +133,11 @@ inline thread_local std::shared_ptr<Op> tls_last_op;
 // Whether this thread runs the queue (run_pending): the one that may start host-only ops.
 inline thread_local bool tls_runs_queue = false;
 
+// capture.h: an op issued on a capturing stream that no capture hook kept is refused there;
+// CG_LAUNCHED after a captured call names the call.
+inline bool capture_refuses(cudaStream_t stream);
+inline bool capture_site(const char* site);
+
 inline bool is_legacy(cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
 }
@@ -152,6 +157,13 @@ inline unsigned add_stream(bool blocking) {
 // Issues an op on `stream`; `wait_on` makes it an event wait, `record` an event record.
 inline std::shared_ptr<Op> enqueue(cudaStream_t stream, const char* name, std::unique_ptr<Work> work,
                                    const CUevent_st* wait_on = nullptr, CUevent_st* record = nullptr) {
+  if (capture_refuses(stream)) {  // never queued: the capture is invalidated, the call's error left
+    std::shared_ptr<Op> refused = std::make_shared<Op>();
+    refused->state = Op::Done;
+    refused->error = is_legacy(stream) ? cudaErrorStreamCaptureImplicit : cudaErrorStreamCaptureUnsupported;
+    refused->work = std::move(work);
+    return refused;
+  }
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mutex);
   const unsigned s = stream_index(stream);
@@ -372,6 +384,7 @@ inline const char* intern_site(const char* where) {
 }  // namespace detail
 
 inline void launch_site(const char* where) {
+  if (where != nullptr && detail::capture_site(where)) return;
   std::shared_ptr<detail::Op> op = detail::tls_last_op;
   if (op != nullptr && where != nullptr) {
     const char* site = detail::intern_site(where);
