@@ -21,11 +21,10 @@ run in, with the kernel, the shared-memory offset and both threads.
   (two attention tiles a sequence, so the barriers that guard a tile's reuse guard something)
   on the first two blocks of every launch (CG_CPU_BLOCKS: block sampling), except for the
   barriers of layer_norm_backward, whose last block runs only when every block of the launch
-  has taken its ticket (every block of the layer-norm backward launches runs, the others
-  sampled: CG_CPU_UNSAMPLED), and of the sorted scatter, whose window of a run's rows is
-  refilled only in a run longer than 32 rows of the ids the step sorted (the space of byte
-  tokens): those run every block of every launch (UNSAMPLED). Removing the barrier between a
-  block's partial sums and its ticket is reported as a race on those partials (global
+  has taken its ticket, and of the sorted scatter, whose window of a run's rows is refilled
+  only in a run longer than 32 rows (the space of byte tokens): those run every block of
+  their own kernels' launches, the others sampled (UNSAMPLED_KERNELS, CG_CPU_UNSAMPLED).
+  Removing the barrier between a block's partial sums and its ticket is reported as a race on those partials (global
   memory) with the last block's reads. The ticket's __threadfence calls are not barriers and
   are not removed: ThreadSanitizer does not model fences, and the emulation's atomicInc is
   sequentially consistent, so a missing fence could not be seen here (nor on x86).
@@ -68,21 +67,19 @@ KERNELS_OF = {
                      "cgImageClassifier"},
     "layer_norm_backward": {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"},
 }
-# Functions whose barriers the campaign removes with every block of every launch run, on two
-# workers: the layer-norm backward's last block (the one that takes the last ticket,
-# common.cuh) runs only when every block of the launch has taken one, which block sampling
-# never lets happen; and its partial sums go from block to block, which only blocks running
-# at once on two workers can show (consecutive blocks of one worker are ordered).
-# The sorted scatter's second barrier guards the window of a run's rows, which only a run
-# longer than one window (32 rows) refills: the space of byte tokens, at a position that
-# blocks 0 and 1 do not hold.
-UNSAMPLED = {"layer_norm_backward", "cgImageScatterSorted"}
-# Of those, the functions whose own kernels alone need every block (their inputs need not be
-# the step's: a barrier guards the kernel's own memory whatever values it holds), the other
-# launches sampled: the layer-norm backward's ticket and partial sums are its own launch's.
-# (The scatter's window depends on the sorted ids, which the sampled sort would not give.)
+# Functions whose barriers the campaign removes with every block of their own kernels' launches
+# run (the other launches sampled: a barrier guards its kernel's own memory whatever values the
+# kernel's inputs hold), on two workers: the layer-norm backward's last block (the one that
+# takes the last ticket, common.cuh) runs only when every block of the launch has taken one,
+# which block sampling never lets happen; and its partial sums go from block to block, which
+# only blocks running at once on two workers can show (consecutive blocks of one worker are
+# ordered). The sorted scatter's second barrier guards the window of a run's rows, which only
+# a run longer than one window (32 rows) refills: the space of byte tokens, at a position that
+# blocks 0 and 1 do not hold; its runs are the dump's ids in the order cgImageScatterOrder sorts
+# them, one block, which the sample runs whole.
 UNSAMPLED_KERNELS = {"layer_norm_backward": ("cgImageLayerNormBackward",
-                                             "cgImageLayerNormBackwardAdd")}
+                                             "cgImageLayerNormBackwardAdd"),
+                     "cgImageScatterSorted": ("cgImageScatterSorted",)}
 # Every function whose barriers the campaign must reach (at least one site each).
 # (The classifier's barriers are block_reduce's, as are block_sum's.)
 COVERED = {"cgImageAttention", "cgImageAttentionBackward", "block_reduce",
@@ -238,8 +235,6 @@ def test_removing_any_barrier_is_reported(setup):
         """The blocks each launch runs, the kernels that run all of theirs, the workers."""
         if site.function in UNSAMPLED_KERNELS:
             return SAMPLE, UNSAMPLED_KERNELS[site.function], 2
-        if site.function in UNSAMPLED:
-            return None, (), 2
         return SAMPLE, (), 1
 
     def run(ways, **options):
@@ -286,10 +281,9 @@ def test_removing_any_barrier_is_reported(setup):
             sides = [(side.block, side.index) for side in (race.access, race.previous)]
             if race.threads[0] is None or sides[0] == sides[1]:
                 problems.append(f"{site}: a race needs two threads: {race}")
-    print("\nbarrier campaign (tiny, context 128, blocks " + SAMPLE + "; every block for "
-          + ", ".join(sorted(UNSAMPLED)) + ", of "
+    print("\nbarrier campaign (tiny, context 128, blocks " + SAMPLE + "; every block of "
           + ", ".join(k for kernels in UNSAMPLED_KERNELS.values() for k in kernels)
-          + " alone for the first):\n" + "\n".join(table))
+          + "):\n" + "\n".join(table))
     assert not problems, "\n".join(problems) + "\n" + "\n".join(table)
     # The redundant barriers, again in a shuffled order: still nothing to report.
     for (function, index) in REDUNDANT:
