@@ -7,12 +7,17 @@ kernel."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cgc.backends.cuda.emulated import compiler_missing, replay, standalone
+from cgc.backends.cuda.emit import emit_program
+from cgc.backends.cuda.emulated import (RED_ZONE, SANITIZER_FLAGS, STANDALONE_FLAGS, build,
+                                        compiler_missing, replay)
+from cgc.checking.memory import plan_memory
 from cgc.training.data import Batches, load_corpus
 from cgc.training.loop import train
 from cgc.pipeline import analyse, evaluate, open_run
@@ -38,18 +43,34 @@ def reports(stderr: str) -> list[str]:
     return re.findall(r"ERROR: AddressSanitizer[^\n]*|runtime error:[^\n]*", stderr)
 
 
+@pytest.fixture(scope="module")
+def step_programs():
+    """Each configuration's step built with the sanitizers (red zones between buffers) and
+    plain, as emulated.standalone builds them, two builds at a time."""
+    texts = {}
+    for config in ("tiny", "tiny32"):
+        program = evaluate(analyse([PATH]), PATH, config=config)
+        texts[config, "sanitized"] = (emit_program(program, plan_memory(program, red_zone=RED_ZONE)).text,
+                                      f"standalone-sanitized-{config}", SANITIZER_FLAGS)
+        texts[config, "plain"] = (emit_program(program, plan_memory(program)).text,
+                                  f"standalone-{config}", STANDALONE_FLAGS)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {key: pool.submit(build, text, name, flags) for key, (text, name, flags) in texts.items()}
+        return {key: job.result() for key, job in jobs.items()}
+
+
 @pytest.mark.parametrize("config", ["tiny", "tiny32"])
 def test_the_step_runs_clean_under_address_and_undefined_behaviour_sanitizers(config, dump,
+                                                                               step_programs,
                                                                                tmp_path):
     folder, _ = dump
     if config != "tiny":  # a dump of this configuration
         run = open_run("numpy", analyse([PATH]), PATH, config, {}, 0)
         folder = str(tmp_path / "dump")
         train(run, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(), dump=folder)
-    program = evaluate(analyse([PATH]), PATH, config=config)
-    status, out, err = replay(standalone(program, sanitize=True), folder, 2)
+    status, out, err = replay(step_programs[config, "sanitized"], folder, 2)
     assert reports(err) == [] and status == 0, err[-4000:]
-    plain_status, plain, _ = replay(standalone(program), folder, 2)
+    plain_status, plain, _ = replay(step_programs[config, "plain"], folder, 2)
     assert plain_status == 0 and out == plain  # the same computation, fenced or not
 
 
@@ -74,18 +95,37 @@ BREAKAGES = {
 KERNELS = {"embedding": "cgImageEmbedding", "layer_norm": "cgImageLayerNorm"}
 
 
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """The sanitizer build of the tiny step from each broken template (emitted one by one,
+    each from its own copy of the templates; built two at a time)."""
+    texts = {}
+    for number, (name, (template, line, broken_line, _)) in enumerate(BREAKAGES.items()):
+        templates = tmp_path_factory.mktemp(f"templates{number}") / "templates"
+        shutil.copytree(ROOT / "templates", templates)
+        path = templates / "kernels" / f"{template}.cu.j2"
+        text = path.read_text()
+        assert line in text, "the breakage no longer matches the template: update the test"
+        path.write_text(text.replace(line, broken_line))
+        before = os.environ.get("CGC_TEMPLATES")
+        os.environ["CGC_TEMPLATES"] = str(templates)
+        try:
+            program = evaluate(analyse([PATH]), PATH, config="tiny")
+            texts[name] = emit_program(program, plan_memory(program, red_zone=RED_ZONE)).text
+        finally:
+            if before is None:
+                os.environ.pop("CGC_TEMPLATES")
+            else:
+                os.environ["CGC_TEMPLATES"] = before
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {name: pool.submit(build, text, "standalone-sanitized-tiny", SANITIZER_FLAGS)
+                for name, text in texts.items()}
+        return {name: job.result() for name, job in jobs.items()}
+
+
 @pytest.mark.parametrize("breakage", list(BREAKAGES))
-def test_a_broken_template_is_reported_naming_its_kernel(breakage, dump, tmp_path,
-                                                          monkeypatch):
-    template, line, broken, report = BREAKAGES[breakage]
-    templates = tmp_path / "templates"
-    shutil.copytree(ROOT / "templates", templates)
-    path = templates / "kernels" / f"{template}.cu.j2"
-    text = path.read_text()
-    assert line in text, "the breakage no longer matches the template: update the test"
-    path.write_text(text.replace(line, broken))
-    monkeypatch.setenv("CGC_TEMPLATES", str(templates))
-    program = evaluate(analyse([PATH]), PATH, config="tiny")
-    status, _, err = replay(standalone(program, sanitize=True), dump[0], 1)
+def test_a_broken_template_is_reported_naming_its_kernel(breakage, dump, broken):
+    template, _, _, report = BREAKAGES[breakage]
+    status, _, err = replay(broken[breakage], dump[0], 1)
     assert status != 0 and re.search(report, err), err[-4000:]
     assert KERNELS[template] in err, err[-4000:]
