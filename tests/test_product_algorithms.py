@@ -85,20 +85,6 @@ def test_an_algorithm_with_other_bits_is_never_chosen_whatever_its_label(built):
 
 # ---- what each product writes -------------------------------------------------------------
 
-def _pointer_uses(schedule, launch, point):
-    """(parameter, home, first byte, end byte) of each pointer the launch passes, by where the
-    memory plan puts it (a bank's entry and the whole bank overlap)."""
-    from cgc.checking.memory import storage_home
-    from cgc.core.elements import element_bytes
-    for pointer in launch.arguments(point).pointers:
-        storage = pointer.view.storage
-        home, start = storage_home(schedule.program, schedule.plan, storage)
-        size = element_bytes(storage.element, schedule.program.low)
-        count = pointer.view.count if isinstance(pointer.view.count, int) else storage.count
-        first = start + int(pointer.offset) * size
-        yield pointer.parameter, home, first, first + int(count) * size
-
-
 # The product outputs no launch reads before they are written again, by schedule: the
 # recomputing step's forward writes the GELU product's aux matrix (pre, 50 MB a layer at
 # GPT-2's shape) that its backward recomputes rather than reads; a forward product without the
@@ -108,60 +94,49 @@ DEAD_OUTPUTS = {"train.cg": set(), "train_parallel.cg": set(),
                 "train_recompute.cg": {("cgImageProductGelu", "pre")}}
 
 
-def _last_writers(loaded):
-    """Each launch's reads, matched to the writes they read: walking the step in order, a map
-    of every byte range of each home to the write that last wrote it. Returns, for each write
-    of a product (its index in the step, its parameter), the (launch, parameter) that read it."""
-    steps = [(launch, point) for launch, _, point in loaded.program.unrolled()]
-    segments = {}  # home -> [(first, end, writer)], disjoint
-    readers = {}
-    for at, (launch, point) in enumerate(steps):
-        uses = list(_pointer_uses(loaded, launch, point))
-        for parameter, home, first, end in uses:
-            if parameter.access == "write":
-                continue
-            for f, e, writer in segments.get(home, []):
-                if f < end and first < e and writer in readers:
-                    readers[writer].append((launch, parameter))
-        for parameter, home, first, end in uses:
-            if parameter.access == "read":
-                continue
-            kept = []
-            for f, e, writer in segments.get(home, []):
-                if e <= first or end <= f:
-                    kept.append((f, e, writer))
-                    continue
-                if f < first:
-                    kept.append((f, first, writer))
-                if end < e:
-                    kept.append((end, e, writer))
-            writer = (at, parameter.name)
-            kept.append((first, end, writer))
-            segments[home] = kept
-            if launch.image.library is not None:
-                readers[writer] = []
-    return steps, readers
+def _product_outputs(program):
+    """Each write of a product to a step buffer or arena slot, (time in the unrolled step,
+    storage) -> (launch, parameter), and the reads that see it, from the checker's own flow of
+    values (cgc/checking/flow.py: which write each read sees, element by element)."""
+    from cgc.checking.flow import TRACKED, WRITES, follow
+    flow = follow(program)
+    assert flow.exact
+    outputs = {}
+    for time, (launch, _, _) in enumerate(program.unrolled()):
+        if launch.image.library is None:
+            continue
+        for binding in launch.pointers:
+            parameter = launch.image.pointers[binding.index]
+            if parameter.access in WRITES and binding.view.storage.kind in TRACKED:
+                outputs[time, binding.view.storage.name] = (launch, parameter)
+    readers = {key: [] for key in outputs}
+    for read in flow.reads:
+        for _, _, writer in read.sources:
+            key = (writer, read.binding.view.storage.name)
+            if key in readers:
+                readers[key].append(read)
+    return outputs, readers
 
 
 @pytest.mark.parametrize("schedule", sorted(DEAD_OUTPUTS))
 def test_no_product_output_is_cast_down_each_is_written_as_its_readers_read_it(schedule):
     """Issue 24: a product that feeds a low-type consumer writes the low type. At GPT-2's shape
     each product's output is read (until it is written again) only as the type it was written
-    in, and never by a cast-down: the float32 ones are the residual stream, the layer norms'
-    input gradients and the optimizer's weight gradients, each read as float32. An output no
-    launch reads is listed (DEAD_OUTPUTS), so that a new one fails here."""
+    in, and never by a cast-down: the float32 ones are the residual stream and the layer norms'
+    input gradients, each read as float32 (the weight gradients go to the banks, which the
+    optimizer reads as float32 by their type). An output no launch reads is listed
+    (DEAD_OUTPUTS), so that a new one fails here."""
     from cgc.api import load
-    steps, readers = _last_writers(load(SCHEDULES / schedule, config="gpt2"))
+    outputs, readers = _product_outputs(load(SCHEDULES / schedule, config="gpt2").program)
     written = {"float32": 0, "low": 0}
     dead = set()
-    for (at, name), reads in readers.items():
-        launch = steps[at][0]
-        element = next(p.element for p in launch.image.pointers.values() if p.name == name)
-        written[element] += 1
-        for reader, parameter in reads:
-            assert reader.image.name != "cgImageCastDown", (launch.image.name, name)
-            assert parameter.element == element, (launch.image.name, reader.image.name)
-        if not reads:
-            dead.add((launch.image.name, name))
+    for key, (launch, parameter) in outputs.items():
+        written[parameter.element] += 1
+        for read in readers[key]:
+            assert read.launch.image.name != "cgImageCastDown", (launch.image.name, key)
+            assert read.parameter.element == parameter.element, \
+                (launch.image.name, read.launch.image.name)
+        if not readers[key]:
+            dead.add((launch.image.name, parameter.name))
     assert written["float32"] > 0 and written["low"] > 0, written
     assert dead == DEAD_OUTPUTS[schedule]

@@ -24,8 +24,8 @@ run in, with the kernel, the shared-memory offset and both threads.
   has taken its ticket, and of the sorted scatter, whose window of a run's rows is refilled
   only in a run longer than 32 rows (the space of byte tokens): those run every block of
   their own kernels' launches, the others sampled (UNSAMPLED_KERNELS, CG_CPU_UNSAMPLED).
-  Removing the barrier between a block's partial sums and its ticket is reported as a race on those partials (global
-  memory) with the last block's reads. The ticket's __threadfence calls are not barriers and
+  Removing the barrier between a block's partial sums and its ticket is reported as a race on
+  those partials (global memory) with the last block's reads. The ticket's __threadfence calls are not barriers and
   are not removed: ThreadSanitizer does not model fences, and the emulation's atomicInc is
   sequentially consistent, so a missing fence could not be seen here (nor on x86).
 - Three scheduling seeds (the order of the fibers at every barrier) give the same bits.

@@ -12,6 +12,9 @@ docs/benchmarks.md says what has been verified on which machine.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
 from ...checking.concurrency import scheduled, stream_count
@@ -204,7 +207,8 @@ class CupyRun(Run):
         a, b, d, c = pointers["a"], pointers["b"], pointers["output"], pointers[product.c]
         aux = pointers[product.aux] if product.aux is not None else 0
         low_type = ELEMENTS[self.low].cuda_data_type_code
-        d_type = low_type if product.low_output else ELEMENTS["float32"].cuda_data_type_code
+        d_element = ELEMENTS[self.low if product.low_output else "float32"]
+        d_type = d_element.cuda_data_type_code
         alignments = tuple(alignment(x) for x in (b, a, c, d, aux if aux else 256))
         key = (product, m, n, k, alignments)
         plan = self.matmul_plans.get(key)
@@ -219,8 +223,9 @@ class CupyRun(Run):
                        lt.layout(d_type, n, m, n), lt.layout(d_type, n, m, n))
             results = lt.heuristic(self.lt_handle, desc, layouts, CUBLASLT_WORKSPACE_BYTES,
                                    alignments[:4], ALGORITHMS_OFFERED)
-            offered = results[:1] + [r for r in results[1:]
-                                     if lt.one_pass(results[0]) and lt.one_pass(r)]
+            # a split-K first has no rival (the bits would differ)
+            rivals = [r for r in results[1:] if lt.one_pass(r)] if lt.one_pass(results[0]) else []
+            offered = results[:1] + rivals
             plan = self.matmul_plans[key] = {"desc": desc, "layouts": layouts,
                                              "offered": offered, "algo": offered[0],
                                              "chosen": False}
@@ -239,9 +244,8 @@ class CupyRun(Run):
         def call():
             if not plan["chosen"]:
                 self._choose_algorithm(plan, run, stream, name, (m, n, k), c, d, aux,
-                                       ELEMENTS[self.low if product.low_output
-                                                else "float32"].bytes,
-                                       product.epilogue == "GELU_AUX", product.beta)
+                                       d_element.bytes, product.epilogue == "GELU_AUX",
+                                       product.beta)
             run(plan["algo"], c, d, aux)
 
         call.image = name
@@ -255,8 +259,6 @@ class CupyRun(Run):
         (ALGORITHM_TRIAL_RUNS runs each) and the fastest kept. Not under a capture, nor where
         D is larger than ALGORITHM_TRIAL_BYTES: the first is kept. CG_ALGORITHM_REPORT in the
         environment prints each choice on stderr."""
-        import os
-        import sys
         cupy = self.cupy
         plan["chosen"] = True
         m, n, k = shape

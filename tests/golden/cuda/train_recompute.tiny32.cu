@@ -1898,9 +1898,10 @@ static CgMatmulPlan& cg_matmul_plan(const CgMatmulPlan& shape, const void* aux, 
   }
   plan.offered_count = 1;
   plan.offered[0] = results[0].algo;
-  for (int i = 1; i < found; ++i)
-    if (results[i].state == CUBLAS_STATUS_SUCCESS && cg_one_pass(results[0].algo) && cg_one_pass(results[i].algo))
-      plan.offered[plan.offered_count++] = results[i].algo;
+  if (cg_one_pass(results[0].algo))  // a split-K first has no rival (the bits would differ)
+    for (int i = 1; i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS && cg_one_pass(results[i].algo))
+        plan.offered[plan.offered_count++] = results[i].algo;
   plan.algo = results[0].algo;
   plan.chosen = false;
   cg_matmul_plans.push_back(plan);

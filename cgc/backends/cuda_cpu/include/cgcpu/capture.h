@@ -16,6 +16,7 @@
 // ends (cudaErrorStreamCaptureUnjoined).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -63,6 +64,9 @@ struct CaptureRecord {  // an event recorded in a capture: by which member, afte
 
 struct Captures {
   std::recursive_mutex mutex;
+  // How many captures are active (active.size()), read without the lock: every hook below
+  // returns at once where none is, so the calls of a program that never captures pay nothing.
+  std::atomic<int> count{0};
   std::vector<std::unique_ptr<Capture>> active;
   std::map<unsigned, Capture*> members;  // stream index -> its capture
   std::map<const CUevent_st*, CaptureRecord> records;
@@ -80,11 +84,7 @@ inline Capture* capture_of(cudaStream_t stream) {
   return found == c.members.end() ? nullptr : found->second;
 }
 
-inline bool any_capture() {
-  Captures& c = captures();
-  std::lock_guard<std::recursive_mutex> lock(c.mutex);
-  return !c.active.empty();
-}
+inline bool any_capture() { return captures().count.load(std::memory_order_acquire) != 0; }
 
 inline void invalidate(Capture& capture, cudaError_t why) {
   if (capture.invalidated == cudaSuccess) capture.invalidated = why;
@@ -100,14 +100,17 @@ inline cudaError_t capture_forbids(cudaError_t why = cudaErrorStreamCaptureUnsup
   return record(why);
 }
 
-// Where `stream` captures, keeps `issue` as its next call and returns true (the caller does
-// nothing more); else false. The legacy stream, while anything captures, refuses.
-inline bool capture_call(cudaStream_t stream, std::function<void()> issue) {
+// Where `stream` captures, keeps `issue` (a closure that makes the same call again) as its next
+// call and returns true (the caller does nothing more); else false, and `issue` is dropped
+// unused (no std::function is made).
+template <class Issue>
+inline bool capture_call(cudaStream_t stream, Issue&& issue) {
+  if (!any_capture()) return false;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   Capture* capture = capture_of(stream);
   if (capture == nullptr) return false;
-  capture->graph->calls.push_back(CUgraph_st::Call{std::move(issue), nullptr});
+  capture->graph->calls.push_back(CUgraph_st::Call{std::function<void()>(std::forward<Issue>(issue)), nullptr});
   ++capture->calls[stream_index(stream)];
   c.last = &capture->graph->calls.back();
   tls_last_op = nullptr;  // CG_LAUNCHED names the captured call, not an op run before
@@ -127,6 +130,7 @@ inline bool capture_refuses(cudaStream_t stream) {
 
 // CG_LAUNCHED after a captured call: the site goes with the call, for its replays' faults.
 inline bool capture_site(const char* site) {
+  if (!any_capture()) return false;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   if (c.last == nullptr || tls_last_op != nullptr) return false;
@@ -137,6 +141,7 @@ inline bool capture_site(const char* site) {
 
 // An event recorded on a capturing stream: a later wait for it joins the waiting stream.
 inline void capture_note_record(cudaStream_t stream, const CUevent_st* event) {
+  if (!any_capture()) return;  // no capture, no captured record (an ended one takes its own)
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   Capture* capture = capture_of(stream);
@@ -151,6 +156,7 @@ inline void capture_note_record(cudaStream_t stream, const CUevent_st* event) {
 // A wait for an event recorded in a capture: the waiting stream joins that capture, and the
 // recording stream's calls up to the record are joined into the waiting one.
 inline void capture_note_wait(cudaStream_t stream, const CUevent_st* event) {
+  if (!any_capture()) return;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   auto found = c.records.find(event);
@@ -170,6 +176,7 @@ inline void capture_note_wait(cudaStream_t stream, const CUevent_st* event) {
 // Whether the event's last record was captured (a node of a graph being made, not an event the
 // host may wait for or time): if so, its capture is invalidated and the call's error left.
 inline bool captured_event(const CUevent_st* event) {
+  if (!any_capture()) return false;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   auto found = c.records.find(event);

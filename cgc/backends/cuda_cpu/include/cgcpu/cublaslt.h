@@ -25,8 +25,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <tuple>
 #include <vector>
 
 #include "cublas.h"
@@ -329,21 +327,16 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   const bool has_aux = desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
   if (has_aux && desc->aux == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-  if (any_capture() && capture_of(stream) != nullptr) {
-    // As CUDA bakes them into the graph's node: what the call reads at once, copied now.
-    const auto held = std::make_shared<std::tuple<cublasLtMatmulDescOpaque_t, cublasLtMatrixLayoutOpaque_t,
-                                                  cublasLtMatrixLayoutOpaque_t, cublasLtMatrixLayoutOpaque_t,
-                                                  cublasLtMatrixLayoutOpaque_t, cublasLtMatmulAlgo_t>>(
-        *desc, *Adesc, *Bdesc, *Cdesc, *Ddesc, algo != nullptr ? *algo : cublasLtMatmulAlgo_t{});
-    const float alpha_value = *static_cast<const float*>(alpha), beta_value = *static_cast<const float*>(beta);
-    const bool has_algo = algo != nullptr;
-    capture_call(stream, [=]() {
-      cublasLtMatmul(handle, &std::get<0>(*held), &alpha_value, A, &std::get<1>(*held), B, &std::get<2>(*held),
-                     &beta_value, C, &std::get<3>(*held), D, &std::get<4>(*held),
-                     has_algo ? &std::get<5>(*held) : nullptr, workspace, workspaceBytes, stream);
-    });
+  // Captured (capture.h): what the call reads at once copied now, as CUDA bakes it into the
+  // graph's node (the descriptor and its aux pointer, the layouts, alpha, beta, the algorithm).
+  if (capture_call(stream, [=, d = *desc, a = *Adesc, b = *Bdesc, c = *Cdesc, dd = *Ddesc,
+                            alpha_value = *static_cast<const float*>(alpha),
+                            beta_value = *static_cast<const float*>(beta),
+                            chosen = algo != nullptr ? *algo : cublasLtMatmulAlgo_t{}]() mutable {
+        cublasLtMatmul(handle, &d, &alpha_value, A, &a, B, &b, &beta_value, C, &c, D, &dd,
+                       algo != nullptr ? &chosen : nullptr, workspace, workspaceBytes, stream);
+      }))
     return CUBLAS_STATUS_SUCCESS;
-  }
   const bool ta = desc->transa != CUBLAS_OP_N, tb = desc->transb != CUBLAS_OP_N;
   const int m = static_cast<int>(Ddesc->rows), n = static_cast<int>(Ddesc->cols);
   const int k = static_cast<int>(ta ? Adesc->rows : Adesc->cols);

@@ -78,7 +78,6 @@ CGCPU_SHADOW_SKIP inline void mbarrier_complete(Worker& w, const void* bar, Mbar
   tsan_release(&s.tsan);
   s.phase ^= 1u;
   s.pending = s.expected;
-  ++s.completed;
   for (unsigned i = 0; i < w.threads; ++i) {
     Fiber& f = w.fibers[i];
     if (f.state == FiberState::AtMbarrier && f.mbarrier == bar) {

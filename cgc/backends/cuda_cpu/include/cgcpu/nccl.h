@@ -224,10 +224,8 @@ inline ncclResult_t nccl_issue(const char* name, NcclCollective collective, cons
   if (comm == nullptr || (count > 0 && (send == nullptr || receive == nullptr))) return ncclInvalidArgument;
   if (!stream_valid(stream)) return ncclInvalidArgument;
   if (comm->ranks > 1 && nccl_transport_slot().load() == nullptr) return ncclInvalidUsage;
-  if (any_capture() && capture_of(stream) != nullptr) {  // capture.h: the same call again, later
-    capture_call(stream, [=]() { nccl_issue(name, collective, send, receive, count, type, op, comm, stream); });
-    return ncclSuccess;
-  }
+  if (capture_call(stream, [=]() { nccl_issue(name, collective, send, receive, count, type, op, comm, stream); }))
+    return ncclSuccess;  // capture.h: the same call again, at each replay
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   std::unique_ptr<NcclWork> work(new NcclWork);
   work->collective = collective;

@@ -355,10 +355,9 @@ inline cudaError_t copy(void* destination, const void* source, std::size_t bytes
   // The device side of a copy must lie inside one allocation (as on a GPU).
   if ((to_device && !device_range(destination, bytes)) || (from_device && !device_range(source, bytes)))
     return record(cudaErrorInvalidValue);
-  if (any_capture() && to_device && from_device && capture_of(stream) != nullptr) {
-    capture_call(stream, [=]() { copy(destination, source, bytes, cudaMemcpyDeviceToDevice, stream, name); });
+  if (to_device && from_device &&
+      capture_call(stream, [=]() { copy(destination, source, bytes, cudaMemcpyDeviceToDevice, stream, name); }))
     return cudaSuccess;
-  }
   if (capture_refuses(stream)) return cudaErrorStreamCaptureUnsupported;  // host memory: not kept
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   std::unique_ptr<CopyWork> work(new CopyWork);
@@ -392,10 +391,7 @@ inline cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_
   CGCPU_STICKY_GUARD();
   if (bytes == 0) return cudaSuccess;
   if (!device_range(pointer, bytes)) return record(cudaErrorInvalidValue);
-  if (any_capture() && capture_of(stream) != nullptr) {
-    capture_call(stream, [=]() { fill(pointer, value, bytes, stream, name); });
-    return cudaSuccess;
-  }
+  if (capture_call(stream, [=]() { fill(pointer, value, bytes, stream, name); })) return cudaSuccess;
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   std::unique_ptr<MemsetWork> work(new MemsetWork);
   work->to = pointer;
@@ -615,6 +611,7 @@ inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCapture
   capture->origin = stream_index(stream);
   capture->calls[capture->origin] = 0;
   c.members[capture->origin] = capture;
+  c.count.store(static_cast<int>(c.active.size()), std::memory_order_release);
   return cudaSuccess;
 }
 
@@ -656,6 +653,7 @@ inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)
       c.active.erase(c.active.begin() + static_cast<std::ptrdiff_t>(i));
       break;
     }
+  c.count.store(static_cast<int>(c.active.size()), std::memory_order_release);
   if (result != cudaSuccess) return record(result);
   *graph = made.release();
   return cudaSuccess;

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdint>
-#include <map>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -110,8 +110,8 @@ struct Fiber {
 
 // mbarrier.h: an asynchronous barrier's state (the block's table holds one per barrier, from
 // its mbarrier.init): its phase, the arrivals it expects each phase and those still to come,
-// its tx-count, the bulk copies of its phase not yet made, how many phases it has completed,
-// and its synchronisation object for racecheck.
+// its tx-count, the bulk copies of its phase not yet made, and its synchronisation object for
+// racecheck.
 struct MbarrierState {
   struct Copy {
     void* to;
@@ -122,7 +122,6 @@ struct MbarrierState {
   unsigned expected = 0, pending = 0;
   long long tx = 0;
   std::vector<Copy> copies;
-  unsigned long long completed = 0;
   char tsan = 0;
 };
 
@@ -839,8 +838,8 @@ inline cudaError_t launch(std::unique_ptr<KernelWork> work, const void* kernel, 
       g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535)
     return record(cudaErrorInvalidConfiguration);
   if (info.shared > shared_limit(kernel)) return record(cudaErrorInvalidValue);
-  if (any_capture() && capture_of(stream) != nullptr) {  // capture.h: the same launch again, later
-    std::shared_ptr<KernelWork> captured(work.release());
+  if (any_capture() && capture_of(stream) != nullptr) {  // capture.h: a copy of it at each replay
+    std::shared_ptr<KernelWork> captured(std::move(work));
     capture_call(stream, [captured, kernel, stream]() { launch(captured->clone(), kernel, stream); });
     return cudaSuccess;
   }
