@@ -159,8 +159,9 @@ SHARED_KINDS = ("lds", "sts", "ldsm", "ldgsts", "generic")
 
 _SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 _LABEL = re.compile(r"^(\.L_\w+):")
-_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)"
-                          r"(.*?);")
+# An opcode may spell a shape with a small x: Hopper's HGMMA.64x64x16.F32.BF16.
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?"
+                          r"([A-Z][A-Z0-9_.]*(?:x[0-9][A-Z0-9_.x]*)?)(.*?);")
 _TARGET = re.compile(r"`\((\.L_\w+)\)")
 # The predicates that are never true: an instruction under them never executes
 # (`@!PT LDS RZ, [RZ]` pads the code after cp.async), so it counts for nothing.
@@ -384,10 +385,11 @@ def cache_folder() -> Path:
     return Path(cache_dir()) / "sass"
 
 
-def build_cubin(source: str, folder: Path | None = None) -> Path:
-    """The cubin of `source` for sm_90, built once per content (nvcc takes a minute)."""
+def build_cubin(source: str, folder: Path | None = None, architecture: str = ARCHITECTURE) -> Path:
+    """The cubin of `source` for sm_90 (or `architecture`: sm_90a for Hopper's own wgmma and
+    tensor copies), built once per content (nvcc takes a minute)."""
     compiler = nvcc()
-    flags = [f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", "-cubin"]
+    flags = [f"-arch={architecture}", f"-std={LANGUAGE}", "-cubin"]
     version = subprocess.run([str(compiler), "--version"], capture_output=True,
                              text=True).stdout
     key = hashlib.sha256("\0".join([source, version, *flags]).encode()).hexdigest()[:32]

@@ -518,6 +518,76 @@ __device__ __forceinline__ void cg_bulk_copy_to_shared(void* shared, const void*
                "l"(global), "r"(bytes), "r"(cg_shared_address(bar))
                : "memory");
 }
+
+// Hopper's warpgroup products and tensor copies (sm_90a: nvcc -arch=sm_90a; declared wherever
+// they may be compiled, for the host pass's parse too). Twins in cgcpu/wgmma.h and
+// cgcpu/tensor_map.h (the fragment layouts and descriptor fields are documented there).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The box of the tensor map (a const __grid_constant__ CUtensorMap kernel parameter) at (x, y),
+// innermost first, into `shared` (128-byte aligned) by the copy engine, completing on `bar`.
+__device__ __forceinline__ void cg_tma_load_2d(void* shared, const void* tensor_map, int x, int y,
+                                               unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3}], "
+      "[%4];\n" ::"r"(cg_shared_address(shared)),
+      "l"(tensor_map), "r"(x), "r"(y), "r"(cg_shared_address(bar))
+      : "memory");
+}
+
+// The matrix descriptor of a bfloat16 tile in shared memory: LBO and SBO in bytes, the swizzle
+// as the descriptor codes it (0 none, 1 128B, 2 64B, 3 32B).
+__device__ __forceinline__ unsigned long long cg_wgmma_descriptor(const void* tile, unsigned leading,
+                                                                  unsigned stride, unsigned swizzle) {
+  auto encode = [](unsigned x) { return static_cast<unsigned long long>((x & 0x3FFFFu) >> 4); };
+  return encode(cg_shared_address(tile)) | encode(leading) << 16 | encode(stride) << 32 |
+         static_cast<unsigned long long>(swizzle & 3u) << 62;
+}
+
+__device__ __forceinline__ void cg_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void cg_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across the product.
+template <int K>
+__device__ __forceinline__ void cg_wgmma_fence_operand(float (&d)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void cg_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cg_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// d = A B + (scale_d ? d : 0), m64n64k16, A and B by descriptor (the GPU versions: N = 64).
+template <int N, int TransposeA, int TransposeB>
+__device__ __forceinline__ void cg_wgmma_bf16_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b,
+                                                 int scale_d) {
+  static_assert(N == 64, "the GPU versions are written for m64n64k16");
+  asm volatile(
+      "{\n  .reg .pred p;\n  setp.ne.b32 p, %34, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])      : "l"(a), "l"(b), "r"(scale_d), "n"(TransposeA), "n"(TransposeB));
+}
+
+// The same with A in registers (each warp its 16 rows, mma.m16n8k16's A layout).
+template <int N, int TransposeB>
+__device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b,
+                                                 int scale_d) {
+  static_assert(N == 64, "the GPU versions are written for m64n64k16");
+  asm volatile(
+      "{\n  .reg .pred p;\n  setp.ne.b32 p, %37, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, { %32, %33, %34, %35}, %36, p, 1, 1, "
+      "%38;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TransposeB));
+}
+#endif
 #endif
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2(e))

@@ -26,5 +26,6 @@
 #include "warp.h"
 #include "ptx.h"
 #include "mbarrier.h"
+#include "wgmma.h"
 #include "runtime_api.h"
 #include "racecheck.h"

@@ -60,7 +60,7 @@ inline std::vector<MbarrierState::Copy> mbarrier_due(MbarrierState& s) {
 // This thread's writes (not hidden from racecheck), in words.
 inline void mbarrier_make_copies(const std::vector<MbarrierState::Copy>& due) {
   for (const MbarrierState::Copy& copy : due) {
-    const std::uint32_t* from = static_cast<const std::uint32_t*>(copy.from);
+    const std::uint32_t* from = copy.from ? static_cast<const std::uint32_t*>(copy.from) : copy.staged.data();
     std::uint32_t* to = static_cast<std::uint32_t*>(copy.to);
     for (unsigned i = 0; i < copy.bytes / 4; ++i) to[i] = from[i];
   }
@@ -189,7 +189,7 @@ inline void cg_bulk_copy_to_shared(void* shared, const void* global, unsigned by
         bytes % 16 != 0 || bytes == 0)
       fiber_fault(w, "cp.async.bulk (%s:%d): addresses %p and %p and %u bytes are not all multiples of 16", file,
                   line, shared, global, bytes);
-    mbarrier_state(w, bar, "cp.async.bulk", file, line).copies.push_back(MbarrierState::Copy{shared, global, bytes});
+    mbarrier_state(w, bar, "cp.async.bulk", file, line).copies.push_back(MbarrierState::Copy{shared, global, bytes, {}});
   }
   mbarrier_settle(w, bar, "cp.async.bulk", file, line);
 }

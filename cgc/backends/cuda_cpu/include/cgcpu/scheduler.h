@@ -35,6 +35,8 @@ inline thread_local uint3 tls_block_idx{0, 0, 0};
 inline thread_local dim3 tls_block_dim{1, 1, 1};
 inline thread_local dim3 tls_grid_dim{1, 1, 1};
 inline thread_local unsigned char* tls_dynamic_shared = nullptr;
+inline thread_local std::size_t tls_dynamic_shared_bytes = 0;
+constexpr std::size_t kSharedBaseAlignment = 1024;  // a block's dynamic shared memory
 
 // ---- a launch, type-erased -------------------------------------------------------------
 struct LaunchInfo {
@@ -106,6 +108,21 @@ struct Fiber {
   // mbarrier.h: the barrier this thread waits on (AtMbarrier), and for which phase parity.
   const void* mbarrier = nullptr;
   unsigned mbarrier_parity = 0;
+  // wgmma.h: the wgmma.mma_async this thread issued and no wgmma.wait_group has completed yet,
+  // each with its group (the commit_groups before it), and the groups committed so far.
+  struct WgmmaOp {
+    float* d;                  // the thread's accumulator registers (n / 2 floats)
+    int n;                     // the N of m64nNk16
+    bool a_in_registers;       // the .rs form: A from the warpgroup's registers
+    unsigned a[4];             // the .rs form: this thread's A registers, as issued
+    unsigned long long a_descriptor, b_descriptor;
+    int scale_d, transpose_a, transpose_b;
+    unsigned group;
+    const char* file;
+    int line;
+  };
+  std::vector<WgmmaOp> wgmma_ops;
+  unsigned wgmma_groups = 0;
 };
 
 // mbarrier.h: an asynchronous barrier's state (the block's table holds one per barrier, from
@@ -115,8 +132,9 @@ struct Fiber {
 struct MbarrierState {
   struct Copy {
     void* to;
-    const void* from;
+    const void* from;  // null: the bytes are `staged` (a tensor copy, gathered when issued)
     unsigned bytes;
+    std::vector<std::uint32_t> staged;
   };
   unsigned phase = 0;
   unsigned expected = 0, pending = 0;
@@ -694,9 +712,12 @@ CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t 
                         static_cast<unsigned>(linear_block / (static_cast<std::uint64_t>(g.x) * g.y))};
   tls_block_dim = b;
   tls_grid_dim = g;
-  unsigned char* shared = static_cast<unsigned char*>(::operator new(launch.shared, std::align_val_t(128)));
+  // 1024-byte aligned: the swizzled layouts of TMA and wgmma (tma.h, wgmma.h) repeat every 1024
+  // bytes of the shared address, which here is the offset from this base (shared_address).
+  unsigned char* shared = static_cast<unsigned char*>(::operator new(launch.shared, std::align_val_t(kSharedBaseAlignment)));
   if (config().shared_fill >= 0 && launch.shared > 0) std::memset(shared, config().shared_fill & 255, launch.shared);
   tls_dynamic_shared = shared;
+  tls_dynamic_shared_bytes = launch.shared;
 
   for (unsigned i = 0; i < n; ++i) {
     Fiber& f = w.fibers[i];
@@ -705,6 +726,8 @@ CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t 
     f.state = FiberState::Ready;
     f.async_copies.clear();  // a thread that left copies unwaited does not pass them on
     f.async_groups = 0;
+    f.wgmma_ops.clear();
+    f.wgmma_groups = 0;
     f.stack = w.stacks.stack(i);
     f.stack_size = w.stacks.size();
     // Start each fiber's frames at a different offset modulo 4 KiB: stacks a fixed stride apart
@@ -742,8 +765,9 @@ CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t 
   }
   tsan_acquire(&w.tsan_block_end);
 #endif
-  ::operator delete(shared, std::align_val_t(128));
+  ::operator delete(shared, std::align_val_t(kSharedBaseAlignment));
   tls_dynamic_shared = nullptr;
+  tls_dynamic_shared_bytes = 0;
   w.current = nullptr;
   tls_worker = nullptr;
 }
