@@ -14,6 +14,24 @@ SCHEDULES = ROOT / "schedules"
 SEED_DIR = ROOT / "tests" / "seed"  # the seed excerpt, kept in the repository (tests/seed/README.md)
 
 
+def probe_sass(probe: str, kernel: str, architecture: str | None = None, preamble: str = ""):
+    """The parsed SASS of `kernel`, a kernel of `probe` compiled by nvcc after the emitted file's
+    device code (the tiny step's) and its primitives, for sm_90 or `architecture`; skips the
+    test where CUDA's compiler wheels are missing."""
+    import sys
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sass_audit
+    from cgc.backends.cuda.toolchain import ToolchainMissing
+    try:
+        sass_audit.check_versions()
+        source, _ = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "tiny")
+    except ToolchainMissing as missing:
+        pytest.skip(str(missing))
+    code = preamble + sass_audit.device_code(source) + probe
+    cubin = sass_audit.build_cubin(code, architecture=architecture or sass_audit.ARCHITECTURE)
+    return sass_audit.parse_sass(sass_audit.disassemble(cubin))[kernel]
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite golden files from the current output (review with git diff)")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCHEDULES
+from conftest import probe_sass
 
 from cgc.backends.cuda.emulated import (HEADERS, RACECHECK_ENVIRONMENT, RACECHECK_FLAGS,
                                         STANDALONE_FLAGS, build, compiler_missing,
@@ -128,17 +128,7 @@ extern "C" __global__ void cg_probe_ring(float* out, const float* in) {
 
 
 def test_the_gpu_versions_assemble_to_hopper_barrier_and_copy_instructions():
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    import sass_audit
-    from cgc.backends.cuda.toolchain import ToolchainMissing
-    try:
-        sass_audit.check_versions()
-        source, _ = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "tiny")
-    except ToolchainMissing as missing:
-        pytest.skip(str(missing))
-    cubin = sass_audit.build_cubin(sass_audit.device_code(source) + PROBE)
-    probe = sass_audit.parse_sass(sass_audit.disassemble(cubin))["cg_probe_ring"]
+    probe = probe_sass(PROBE, "cg_probe_ring")
     text = " ".join(instruction.opcode for instruction in probe.instructions)
     for opcode in ("SYNCS.EXCH.64", "SYNCS.ARRIVE.TRANS64", "UBLKCP.S.G",
                    "SYNCS.PHASECHK.TRANS64.TRYWAIT"):

@@ -21,14 +21,13 @@ import os
 import re
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import SCHEDULES
+from conftest import probe_sass
 
 from cgc.backends.cuda.emulated import (HEADERS, RACECHECK_ENVIRONMENT, RACECHECK_FLAGS,
                                         SANITIZER_ENVIRONMENT, SANITIZER_FLAGS, STANDALONE_FLAGS,
@@ -299,17 +298,7 @@ extern "C" __global__ void __launch_bounds__(128) cg_probe_wgmma(float* out,
 
 
 def test_the_gpu_versions_assemble_to_hoppers_warpgroup_and_tensor_instructions():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    import sass_audit
-    from cgc.backends.cuda.toolchain import ToolchainMissing
-    try:
-        sass_audit.check_versions()
-        source, _ = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "tiny")
-    except ToolchainMissing as missing:
-        pytest.skip(str(missing))
-    code = "#include <cuda.h>\n" + sass_audit.device_code(source) + PROBE
-    cubin = sass_audit.build_cubin(code, architecture="sm_90a")
-    probe = sass_audit.parse_sass(sass_audit.disassemble(cubin))["cg_probe_wgmma"]
+    probe = probe_sass(PROBE, "cg_probe_wgmma", "sm_90a", preamble="#include <cuda.h>\n")
     text = " ".join(f"{i.opcode} {i.operands}" for i in probe.instructions)
     for opcode in ("UTMALDG.2D", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE", "FENCE.VIEW.ASYNC.S"):
         assert opcode in text, opcode
