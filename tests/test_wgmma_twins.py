@@ -9,7 +9,8 @@ dealt to the 128 threads by the thread-value layouts of the ISA's fragment figur
 ((4,8,4),(2,2,N/8)):((128,1,16),(64,8,512)) over a column-major 64 x N). The twin decodes the
 descriptors with its own formulas (wgmma.h); the products must agree exactly (small integers:
 every sum exact in float). Every majorness and swizzle of A and B, A from registers, N = 8, 16,
-64, 256, scale-d 0 and 1. Then the attention-shaped ring (TMA with a 128-byte swizzle, a
+64, 256, scale-d 0 and 1. Then commit groups, each swizzle through a tensor copy, the NaN fill,
+the attention-shaped ring (TMA with a 128-byte swizzle, a
 partial last tile, the descriptor advanced along the swizzled row), plain and under racecheck,
 a stage freed before the product's wait caught by racecheck, and the faults. The emitted file's
 own versions, inline PTX for sm_90a, assemble to HGMMA, UTMALDG and WARPGROUP instructions.
@@ -253,11 +254,31 @@ def test_a_stage_freed_before_the_products_wait_races_the_next_copy(programs):
     ("lanes-differ", r"wgmma\.mma_async \([^()]*wgmma\.cpp?:\d+\): lanes 0 and 5 of the warp issued "
                      r"different products"),
     ("base-offset", r"wgmma\.mma_async \([^()]*wgmma\.cpp?:\d+\): matrix base offset 1: only 0"),
+    ("off-repeat", r"wgmma\.mma_async \([^()]*wgmma\.cpp?:\d+\): a swizzled tile at shared address \d+ is "
+                   r"not on its swizzle's 1024-byte repeat"),
+    ("written-accumulator", r"wgmma\.wait_group \([^()]*wgmma\.cpp?:\d+\): lane 6's accumulators of the "
+                            r"product at [^ ]*wgmma\.cpp?:\d+ were written between its issue and this wait"),
+    ("exit-pending", r"thread \d+: the thread exited with 1 warpgroup products pending, the first issued at "
+                     r"[^ ]*wgmma\.cpp?:\d+"),
+    ("partial-warpgroup", r"wgmma\.mma_async \([^()]*wgmma\.cpp?:\d+\): thread 0's warpgroup \(threads 0-127\) "
+                          r"is not whole in a block of 96 threads"),
+    ("tma-overflow", r"cp\.async\.bulk\.tensor\.2d \([^()]*wgmma\.cpp?:\d+\): the box's 8192 bytes at shared "
+                     r"address \d+ end past the block's \d+ bytes of dynamic shared memory"),
 ])
 def test_what_the_twin_does_not_allow_is_a_fault(programs, mode, said):
     done = _run(programs["plain"], mode)
     assert f"{mode}: launch cudaErrorLaunchFailure" in done.stdout, done.stdout + done.stderr
     assert re.search(said, done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("mode", ["groups", "swizzles", "nan-fill"])
+def test_groups_swizzled_tensor_copies_and_the_fill(programs, mode):
+    """wait_group 1 completes the older of two groups on one accumulator and wait_group 0 the
+    other; a box starting above the tensor, copied with each swizzle and multiplied by itself
+    through descriptors of that swizzle, gives the exact X X^T (its missing rows zero); the NaN
+    fill puts NaN in exactly those rows."""
+    done = _run(programs["plain"], mode)
+    assert done.returncode == 0 and f"{mode}: ok" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
 def test_the_driver_refuses_invalid_tensor_maps(programs):
@@ -314,6 +335,9 @@ def test_the_gpu_versions_assemble_to_hoppers_warpgroup_and_tensor_instructions(
     # the accumulator's second row pair from the wrong register
     ("    for (int i = 0; i < n / 2; ++i) ops[lane]->d[i] = D[g + 8 * ((i / 2) % 2)]",
      "    for (int i = 0; i < n / 2; ++i) ops[lane]->d[i] = D[g + 8 * (i % 2)]"),
+    # a wait that completes every product, its N most recent groups and uncommitted ones too
+    ("    for (const Fiber::WgmmaOp& op : f.wgmma_ops) count += op.group + pending < f.wgmma_groups;",
+     "    for (const Fiber::WgmmaOp& op : f.wgmma_ops) count += op.group <= f.wgmma_groups;"),
 ])
 def test_a_mistaken_twin_fails_the_lane_by_lane_check(tmp_path, old, new):
     """Each mutation of wgmma.h's layouts is caught by the cases above (the test's own layouts are
@@ -328,7 +352,7 @@ def test_a_mistaken_twin_fails_the_lane_by_lane_check(tmp_path, old, new):
     binary = tmp_path / "wgmma"
     subprocess.run(["g++", *STANDALONE_FLAGS, f"-I{copy}", *INCLUDE, "-x", "c++", str(SOURCE), "-o",
                     str(binary)], check=True, capture_output=True)
-    failed = []
+    failed = [mode for mode in ("groups", "swizzles") if _run(binary, mode).returncode != 0]
     for case in CASES:
         try:
             test_a_product_matches_numpy_lane_by_lane({"plain": binary}, tmp_path, case)

@@ -12,9 +12,19 @@
 //                      checked against the exact product; prints "pipeline: ok".
 //   release-early      the same, but the consumers free each stage before their wait: racecheck
 //                      reports the product's reads racing the next tile's copy.
-//   static-tile        a descriptor of a static __shared__ tile: a fault.
-//   lanes-differ       one lane gives another descriptor: a fault.
-//   base-offset        a descriptor with a matrix base offset: a fault (not modelled).
+//   groups             two commit groups on one accumulator: wait_group 1 completes the first
+//                      only, wait_group 0 the second.
+//   swizzles           a box with rows above the tensor (zero filled) by TMA with each swizzle
+//                      (32, 64, 128 bytes), multiplied by itself through descriptors of the same
+//                      swizzle: the exact X X^T.
+//   nan-fill           the NaN fill: the rows above the tensor are NaN, the others the data.
+//   static-tile, lanes-differ, base-offset, off-repeat, written-accumulator, tma-overflow,
+//   exit-pending, partial-warpgroup
+//                      faults: a descriptor of a static __shared__ tile; one lane giving another
+//                      descriptor; a matrix base offset (not modelled); a 128-byte-swizzled tile
+//                      off its 1024-byte repeat; accumulators written between issue and wait; a
+//                      box ending past dynamic shared memory; threads exiting with a product
+//                      pending; a product in a block of 96 threads.
 //   bad-map            cuTensorMapEncodeTiled's refusals (CUDA_ERROR_INVALID_VALUE), checked.
 #include "check.h"
 
@@ -31,10 +41,17 @@ struct Case {
   std::int32_t b_offset, b_leading, b_stride, b_swizzle;
 };
 
+// The first byte of `memory` on a 1024-byte boundary of the shared address space (the 128-byte
+// swizzle's repeat): dynamic shared memory need not start on one. 1024 bytes more are asked.
+__device__ unsigned char* aligned_1024(unsigned char* memory) {
+  return memory + (1024 - cg_shared_address(memory) % 1024) % 1024;
+}
+
 template <int N>
 __global__ void product(float* out, float* before, const unsigned char* image, const unsigned* a_registers,
                         const float* c, Case k) {
-  CG_DYNAMIC_SHARED(memory);
+  CG_DYNAMIC_SHARED(dynamic);
+  unsigned char* memory = aligned_1024(dynamic);  // the case's shared address 0
   for (int i = threadIdx.x; i < k.shared_bytes; i += blockDim.x) memory[i] = image[i];
   __syncthreads();
   const int thread = threadIdx.x;
@@ -76,8 +93,8 @@ static int run_product(const Case& k, const std::vector<unsigned char>& image, c
   CUDA_OK(cudaMemcpy(image_d, image.data(), image.size(), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(a_d, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(c_d, c.data(), c.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaFuncSetAttribute(product<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes));
-  CG_LAUNCH(product<N>, dim3(1), dim3(128), k.shared_bytes, nullptr)(out_d, before_d, image_d, a_d, c_d, k);
+  CUDA_OK(cudaFuncSetAttribute(product<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes + 1024));
+  CG_LAUNCH(product<N>, dim3(1), dim3(128), k.shared_bytes + 1024, nullptr)(out_d, before_d, image_d, a_d, c_d, k);
   CUDA_OK(cudaGetLastError());
   std::vector<float> out(c.size()), before(c.size());
   CUDA_OK(cudaMemcpy(out.data(), out_d, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -118,9 +135,9 @@ enum RingMode { kRingRight, kRingReleaseEarly };
 
 __global__ void __launch_bounds__(160) ring(float* scores, const __grid_constant__ CUtensorMap q_map,
                                             const __grid_constant__ CUtensorMap k_map, int mode) {
-  CG_DYNAMIC_SHARED(memory);
-  unsigned char* q = memory;                       // 64 x 64, 128-byte swizzle, 8 KiB
-  unsigned char* stage = memory + kTileBytes;      // kStages tiles of K
+  CG_DYNAMIC_SHARED(dynamic);
+  unsigned char* q = aligned_1024(dynamic);        // 64 x 64, 128-byte swizzle, 8 KiB
+  unsigned char* stage = q + kTileBytes;           // kStages tiles of K
   __shared__ __align__(8) unsigned long long q_full, full[kStages], empty[kStages];
   const int thread = threadIdx.x;
   if (thread == 0) {
@@ -194,7 +211,7 @@ static int run_ring(int mode, const char* name) {
   CUDA_OK(cudaMemcpy(q_d, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(k_d, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
   const CUtensorMap q_map = tile_map(q_d, kTile), k_map = tile_map(k_d, kKeys);
-  const int shared = static_cast<int>((1 + kStages) * kTileBytes);
+  const int shared = static_cast<int>((1 + kStages) * kTileBytes) + 1024;
   CUDA_OK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   CG_LAUNCH(ring, dim3(1), dim3(160), shared, nullptr)(s_d, q_map, k_map, mode);
   const cudaError_t status = cudaGetLastError();
@@ -214,26 +231,203 @@ static int run_ring(int mode, const char* name) {
   FINISH(name);
 }
 
-// ---- faults ----------------------------------------------------------------------------------
-enum FaultMode { kStaticTile, kLanesDiffer, kBaseOffset };
-
-__global__ void fault(int mode) {
+// ---- commit groups ---------------------------------------------------------------------------
+// A = B = ones (64 x 16, K-major, no swizzle: each row's 16 elements in two core matrices), so
+// one product is 16 everywhere.
+__global__ void groups(float* out) {
   CG_DYNAMIC_SHARED(memory);
+  __nv_bfloat16* ones = reinterpret_cast<__nv_bfloat16*>(memory);
+  for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) ones[i] = __float2bfloat16(1.0f);
+  __syncthreads();
+  const unsigned long long tile = cg_wgmma_descriptor(memory, 128, 256, 0);  // LBO: the k half; SBO: 8 rows
+  float d[32];
+  cg_fence_proxy_async();
+  cg_wgmma_fence();
+  cg_wgmma_bf16_ss<64, 0, 0>(d, tile, tile, 0);  // group 0: d = 16
+  cg_wgmma_commit();
+  cg_wgmma_bf16_ss<64, 0, 0>(d, tile, tile, 1);  // group 1: d += 16, on the same accumulators
+  cg_wgmma_commit();
+  cg_wgmma_wait<1>();
+  out[threadIdx.x] = d[0];  // group 0's result
+  cg_wgmma_wait<0>();
+  cg_wgmma_fence_operand(d);
+  out[128 + threadIdx.x] = d[31];
+}
+
+static int run_groups() {
+  float* out = nullptr;
+  CUDA_OK(cudaMalloc(&out, 256 * sizeof(float)));
+  CG_LAUNCH(groups, dim3(1), dim3(128), 4096, nullptr)(out);
+  CUDA_OK(cudaGetLastError());
+  std::vector<float> got(256);
+  CUDA_OK(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  int wrong = 0;
+  for (int i = 0; i < 128; ++i) wrong += got[i] != 16.0f || got[128 + i] != 32.0f;
+  CHECK(wrong == 0, "%d threads wrong: thread 0 saw %g after wait_group 1, %g after wait_group 0", wrong, got[0],
+        got[128]);
+  FINISH("groups");
+}
+
+// ---- every swizzle through TMA and wgmma -----------------------------------------------------
+constexpr int kSwizzleRows = 56;  // the tensor's rows; the box starts 8 above them
+
+template <int Columns>  // bfloat16 columns: 16, 32, 64 for the 32, 64, 128-byte swizzle
+__global__ void swizzled_square(float* out, const __grid_constant__ CUtensorMap map, unsigned code) {
+  CG_DYNAMIC_SHARED(dynamic);
+  unsigned char* tile = aligned_1024(dynamic);
+  __shared__ __align__(8) unsigned long long full;
+  if (threadIdx.x == 0) {
+    cg_mbarrier_init(&full, 1);
+    cg_mbarrier_arrive_expect_tx(&full, 64 * Columns * 2);
+    cg_tma_load_2d(tile, &map, 0, -8, &full);
+  }
+  __syncthreads();
+  cg_mbarrier_wait(&full, 0);
+  float d[32];
+  cg_wgmma_fence();
+  for (int k = 0; k < Columns / 16; ++k) {  // 32 bytes along the swizzled rows
+    const unsigned long long x = cg_wgmma_descriptor(tile + 32 * k, 16, 8 * Columns * 2, code);
+    cg_wgmma_bf16_ss<64, 0, 0>(d, x, x, k > 0);
+  }
+  cg_wgmma_commit();
+  cg_wgmma_wait<0>();
+  cg_wgmma_fence_operand(d);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = 0; i < 32; ++i)
+    out[(16 * warp + lane / 4 + 8 * ((i / 2) % 2)) * 64 + 8 * (i / 4) + 2 * (lane % 4) + i % 2] = d[i];
+}
+
+static std::uint16_t to_bf16(float f);
+
+template <int Columns>
+static void check_swizzle(CUtensorMapSwizzle swizzle, unsigned code) {
+  std::vector<float> x(kSwizzleRows * Columns);
+  std::vector<std::uint16_t> bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>((i * 11 + i / Columns * 5) % 9) - 4.0f;
+    bits[i] = to_bf16(x[i]);
+  }
+  void* global = nullptr;
+  float* out = nullptr;
+  CUDA_OK(cudaMalloc(&global, bits.size() * 2));
+  CUDA_OK(cudaMalloc(&out, 64 * 64 * sizeof(float)));
+  CUDA_OK(cudaMemcpy(global, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {Columns, kSwizzleRows}, strides[1] = {Columns * 2};
+  const cuuint32_t box[2] = {Columns, 64}, unit[2] = {1, 1};
+  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, unit,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS, "the map");
+  const int shared = 64 * Columns * 2 + 1024;
+  CUDA_OK(cudaFuncSetAttribute(swizzled_square<Columns>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  CG_LAUNCH(swizzled_square<Columns>, dim3(1), dim3(128), shared, nullptr)(out, map, code);
+  CUDA_OK(cudaGetLastError());
+  std::vector<float> got(64 * 64);
+  CUDA_OK(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  auto row = [&](int r, int c) { return r >= 8 && r - 8 < kSwizzleRows ? x[(r - 8) * Columns + c] : 0.0f; };
+  int wrong = 0;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j) {
+      float expected = 0.0f;
+      for (int c = 0; c < Columns; ++c) expected += row(i, c) * row(j, c);
+      wrong += got[i * 64 + j] != expected;
+    }
+  CHECK(wrong == 0, "swizzle of %d bytes: %d of X X^T wrong", Columns * 2, wrong);
+}
+
+static int run_swizzles() {
+  check_swizzle<16>(CU_TENSOR_MAP_SWIZZLE_32B, 3);
+  check_swizzle<32>(CU_TENSOR_MAP_SWIZZLE_64B, 2);
+  check_swizzle<64>(CU_TENSOR_MAP_SWIZZLE_128B, 1);
+  FINISH("swizzles");
+}
+
+// ---- the NaN fill ----------------------------------------------------------------------------
+__global__ void nan_fill(unsigned* counts, const __grid_constant__ CUtensorMap map) {
+  CG_DYNAMIC_SHARED(dynamic);
+  unsigned char* tile = aligned_1024(dynamic);
+  __shared__ __align__(8) unsigned long long full;
+  if (threadIdx.x == 0) {
+    cg_mbarrier_init(&full, 1);
+    cg_mbarrier_arrive_expect_tx(&full, 64 * 64 * 2);
+    cg_tma_load_2d(tile, &map, 0, -8, &full);
+    cg_mbarrier_wait(&full, 0);
+    const std::uint16_t* element = reinterpret_cast<const std::uint16_t*>(tile);
+    for (int i = 0; i < 64 * 64; ++i) {  // the first 8 rows (1024 bytes, whatever the swizzle) are NaN
+      const bool nan = element[i] == 0x7FFF;
+      counts[i < 8 * 64 ? 0 : 1] += nan;
+    }
+  }
+}
+
+static int run_nan_fill() {
+  std::vector<std::uint16_t> bits(56 * 64);
+  for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = to_bf16(static_cast<float>(i % 13));
+  void* global = nullptr;
+  unsigned* counts = nullptr;
+  CUDA_OK(cudaMalloc(&global, bits.size() * 2));
+  CUDA_OK(cudaMalloc(&counts, 2 * sizeof(unsigned)));
+  CUDA_OK(cudaMemset(counts, 0, 2 * sizeof(unsigned)));
+  CUDA_OK(cudaMemcpy(global, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {64, 56}, strides[1] = {128};
+  const cuuint32_t box[2] = {64, 64}, unit[2] = {1, 1};
+  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, unit,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA) == CUDA_SUCCESS, "the map");
+  CUDA_OK(cudaFuncSetAttribute(nan_fill, cudaFuncAttributeMaxDynamicSharedMemorySize, 8192 + 1024));
+  CG_LAUNCH(nan_fill, dim3(1), dim3(32), 8192 + 1024, nullptr)(counts, map);
+  CUDA_OK(cudaGetLastError());
+  unsigned got[2];
+  CUDA_OK(cudaMemcpy(got, counts, sizeof got, cudaMemcpyDeviceToHost));
+  CHECK(got[0] == 8 * 64 && got[1] == 0, "%u NaN in the rows above the tensor (of 512), %u in its rows", got[0],
+        got[1]);
+  FINISH("nan-fill");
+}
+
+// ---- faults ----------------------------------------------------------------------------------
+enum FaultMode {
+  kStaticTile, kLanesDiffer, kBaseOffset, kOffRepeat, kWrittenAccumulator, kTmaOverflow, kExitPending,
+  kPartialWarpgroup
+};
+
+__global__ void fault(int mode, const __grid_constant__ CUtensorMap map) {
+  CG_DYNAMIC_SHARED(dynamic);
+  unsigned char* tile = aligned_1024(dynamic);
   __shared__ __align__(1024) unsigned char fixed[2048];
+  __shared__ __align__(8) unsigned long long full;
+  if (mode == kTmaOverflow && threadIdx.x == 0) {  // 8 KiB at 8 KiB before the end of 12 KiB + 1024
+    cg_mbarrier_init(&full, 1);
+    cg_mbarrier_arrive_expect_tx(&full, 8192);
+    cg_tma_load_2d(tile + 8192, &map, 0, 0, &full);
+  }
   float d[32] = {};
-  unsigned long long a = cg_wgmma_descriptor(memory, 16, 1024, 1), b = a;
+  unsigned long long a = cg_wgmma_descriptor(tile, 16, 1024, 1), b = a;
   if (mode == kStaticTile) b = cg_wgmma_descriptor(fixed, 16, 1024, 1);
   if (mode == kLanesDiffer && threadIdx.x == 37) b += 2;  // 32 bytes further on
   if (mode == kBaseOffset) b |= 1ull << 49;
+  if (mode == kOffRepeat) b = cg_wgmma_descriptor(tile + 128, 16, 1024, 1);
   cg_wgmma_fence();
   cg_wgmma_bf16_ss<64, 0, 0>(d, a, b, 0);
   cg_wgmma_commit();
+  if (mode == kWrittenAccumulator && threadIdx.x == 70) d[3] = 1.0f;
+  if (mode == kExitPending) return;
   cg_wgmma_wait<0>();
 }
 
-static int run_fault(int mode, const char* name) {
-  CUDA_OK(cudaFuncSetAttribute(fault, cudaFuncAttributeMaxDynamicSharedMemorySize, 16384));
-  CG_LAUNCH(fault, dim3(1), dim3(128), 16384, nullptr)(mode);
+static int run_fault(int mode, const char* name, int threads = 128) {
+  static std::vector<std::uint16_t> global(64 * 64);
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {64, 64}, strides[1] = {128};
+  const cuuint32_t box[2] = {64, 64}, unit[2] = {1, 1};
+  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global.data(), dims, strides, box, unit,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+        "the map");
+  const int shared = 12288 + 1024;
+  CUDA_OK(cudaFuncSetAttribute(fault, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  CG_LAUNCH(fault, dim3(1), dim3(threads), shared, nullptr)(mode, map);
   std::printf("%s: launch %s\n", name, cudaGetErrorName(cudaGetLastError()));
   return 0;
 }
@@ -254,6 +448,16 @@ static int bad_maps() {
   CHECK(encode(global, strides, wide, CU_TENSOR_MAP_SWIZZLE_NONE) == CUDA_ERROR_INVALID_VALUE, "box past 256");
   CHECK(encode(global, strides, narrow, CU_TENSOR_MAP_SWIZZLE_NONE) == CUDA_ERROR_INVALID_VALUE, "8-byte rows");
   CHECK(encode(global, strides, box, CU_TENSOR_MAP_SWIZZLE_64B) == CUDA_ERROR_INVALID_VALUE, "128 bytes > 64B");
+  const cuuint32_t first_ignored[2] = {0, 1};  // without interleave the driver ignores elementStrides[0]
+  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, first_ignored,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
+        "elementStrides[0] ignored");
+  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, global, dims, strides, box, unit,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                               CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA) == CUDA_ERROR_INVALID_VALUE,
+        "a NaN fill of integers");
   FINISH("bad-map");
 }
 
@@ -264,8 +468,17 @@ int main(int argc, char** argv) {
   if (mode_is(argc, argv, "static-tile")) return run_fault(kStaticTile, "static-tile");
   if (mode_is(argc, argv, "lanes-differ")) return run_fault(kLanesDiffer, "lanes-differ");
   if (mode_is(argc, argv, "base-offset")) return run_fault(kBaseOffset, "base-offset");
+  if (mode_is(argc, argv, "off-repeat")) return run_fault(kOffRepeat, "off-repeat");
+  if (mode_is(argc, argv, "written-accumulator")) return run_fault(kWrittenAccumulator, "written-accumulator");
+  if (mode_is(argc, argv, "tma-overflow")) return run_fault(kTmaOverflow, "tma-overflow");
+  if (mode_is(argc, argv, "exit-pending")) return run_fault(kExitPending, "exit-pending");
+  if (mode_is(argc, argv, "partial-warpgroup")) return run_fault(kPartialWarpgroup, "partial-warpgroup", 96);
+  if (mode_is(argc, argv, "groups")) return run_groups();
+  if (mode_is(argc, argv, "swizzles")) return run_swizzles();
+  if (mode_is(argc, argv, "nan-fill")) return run_nan_fill();
   if (mode_is(argc, argv, "bad-map")) return bad_maps();
-  std::printf("usage: %s product CASE OUT | pipeline | release-early | static-tile | lanes-differ | "
-              "base-offset | bad-map\n", argv[0]);
+  std::printf("usage: %s product CASE OUT | pipeline | release-early | groups | swizzles | nan-fill | "
+              "static-tile | lanes-differ | base-offset | off-repeat | written-accumulator | tma-overflow | "
+              "exit-pending | partial-warpgroup | bad-map\n", argv[0]);
   return 2;
 }

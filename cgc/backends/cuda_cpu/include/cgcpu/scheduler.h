@@ -36,7 +36,6 @@ inline thread_local dim3 tls_block_dim{1, 1, 1};
 inline thread_local dim3 tls_grid_dim{1, 1, 1};
 inline thread_local unsigned char* tls_dynamic_shared = nullptr;
 inline thread_local std::size_t tls_dynamic_shared_bytes = 0;
-constexpr std::size_t kSharedBaseAlignment = 1024;  // a block's dynamic shared memory
 
 // ---- a launch, type-erased -------------------------------------------------------------
 struct LaunchInfo {
@@ -112,6 +111,7 @@ struct Fiber {
   // each with its group (the commit_groups before it), and the groups committed so far.
   struct WgmmaOp {
     float* d;                  // the thread's accumulator registers (n / 2 floats)
+    std::vector<float> held;   // what they held at issue (or after a product before this one made them)
     int n;                     // the N of m64nNk16
     bool a_in_registers;       // the .rs form: A from the warpgroup's registers
     unsigned a[4];             // the .rs form: this thread's A registers, as issued
@@ -594,6 +594,11 @@ CGCPU_NO_TSAN inline void fiber_main(void* argument) {
   Worker& w = *static_cast<Worker*>(argument);
   tsan_acquire(&w.tsan_block_start);  // block start: what the host did before the launch
   w.launch->invoke(w.launch->self);
+  if (!w.current->wgmma_ops.empty()) {  // wgmma.h: undefined in the ISA
+    const Fiber::WgmmaOp& op = w.current->wgmma_ops.front();
+    fiber_fault(w, "the thread exited with %zu warpgroup products pending, the first issued at %s:%d (no "
+                "wgmma.wait_group completed them)", w.current->wgmma_ops.size(), op.file, op.line);
+  }
   fiber_finish(w);
 }
 
@@ -712,9 +717,7 @@ CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t 
                         static_cast<unsigned>(linear_block / (static_cast<std::uint64_t>(g.x) * g.y))};
   tls_block_dim = b;
   tls_grid_dim = g;
-  // 1024-byte aligned: the swizzled layouts of TMA and wgmma (tma.h, wgmma.h) repeat every 1024
-  // bytes of the shared address, which here is the offset from this base (shared_address).
-  unsigned char* shared = static_cast<unsigned char*>(::operator new(launch.shared, std::align_val_t(kSharedBaseAlignment)));
+  unsigned char* shared = static_cast<unsigned char*>(::operator new(launch.shared, std::align_val_t(128)));
   if (config().shared_fill >= 0 && launch.shared > 0) std::memset(shared, config().shared_fill & 255, launch.shared);
   tls_dynamic_shared = shared;
   tls_dynamic_shared_bytes = launch.shared;
@@ -765,7 +768,7 @@ CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t 
   }
   tsan_acquire(&w.tsan_block_end);
 #endif
-  ::operator delete(shared, std::align_val_t(kSharedBaseAlignment));
+  ::operator delete(shared, std::align_val_t(128));
   tls_dynamic_shared = nullptr;
   tls_dynamic_shared_bytes = 0;
   w.current = nullptr;

@@ -5,21 +5,24 @@
 //
 // cuTensorMapEncodeTiled refuses with CUDA_ERROR_INVALID_VALUE what the driver documents as
 // invalid: a map not 64-byte aligned, rank outside [1, 5] (interleaved: [3, 5]), a global address
-// not 16-byte aligned, a dimension of 0 or past 2^32, a stride not a multiple of 16 or past 2^40,
-// a box dimension outside [1, 256] or whose inner dimension is not a multiple of 16 bytes, an
-// element stride outside [1, 8], a swizzle wider than the box's inner dimension in bytes, a NaN
-// fill for an integer type. It stops with "not modelled" on what is valid but not modelled here:
-// interleaved layouts, element strides other than 1, a swizzled box whose inner dimension is
-// narrower than the swizzle span.
+// not 16-byte aligned (32 with the 32-byte interleave), a dimension of 0 or past 2^32, a stride not
+// a multiple of 16 (32 with the 32-byte interleave) or past 2^40, a box dimension outside [1, 256]
+// or whose inner dimension is not a multiple of 16 bytes, an element stride outside [1, 8] (the
+// first is ignored without interleave), the 32-byte interleave without the 32-byte swizzle, a
+// swizzle wider than the box's inner dimension in bytes, a NaN fill for an integer type. It stops
+// with "not modelled" on what is valid but not modelled here: interleaved layouts, element
+// strides other than 1, a swizzled box whose inner dimension is narrower than the swizzle span.
 //
 // The copy: the box at coordinates (x, y) (innermost first, in elements, may be negative or past
-// the tensor) lands densely in shared memory, row after row, element (x + i, y + j) at byte
-// (j box0 + i) size; then Swizzle<B, 4, 3> (B = 1, 2, 3 for 32B, 64B, 128B) moves its 16-byte
-// chunks on the shared address (bits 4.. ^= bits 7..), as the swizzled wgmma layouts expect
-// (wgmma.h). Elements outside the tensor are zero (or NaN with the NaN fill), and count towards
-// the bytes the copy completes on the barrier, which is the whole box. The global bytes are read
-// when the copy is issued; the shared bytes land when the barrier's phase has every arrival, as
-// with cp.async.bulk (mbarrier.h).
+// the tensor) lands densely in dynamic shared memory (the only shared memory the twin addresses:
+// a destination elsewhere, not 128-byte aligned, or a box that ends past it is a fault), row
+// after row, element (x + i, y + j) at byte (j box0 + i) size; then Swizzle<B, 4, 3> (B = 1, 2, 3
+// for 32B, 64B, 128B) moves its 16-byte chunks on the shared address (cg_shared_address, wgmma.h:
+// bits 4.. ^= bits 7..), as the swizzled wgmma layouts expect. Elements outside the tensor are
+// zero (or, with the NaN fill, all ones but the sign bit: a quiet NaN of the element's width),
+// and count towards the bytes the copy completes on the barrier, which is the whole box. The
+// global bytes are read when the copy is issued; the shared bytes land when the barrier's phase
+// has every arrival, as with cp.async.bulk (mbarrier.h).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "mbarrier.h"
+#include "wgmma.h"
 
 typedef int CUresult;
 constexpr CUresult CUDA_SUCCESS = 0;
@@ -154,9 +158,15 @@ inline CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType typ
   f.swizzle = static_cast<unsigned>(swizzle);
   f.nan_fill = fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
   f.float_type = !integer;
+  const bool interleaved = interleave != CU_TENSOR_MAP_INTERLEAVE_NONE;
+  if (interleave == CU_TENSOR_MAP_INTERLEAVE_32B && swizzle != CU_TENSOR_MAP_SWIZZLE_32B)
+    return CUDA_ERROR_INVALID_VALUE;
   for (cuuint32_t i = 0; i < rank; ++i) {
-    if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 || element_strides[i] == 0 ||
-        element_strides[i] > 8)
+    const bool stride_read = interleaved || i > 0;  // without interleave, elementStrides[0] is ignored
+    if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 ||
+        (stride_read && (element_strides[i] == 0 || element_strides[i] > 8)))
+      return CUDA_ERROR_INVALID_VALUE;
+    if (i > 0 && interleave == CU_TENSOR_MAP_INTERLEAVE_32B && strides[i - 1] % 32 != 0)
       return CUDA_ERROR_INVALID_VALUE;
     if (i > 0 && (strides[i - 1] % 16 != 0 || strides[i - 1] >= (1ull << 40))) return CUDA_ERROR_INVALID_VALUE;
     f.dims[i] = dims[i];
@@ -164,10 +174,10 @@ inline CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType typ
     f.box[i] = box[i];
   }
   const unsigned inner = box[0] * size, span = swizzle == CU_TENSOR_MAP_SWIZZLE_NONE ? 0 : 16u << swizzle;
-  if (interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && (inner % 16 != 0 || (span != 0 && inner > span)))
+  if (!interleaved && (inner % 16 != 0 || (span != 0 && inner > span)))
     return CUDA_ERROR_INVALID_VALUE;
-  if (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE) tensor_map_not_modelled("an interleaved layout");
-  for (cuuint32_t i = 0; i < rank; ++i)
+  if (interleaved) tensor_map_not_modelled("an interleaved layout");
+  for (cuuint32_t i = 1; i < rank; ++i)
     if (element_strides[i] != 1) tensor_map_not_modelled("an element stride other than 1");
   if (span != 0 && inner != span) tensor_map_not_modelled("a swizzled box narrower than its swizzle span");
   pack_tensor_map(map, f);
@@ -191,27 +201,30 @@ inline void cg_tma_load_2d(void* shared, const void* tensor_map, int x, int y, u
                   static_cast<const void*>(map));
     if (f.rank != 2)
       fiber_fault(w, "%s (%s:%d): the tensor map has rank %u, not 2", what, file, line, f.rank);
-    if (reinterpret_cast<std::uintptr_t>(shared) % 128 != 0)
-      fiber_fault(w, "%s (%s:%d): the shared destination %p is not 128-byte aligned", what, file, line, shared);
+    const std::uint32_t base = shared_window_address(w, shared, what, file, line);
+    if (base % 128 != 0)
+      fiber_fault(w, "%s (%s:%d): the shared destination %p (shared address %u) is not 128-byte aligned", what,
+                  file, line, shared, base);
     const unsigned size = f.element_bytes, bytes = f.box[0] * f.box[1] * size;
+    if (base - kDynamicSharedAddress + bytes > tls_dynamic_shared_bytes)
+      fiber_fault(w, "%s (%s:%d): the box's %u bytes at shared address %u end past the block's %zu bytes of dynamic "
+                  "shared memory", what, file, line, bytes, base, tls_dynamic_shared_bytes);
     MbarrierState::Copy copy{shared, nullptr, bytes, std::vector<std::uint32_t>(bytes / 4)};
     unsigned char* staged = reinterpret_cast<unsigned char*>(copy.staged.data());
-    const int bits = f.swizzle == 0 ? 0 : static_cast<int>(f.swizzle);  // 32B 1, 64B 2, 128B 3
-    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(shared);
+    const int bits = static_cast<int>(f.swizzle);  // none 0, 32B 1, 64B 2, 128B 3: Swizzle<bits, 4, 3>
     for (cuuint32_t j = 0; j < f.box[1]; ++j)
       for (cuuint32_t i = 0; i < f.box[0]; ++i) {
         const long long gx = static_cast<long long>(x) + i, gy = static_cast<long long>(y) + j;
-        const std::uintptr_t dense = base + (static_cast<std::uintptr_t>(j) * f.box[0] + i) * size;
-        const std::uintptr_t at = dense ^ (((dense >> 7) & ((1u << bits) - 1u)) << 4);
-        unsigned char* to = staged + (at - base);
+        const std::uint32_t dense = base + (j * f.box[0] + i) * size;
+        unsigned char* to = staged + (swizzled(dense, bits) - base);
         const bool inside = gx >= 0 && gy >= 0 && static_cast<cuuint64_t>(gx) < f.dims[0] &&
                             static_cast<cuuint64_t>(gy) < f.dims[1];
         for (unsigned b = 0; b < size; ++b)
           to[b] = inside ? f.address[static_cast<cuuint64_t>(gy) * f.strides[1] + static_cast<cuuint64_t>(gx) * size + b]
                          : 0;
-        if (!inside && f.nan_fill) {  // the type's canonical NaN
-          if (size == 2) to[0] = 0xFF, to[1] = 0x7F;
-          if (size == 4) to[0] = 0xFF, to[1] = 0xFF, to[2] = 0xFF, to[3] = 0x7F;
+        if (!inside && f.nan_fill) {  // a quiet NaN of the element's width: all ones but the sign
+          for (unsigned b = 0; b < size; ++b) to[b] = 0xFF;
+          to[size - 1] = 0x7F;
         }
       }
     mbarrier_state(w, bar, what, file, line).copies.push_back(std::move(copy));

@@ -26,22 +26,28 @@
 //                                   128B  ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))
 //   A is K-major unless transposed (then M-major); B is K-major unless transposed (N-major).
 //
-// Asynchrony: mma_async records what the thread issued (its A registers copied, as the hardware
-// reads them at issue) and returns; the product is made at the wgmma.wait_group that covers its
-// group, a warp collective (the instruction is .sync.aligned): the last lane to arrive gathers
-// the warp's operands, reads the shared tiles then, and writes every lane's accumulators. So a
-// thread that reads its accumulators before the wait reads what was there before, and a tile
-// overwritten before the wait is read overwritten: racecheck reports such a write against the
-// product's reads, which are the warp's lane 0's, at its wait. D is C first, then the products
-// in order of k, in float (as ptx.h's mma; the tensor cores add differently: README.md).
+// Asynchrony: mma_async records what the thread issued (its A registers and its accumulators
+// copied: the ISA leaves writing either before the wait undefined) and returns; the product is
+// made at the wgmma.wait_group that covers its group, a warp collective (the instruction is
+// .sync.aligned): the last lane to arrive gathers the warp's operands, reads the shared tiles
+// then, and writes every lane's accumulators. So a thread that reads its accumulators before the
+// wait reads what was there before, a thread that wrote them after the issue is a fault, and a
+// tile overwritten before the wait is read overwritten: racecheck reports such a write against
+// the product's reads, which are the warp's lane 0's, at its wait. D is C first, then the
+// products in order of k, in float (as ptx.h's mma; the tensor cores add differently: README.md).
 //
-// Shared addresses: the offset from the block's dynamic shared memory (1024-byte aligned, so the
-// swizzles' bits are the same as a GPU's when a kernel aligns its tiles); a descriptor that points
-// elsewhere, or a tile that reads past that memory, is a fault. Lanes of a warp that issue
-// different products, a matrix base offset other than 0, and a wait whose lanes have different
-// products pending are faults too (undefined in the ISA). Not checked: that all four warps of the
-// warpgroup issue the product (each warp's rows depend on its own operands only), and the
-// wgmma.fence the ISA requires before a product whose registers other instructions wrote.
+// Shared addresses (cg_shared_address): dynamic shared memory starts at shared address
+// kDynamicSharedAddress (128), not on a 1024-byte boundary, as it may not on a GPU, where it
+// follows the kernel's static shared memory; a kernel rounds its swizzled tiles up to the
+// swizzle's repeat (1024 bytes for 128B) by cg_shared_address, and the twin faults on a swizzled
+// tile off its repeat (the ISA then wants a matrix base offset, not modelled). A descriptor that
+// points outside dynamic shared memory, or a tile that reads past it, is a fault. Lanes of a warp
+// that issue different products, and a wait whose lanes have different products pending, are
+// faults too (undefined in the ISA), and so are a product issued in a warpgroup the block does not
+// hold whole and a thread that exits with products pending (scheduler.h). Not checked: that all
+// four warps of the warpgroup issue the product (each warp's rows depend on its own operands
+// only), and the wgmma.fence the ISA requires before a product whose registers other
+// instructions wrote.
 #pragma once
 
 #include <cstdint>
@@ -53,15 +59,18 @@
 namespace cgcpu {
 namespace detail {
 
-// The shared address of `p`: its offset in the block's dynamic shared memory.
+// The shared address of dynamic shared memory's first byte: not on a swizzle's repeat.
+constexpr std::uint32_t kDynamicSharedAddress = 128;
+
+// The shared address of `p`, which must be in the block's dynamic shared memory.
 inline std::uint32_t shared_window_address(Worker& w, const void* p, const char* what, const char* file, int line) {
   const unsigned char* base = tls_dynamic_shared;
   const unsigned char* at = static_cast<const unsigned char*>(p);
   if (base == nullptr || at < base || at >= base + tls_dynamic_shared_bytes)
     fiber_fault(w, "%s (%s:%d): %p is not in this block's dynamic shared memory (%zu bytes at %p), the only "
-                "shared memory the emulation's matrix descriptors address", what, file, line, p,
+                "shared memory the emulation's matrix descriptors and tensor copies address", what, file, line, p,
                 tls_dynamic_shared_bytes, static_cast<const void*>(base));
-  return static_cast<std::uint32_t>(at - base);
+  return kDynamicSharedAddress + static_cast<std::uint32_t>(at - base);
 }
 
 // Swizzle<B, 4, 3> on a shared byte address (B = 0 none, 1 32B, 2 64B, 3 128B).
@@ -108,10 +117,11 @@ inline std::uint32_t operand_address(const MatrixDescriptor& m, bool mn_major, i
 
 inline float bf16_at(Worker& w, std::uint32_t address, std::vector<const void*>& read, const char* what,
                      const char* file, int line) {
-  if (address + 2 > tls_dynamic_shared_bytes)
-    fiber_fault(w, "%s (%s:%d): the matrix descriptor reads shared address %u, past the block's %zu bytes of "
-                "dynamic shared memory", what, file, line, address, tls_dynamic_shared_bytes);
-  const unsigned char* at = tls_dynamic_shared + address;
+  if (address < kDynamicSharedAddress || address + 2 > kDynamicSharedAddress + tls_dynamic_shared_bytes)
+    fiber_fault(w, "%s (%s:%d): the matrix descriptor reads shared address %u, outside the block's %zu bytes of "
+                "dynamic shared memory (from %u)", what, file, line, address, tls_dynamic_shared_bytes,
+                kDynamicSharedAddress);
+  const unsigned char* at = tls_dynamic_shared + (address - kDynamicSharedAddress);
   read.push_back(at);
   return bf16_bits_to_float(*reinterpret_cast<const std::uint16_t*>(at));  // not memcpy: TSan intercepts it
 }
@@ -131,6 +141,15 @@ CGCPU_NO_TSAN inline void tsan_reads_of_lane(Worker& w, const WarpState& warp, i
 #endif
 }
 
+// Whether the accumulators hold the bits `held` (plain loads: TSan intercepts memcmp).
+inline bool same_bits(const float* d, const std::vector<float>& held) {
+  const std::uint32_t* now = reinterpret_cast<const std::uint32_t*>(d);
+  const std::uint32_t* then = reinterpret_cast<const std::uint32_t*>(held.data());
+  for (std::size_t i = 0; i < held.size(); ++i)
+    if (now[i] != then[i]) return false;
+  return true;
+}
+
 inline bool same_product(const Fiber::WgmmaOp& a, const Fiber::WgmmaOp& b) {
   return a.n == b.n && a.a_in_registers == b.a_in_registers && a.b_descriptor == b.b_descriptor &&
          (a.a_in_registers || a.a_descriptor == b.a_descriptor) && a.scale_d == b.scale_d &&
@@ -147,10 +166,19 @@ CGCPU_SHADOW_SKIP inline void make_product(Worker& w, WarpState& warp, const std
       fiber_fault(w, "wgmma.mma_async (%s:%d): lanes 0 and %d of the warp issued different products (shape, "
                   "descriptors or flags)", lead.file, lead.line, lane);
   const MatrixDescriptor a = decode_descriptor(lead.a_descriptor), b = decode_descriptor(lead.b_descriptor);
-  for (const MatrixDescriptor* m : {&a, &b})
-    if (m->base_offset != 0 && !(m == &a && lead.a_in_registers))
+  for (const MatrixDescriptor* m : {&a, &b}) {
+    if (m == &a && lead.a_in_registers) continue;
+    if (m->base_offset != 0)
       fiber_fault(w, "wgmma.mma_async (%s:%d): matrix base offset %u: only 0 (tiles on the swizzle's repeat) is "
                   "modelled", lead.file, lead.line, m->base_offset);
+    // The pattern starts at the 128-byte row the descriptor starts in (a start inside a row is a
+    // step along k); with base offset 0 the ISA wants it on the repeat: 256, 512, 1024 bytes.
+    const std::uint32_t repeat = 128u << swizzle_bits(m->swizzle);
+    if (m->swizzle != 0 && (m->start & ~127u) % repeat != 0)
+      fiber_fault(w, "wgmma.mma_async (%s:%d): a swizzled tile at shared address %u is not on its swizzle's "
+                  "%u-byte repeat (base offset 0); round the tile up with cg_shared_address", lead.file, lead.line,
+                  m->start, repeat);
+  }
   float A[16][16], B[16][256], D[16][256];
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane / 4, t = lane % 4;
@@ -204,8 +232,20 @@ CGCPU_SHADOW_SKIP inline void complete_wgmma_wait(Worker& w, WarpState& warp, st
   std::vector<const void*> read;
   std::vector<Fiber::WgmmaOp*> ops(32);
   for (std::size_t index = 0; index < due; ++index) {
-    for (int lane = 0; lane < 32; ++lane) ops[lane] = &w.fibers[warp.first + lane].wgmma_ops[index];
+    for (int lane = 0; lane < 32; ++lane) {
+      auto& list = w.fibers[warp.first + lane].wgmma_ops;
+      ops[lane] = &list[index];
+      if (!same_bits(ops[lane]->d, ops[lane]->held))
+        fiber_fault(w, "%s (%s:%d): lane %d's accumulators of the product at %s:%d were written between its issue "
+                    "and this wait (undefined)", lead.what, lead.file, lead.line, lane, ops[lane]->file,
+                    ops[lane]->line);
+    }
     make_product(w, warp, ops, read);
+    for (int lane = 0; lane < 32; ++lane) {  // later products on these accumulators start from the result
+      auto& list = w.fibers[warp.first + lane].wgmma_ops;
+      for (std::size_t later = index + 1; later < list.size(); ++later)
+        if (list[later].d == ops[lane]->d) list[later].held.assign(ops[lane]->d, ops[lane]->d + list[later].n / 2);
+    }
   }
   for (int lane = 0; lane < 32; ++lane) {
     auto& list = w.fibers[warp.first + lane].wgmma_ops;
@@ -222,8 +262,13 @@ CGCPU_SHADOW_SKIP inline void issue_wgmma(float* d, const unsigned* a, unsigned 
   Worker& w = device_worker("wgmma.mma_async");
   Fiber& self = *w.current;
   FiberIgnore ignore(self);
+  if ((self.linear / 128 + 1) * 128 > w.threads)
+    fiber_fault(w, "wgmma.mma_async (%s:%d): thread %u's warpgroup (threads %u-%u) is not whole in a block of %u "
+                "threads", file, line, self.linear, self.linear / 128 * 128, self.linear / 128 * 128 + 127,
+                w.threads);
   Fiber::WgmmaOp op{};
   op.d = d;
+  op.held.assign(d, d + N / 2);
   op.n = N;
   op.a_in_registers = a != nullptr;
   if (a != nullptr)
@@ -243,6 +288,12 @@ CGCPU_SHADOW_SKIP inline void issue_wgmma(float* d, const unsigned* a, unsigned 
 }  // namespace cgcpu
 
 // ---- the twins (names and arguments as in templates/common.cuh.j2) ---------------------------
+
+// The shared address of `p`, a byte of the block's dynamic shared memory (from 128: see above).
+inline unsigned cg_shared_address(const void* p, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  using namespace cgcpu::detail;
+  return shared_window_address(device_worker("cvta.to.shared"), p, "cvta.to.shared", file, line);
+}
 
 // A matrix descriptor for the bfloat16 tile at `tile` (dynamic shared memory): `leading` and
 // `stride` bytes (LBO, SBO), `swizzle` the descriptor's code (0 none, 1 128B, 2 64B, 3 32B).
