@@ -2,8 +2,9 @@
 # Everything that needs the GPU, in one go, with no network: the GPU tests, the standalone
 # program (three tiny steps: the first eager, choosing each product's algorithm and saying
 # which, the others replaying its CUDA graph; its losses beside the NumPy run's) and under
-# compute-sanitizer (memcheck and racecheck, two steps: one eager, one replayed), the
-# benchmark; a summary table last. Meant for the lent H200 machine (8 minutes at most).
+# compute-sanitizer (memcheck and racecheck, two steps: one eager, one replayed), Hopper's
+# twins against the hardware (scripts/hopper_twins_on_gpu.py), the benchmark; a summary table
+# last. Meant for the lent H200 machine (8 minutes at most).
 #
 # That machine has CuPy, PyTorch, nvcc and compute-sanitizer but not lark: carry it as a
 # wheel, fetched here beforehand with
@@ -43,6 +44,10 @@ else
   cat "$out/nvcc.log"; status[standalone]=nvcc; status[memcheck]=nvcc; status[racecheck]=nvcc
 fi
 
+echo "== Hopper's twins against the hardware (wgmma, TMA, the driver's tensor maps)"
+timeout 180 python3 scripts/hopper_twins_on_gpu.py 2>&1 | tee "$out/hopper-twins.log"
+status[hopper_twins]=${PIPESTATUS[0]}
+
 echo "== benchmark"
 timeout 240 python3 scripts/bench_gpu.py 2>&1 | tee "$out/bench.log"
 status[bench]=${PIPESTATUS[0]}
@@ -50,7 +55,7 @@ status[bench]=${PIPESTATUS[0]}
 echo
 echo "== summary (0 = passed)"
 printf '%-12s %s\n' "check" "status"
-for check in gpu_tests standalone memcheck racecheck bench; do
+for check in gpu_tests standalone memcheck racecheck hopper_twins bench; do
   printf '%-12s %s\n' "$check" "${status[$check]}"
 done
 tail -4 "$out/bench.log"

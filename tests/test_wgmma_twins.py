@@ -22,6 +22,7 @@ import os
 import re
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -174,8 +175,10 @@ def _run(binary: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_name)
-def test_a_product_matches_numpy_lane_by_lane(programs, tmp_path, case):
+def make_case(case) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The case file wgmma.cu's `product` reads, each thread's accumulators as they go in, and
+    what each thread's must be after the wait (scripts/hopper_twins_on_gpu.py runs the same
+    cases on a GPU)."""
     n, a_side, (b_major, b_swizzle), scale_d = case
     rng = np.random.default_rng(zlib.crc32(_name(case).encode()))  # the same on every run
     a = rng.integers(-8, 9, (64, 16)).astype(np.float32)
@@ -195,13 +198,19 @@ def test_a_product_matches_numpy_lane_by_lane(programs, tmp_path, case):
         fields[6:10] = [0, a_leading, a_stride, DESCRIPTOR_SWIZZLE[a_swizzle]]
     layout = thread_values(n)
     c_threads = np.array([[c[r, col] for r, col in values] for values in layout], np.float32)
-    path = tmp_path / "case.bin"
-    path.write_bytes(_case_bytes([int(f) for f in fields], image, registers_of_a(a), c_threads))
-    done = _run(programs["plain"], "product", str(path), str(tmp_path / "out.bin"))
-    assert done.returncode == 0 and "product: ok" in done.stdout, done.stdout + done.stderr
-    out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(2, 128, n // 2)
     expected = a.astype(np.float64) @ b + (c if scale_d else 0)
     want = np.array([[expected[r, col] for r, col in values] for values in layout], np.float32)
+    return _case_bytes([int(f) for f in fields], image, registers_of_a(a), c_threads), c_threads, want
+
+
+@pytest.mark.parametrize("case", CASES, ids=_name)
+def test_a_product_matches_numpy_lane_by_lane(programs, tmp_path, case):
+    data, c_threads, want = make_case(case)
+    path = tmp_path / "case.bin"
+    path.write_bytes(data)
+    done = _run(programs["plain"], "product", str(path), str(tmp_path / "out.bin"))
+    assert done.returncode == 0 and "product: ok" in done.stdout, done.stdout + done.stderr
+    out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(2, 128, case[0] // 2)
     wrong = np.argwhere(out[0] != want)
     assert wrong.size == 0, f"{len(wrong)} registers differ, first (thread, register) {wrong[0].tolist()}"
     assert np.array_equal(out[1], c_threads), "the accumulators changed before the wait"
@@ -359,3 +368,27 @@ def test_a_mistaken_twin_fails_the_lane_by_lane_check(tmp_path, old, new):
         except AssertionError:
             failed.append(_name(case))
     assert failed, "no case caught the mutation"
+
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "hopper_twins_on_gpu.py"
+
+
+def test_the_gpu_check_script_runs_its_checks_on_the_twins(programs):
+    """scripts/hopper_twins_on_gpu.py, rehearsed on the twins' program: every check it would run
+    on a GPU passes here (and a failing program would fail it: the mutations above)."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--binary", str(programs["plain"])],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "25 passed, 0 failed" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_gpu_check_script_builds_the_program_for_sm_90a(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    import sass_audit
+    from cgc.backends.cuda.toolchain import ToolchainMissing
+    try:
+        sass_audit.check_versions()
+    except ToolchainMissing as missing:
+        pytest.skip(str(missing))
+    done = subprocess.run([sys.executable, str(SCRIPT), "--build-only", "--folder", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "built wgmma_gpu for sm_90a" in done.stdout, done.stdout + done.stderr

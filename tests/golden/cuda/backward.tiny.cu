@@ -519,10 +519,10 @@ __device__ __forceinline__ void cg_bulk_copy_to_shared(void* shared, const void*
                : "memory");
 }
 
-// Hopper's warpgroup products and tensor copies (sm_90a: nvcc -arch=sm_90a; declared wherever
-// they may be compiled, for the host pass's parse too). Twins in cgcpu/wgmma.h and
-// cgcpu/tensor_map.h (the fragment layouts and descriptor fields are documented there).
-#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Hopper's warpgroup products and tensor copies (sm_90a: nvcc -arch=sm_90a; ptxas refuses a
+// kernel that uses them for plain sm_90; declared for the host pass's parse too). Twins in
+// cgcpu/wgmma.h and cgcpu/tensor_map.h (the fragment layouts and descriptor fields are there).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // The box of the tensor map (a const __grid_constant__ CUtensorMap kernel parameter) at (x, y),
 // innermost first, into `shared` (128-byte aligned) by the copy engine, completing on `bar`.
 __device__ __forceinline__ void cg_tma_load_2d(void* shared, const void* tensor_map, int x, int y,

@@ -8,6 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 
+// nvcc (a test program built for a GPU, scripts/hopper_twins_on_gpu.py): the launch the emitted
+// file's host program defines; the emulation defines its own (cgcpu/scheduler.h).
+#ifndef CG_LAUNCH
+#define CG_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#endif
+
 static int g_failures = 0;
 
 #define CHECK(condition, ...)                                              \

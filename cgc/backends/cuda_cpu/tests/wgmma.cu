@@ -35,6 +35,22 @@
 #include <fstream>
 #include <vector>
 
+// cuTensorMapEncodeTiled: the twin's here; on a GPU the driver's, through the runtime, so that
+// the program does not link libcuda (scripts/hopper_twins_on_gpu.py builds it with nvcc).
+static decltype(&cuTensorMapEncodeTiled) encode_tiled() {
+#ifdef CG_PTX_TWINS
+  return &cuTensorMapEncodeTiled;
+#else
+  static void* function = nullptr;
+  if (function == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
+    CHECK(found == cudaDriverEntryPointSuccess && function != nullptr, "the driver's cuTensorMapEncodeTiled");
+  }
+  return reinterpret_cast<decltype(&cuTensorMapEncodeTiled)>(function);
+#endif
+}
+
 struct Case {
   std::int32_t n, a_in_registers, transpose_a, transpose_b, scale_d, shared_bytes;
   std::int32_t a_offset, a_leading, a_stride, a_swizzle;
@@ -118,10 +134,12 @@ static int product_case(const char* in_path, const char* out_path) {
   file.read(reinterpret_cast<char*>(c.data()), c.size() * 4);
   CHECK(file.good(), "reading %s", in_path);
   switch (k.n) {
+    case 64: return run_product<64>(k, image, a, c, out_path);
+#ifdef CG_PTX_TWINS  // the GPU versions are written for N = 64 only
     case 8: return run_product<8>(k, image, a, c, out_path);
     case 16: return run_product<16>(k, image, a, c, out_path);
-    case 64: return run_product<64>(k, image, a, c, out_path);
     case 256: return run_product<256>(k, image, a, c, out_path);
+#endif
     default: std::printf("N %d not built\n", k.n); return 2;
   }
 }
@@ -188,7 +206,7 @@ static CUtensorMap tile_map(void* address, cuuint64_t rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {kTile, rows}, strides[1] = {kTile * 2};
   const cuuint32_t box[2] = {kTile, kTile}, unit[2] = {1, 1};
-  const CUresult made = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, address, dims, strides, box,
+  const CUresult made = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, address, dims, strides, box,
                                                unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   CHECK(made == CUDA_SUCCESS, "cuTensorMapEncodeTiled: %d", made);
@@ -235,7 +253,8 @@ static int run_ring(int mode, const char* name) {
 // A = B = ones (64 x 16, K-major, no swizzle: each row's 16 elements in two core matrices), so
 // one product is 16 everywhere.
 __global__ void groups(float* out) {
-  CG_DYNAMIC_SHARED(memory);
+  CG_DYNAMIC_SHARED(dynamic);
+  unsigned char* memory = dynamic;
   __nv_bfloat16* ones = reinterpret_cast<__nv_bfloat16*>(memory);
   for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) ones[i] = __float2bfloat16(1.0f);
   __syncthreads();
@@ -315,7 +334,7 @@ static void check_swizzle(CUtensorMapSwizzle swizzle, unsigned code) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {Columns, kSwizzleRows}, strides[1] = {Columns * 2};
   const cuuint32_t box[2] = {Columns, 64}, unit[2] = {1, 1};
-  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, unit,
+  CHECK(encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, unit,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS, "the map");
   const int shared = 64 * Columns * 2 + 1024;
@@ -372,7 +391,7 @@ static int run_nan_fill() {
   CUtensorMap map;
   const cuuint64_t dims[2] = {64, 56}, strides[1] = {128};
   const cuuint32_t box[2] = {64, 64}, unit[2] = {1, 1};
-  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, unit,
+  CHECK(encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, unit,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA) == CUDA_SUCCESS, "the map");
@@ -421,7 +440,7 @@ static int run_fault(int mode, const char* name, int threads = 128) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {64, 64}, strides[1] = {128};
   const cuuint32_t box[2] = {64, 64}, unit[2] = {1, 1};
-  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global.data(), dims, strides, box, unit,
+  CHECK(encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global.data(), dims, strides, box, unit,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
         "the map");
@@ -438,7 +457,7 @@ static int bad_maps() {
   const cuuint64_t dims[2] = {64, 64}, strides[1] = {128}, odd_strides[1] = {120};
   const cuuint32_t box[2] = {64, 64}, unit[2] = {1, 1}, wide[2] = {300, 64}, narrow[2] = {4, 64};
   auto encode = [&](void* address, const cuuint64_t* st, const cuuint32_t* bx, CUtensorMapSwizzle swizzle) {
-    return cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, address, dims, st, bx, unit,
+    return encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, address, dims, st, bx, unit,
                                   CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   };
@@ -449,11 +468,11 @@ static int bad_maps() {
   CHECK(encode(global, strides, narrow, CU_TENSOR_MAP_SWIZZLE_NONE) == CUDA_ERROR_INVALID_VALUE, "8-byte rows");
   CHECK(encode(global, strides, box, CU_TENSOR_MAP_SWIZZLE_64B) == CUDA_ERROR_INVALID_VALUE, "128 bytes > 64B");
   const cuuint32_t first_ignored[2] = {0, 1};  // without interleave the driver ignores elementStrides[0]
-  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, first_ignored,
+  CHECK(encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box, first_ignored,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS,
         "elementStrides[0] ignored");
-  CHECK(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, global, dims, strides, box, unit,
+  CHECK(encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_INT32, 2, global, dims, strides, box, unit,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA) == CUDA_ERROR_INVALID_VALUE,
