@@ -130,7 +130,10 @@ def _check_parser(commands) -> None:
                     "not make, no unallowed aliasing. Prints all diagnostics, sorted by "
                     "position; the rules are in docs/checker.md.")
     checker.add_argument("files", nargs="+", metavar="FILE_OR_DIR",
-                         help="a .cg schedule file, or a folder: every .cg file under it")
+                         help="a .cg schedule file, or a folder: every .cg file under it. "
+                              "The files of one folder are checked together (one model's); "
+                              "each folder on its own (schedules/ and schedules/llama/ are "
+                              "two models)")
     _add_program_options(checker, several_configs=True)
     checker.add_argument("--ranks", type=_rank_count, default=1, metavar="N",
                          help="check the program of each of N data-parallel ranks (a "
@@ -340,8 +343,9 @@ def _sample_parser(commands) -> None:
 
 
 def _configs(frontend: Frontend, asked) -> list[str]:
-    """The configurations asked for (each checked by the library), or every one declared."""
-    return [api.config_of(frontend, name) for name in asked] if asked else frontend.configs
+    """The configurations asked for (each checked by the library), or every one declared
+    (None where none is: the library says so at the schedule)."""
+    return [api.config_of(frontend, name) for name in asked] if asked else frontend.configs or [None]
 
 
 MAX_CHECKED_RANKS = 1024  # --ranks: each rank's program is checked, one after another
@@ -361,12 +365,31 @@ def _rank_count(text: str) -> int:
 
 def _check(args) -> int:
     """`cgc check`: every file's entry in every configuration asked, by the library's
-    check_schedule (cgc.load on a front end analysed once)."""
-    files = _cg_files(args.files)
+    check_schedule (cgc.load on a front end analysed once a folder)."""
+    warnings = []
+    for files in _by_folder(_cg_files(args.files)):
+        _check_together(args, files, warnings)
+    if warnings:
+        print(render_all(warnings), file=sys.stderr)
+    return EXIT_OK
+
+
+def _by_folder(files: list[str]) -> list[list[str]]:
+    """The files in groups of one folder each, in order of first appearance: the files of a
+    folder are one model's and are checked together (they may share declarations); two
+    folders may hold two models that declare the same names (schedules/, schedules/llama/)."""
+    groups: dict[str, list[str]] = {}
+    for path in files:
+        groups.setdefault(os.path.dirname(os.path.abspath(path)), []).append(path)
+    return list(groups.values())
+
+
+def _check_together(args, files: list[str], warnings: list) -> None:
+    """`cgc check` on files analysed together: each one's entry in every configuration."""
     frontend = analyse(files)
     api.overrides_of(frontend, args.set)  # a bad --set is told before any file
     configs = _configs(frontend, args.config)
-    warnings = list(frontend.warnings)
+    warnings.extend(w for w in frontend.warnings if w not in warnings)
     for path in files:
         if args.entry is None and frontend.default_entry(path) is None:
             print(f"{path}: ok: declarations only (no schedule to evaluate)")
@@ -390,9 +413,6 @@ def _check(args) -> int:
         summary = ", ".join(f"{config} ({_count(count, 'launch', 'launches')})"
                             for config, count in launches.items())
         print(f"{path}: ok: {program.entry} in {summary}")
-    if warnings:
-        print(render_all(warnings), file=sys.stderr)
-    return EXIT_OK
 
 
 def _outputs_not_inputs(frontend: Frontend, outputs: dict, read=(), replaced=None) -> None:
@@ -528,17 +548,26 @@ def _fmt(args) -> int:
 
 
 def _doc(args) -> int:
+    """`cgc doc`: the pages of each folder's files (one model's, _by_folder) in a folder of
+    their own: the first folder's in OUT_DIR, another's in OUT_DIR/ITS_PATH from the first
+    (schedules/llama/ in OUT_DIR/llama/)."""
     from .tools.doc import write_documentation
-    files = _cg_files(args.files)
+    groups = _by_folder(_cg_files(args.files))
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise _PathError(f"cannot write {args.output}: Not a directory")
-    frontend = analyse(files)
-    try:
-        written = write_documentation(frontend, args.output)
-    except OSError as error:
-        raise _PathError(f"cannot write {args.output}: {error.strerror or error}") from None
-    print(f"wrote {_count(len(written), 'page')} to {args.output} (start at "
-          f"{os.path.join(args.output, 'index.html')})")
+    frontends = [analyse(files) for files in groups]  # every folder's errors before any page
+    top = os.path.dirname(os.path.abspath(groups[0][0]))
+    for files, frontend in zip(groups, frontends):
+        where = os.path.relpath(os.path.dirname(os.path.abspath(files[0])), top)
+        if where.startswith(os.pardir):
+            where = os.path.basename(os.path.dirname(os.path.abspath(files[0])))
+        output = os.path.normpath(os.path.join(args.output, where))
+        try:
+            written = write_documentation(frontend, output)
+        except OSError as error:
+            raise _PathError(f"cannot write {output}: {error.strerror or error}") from None
+        print(f"wrote {_count(len(written), 'page')} to {output} (start at "
+              f"{os.path.join(output, 'index.html')})")
     return EXIT_OK
 
 

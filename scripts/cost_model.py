@@ -163,6 +163,10 @@ class Design:
     pipelined: bool = False
     block_work: object = None
     loop_trips: object = None
+    # around_trips(roles, launch, around): for each loop around the main loops (the audit's
+    #     around_tiles: the grouped-query backward's loop over the query heads a block
+    #     serves) its trips a warp; its body outside the main loops runs that many times.
+    around_trips: object = None
 
 
 def _causal_tiles(r) -> int:
@@ -208,6 +212,17 @@ def _attention_inner_trips(r, launch, inner) -> tuple:
     assert not inner, f"{launch.image}: the attention loop holds {len(inner)} loops: the " \
         "copies are no longer unrolled, or a loop was put back; price it in DESIGNS"
     return ()
+
+
+def _query_heads_a_block(r, launch, around) -> tuple:
+    """The attention backward's loops over the query heads its key/value head serves (one
+    around the dK/dV main loop, one around the dQ loop): heads / kvHeads trips a warp each,
+    the peeled diagonal step inside them each time. Without grouping there is no such loop
+    (kGroup = 1: the compiler drops it)."""
+    group = r["heads"] // r.get("kvHeads", r["heads"])
+    assert len(around) == (2 if group > 1 else 0), \
+        f"{launch.image}: {len(around)} loops around the main loops at a group of {group}"
+    return (group,) * len(around)
 
 
 def _attention_forward_work(r, launch) -> list:
@@ -258,7 +273,7 @@ DESIGNS = {
         inflight=128,
         tile_iterations=lambda r: (_off_diagonal_tiles(r), _off_diagonal_tiles(r)),
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
-        inner_trips=_attention_inner_trips, pipelined=True),
+        inner_trips=_attention_inner_trips, pipelined=True, around_trips=_query_heads_a_block),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
     # a block a row: a lane's pair in each of its warp's 6 of the 24 heads of q and k (two
     # bfloat16 a pair), all loaded before any is turned
@@ -277,6 +292,21 @@ DESIGNS = {
     # (50304 bfloat16 logits over 1024 threads) to shared memory before using any; then
     # three passes over them (max, sum, gradient) and warp-parallel reductions
     "cgImageClassifier": Design(inflight=98, loop_trips=_classifier_trips),
+    # The Llama-style step's (schedules/llama/), at TinyLlama's width of 2048: RMSNorm a row a
+    # block, 16 floats a thread; its backward a row at a time over the block (wider than
+    # 1024), two float4 of the input, the gradient and gamma a thread, then the last block
+    # reads every block's row of partials (width floats); SwiGLU 16 bytes of gate and of up
+    # a thread (and of the output's gradient, backward)
+    "cgImageRmsNorm": Design(inflight=64),
+    "cgImageRmsNormBackward": Design(inflight=96, last_block_bytes=lambda r, launch:
+                                     launch.blocks * r["width"] * 4,
+                                     last_block_inflight=16 * 16),
+    "cgImageRmsNormBackwardAdd": Design(inflight=96, last_block_bytes=lambda r, launch:
+                                        launch.blocks * r["width"] * 4,
+                                        last_block_inflight=16 * 16),
+    "cgImageSwiGlu": Design(inflight=32),
+    "cgImageSwiGluBackward": Design(inflight=48),
+    "cgImageZero": Design(inflight=16),
     "cgImageSquareSum": Design(inflight=16),
     # one 16-byte load a thread of each of 4 arrays; the clip factor is computed once
     "cgImageAdamW": Design(inflight=64),
@@ -392,6 +422,18 @@ def tile_loop_work(facts: LaunchFacts, audit: KernelAudit, design: Design, roles
     work["wavefronts"] += shared_wavefronts(audit.straight, conflicts) * grid_warps
     work["issue"] += audit.straight.get("instructions", 0) * grid_warps
     work["mufu"] += audit.straight.get("mufu", 0) * grid_warps
+    # a loop around the main loops runs its body outside them (a peeled diagonal step) its
+    # trips a warp
+    around = audit.around_tiles
+    trips = design.around_trips(roles, facts, around) if design.around_trips else ()
+    assert len(trips) == len(around), \
+        f"{facts.image}: the SASS has {len(around)} loops around the main loops the design " \
+        "does not price (around_trips)"
+    for counts, n in zip(around, trips):
+        work["hmma"] += counts.get("tensor", 0) * grid_warps * n
+        work["wavefronts"] += shared_wavefronts(counts, conflicts) * grid_warps * n
+        work["issue"] += counts.get("instructions", 0) * grid_warps * n
+        work["mufu"] += counts.get("mufu", 0) * grid_warps * n
     iterations = design.tile_iterations(roles)
     assert len(iterations) == len(audit.tile_loops), \
         f"{facts.image}: the design names {len(iterations)} tiled loops, the SASS has " \
@@ -1128,7 +1170,7 @@ EXPOSED_STEP = "cgCostModelAllReduceAll"
 EXPOSED_SOURCE = """\
 -- Written by scripts/cost_model.py: one all-reduce of the whole gradient bank, as
 -- schedules/train_parallel.cg had it before its buckets.
-import "{schedules}/optimizer.cg"
+import "{schedules}/library.cg"
 
 def {entry} : (family NvidiaLaunchSchedule) =
   (cgPhase cgPhaseAllReduce
@@ -1384,13 +1426,11 @@ def main() -> int:
             parallel = evaluate(analyse([parallel_path]), parallel_path, config=args.config)
         audits = None
         if not args.floor:
-            # train.cg's kernels: the other steps launch the same ones (the collective is a
-            # library call); a file is audited itself only if it launches a kernel that
-            # train.cg does not
-            audits = audit_file(TRAIN, args.config)
-            for other, where in ((program, path), (parallel, args.parallel)):
-                if other is not None and not kernel_images(other) <= set(audits):
-                    audits = {**audit_file(os.path.abspath(where), args.config), **audits}
+            # the priced file's own kernels (a build it shares with another file is the
+            # cache's); the data-parallel file's, where it launches a kernel this one does not
+            audits = audit_file(path, args.config)
+            if parallel is not None and not kernel_images(parallel) <= set(audits):
+                audits = {**audit_file(os.path.abspath(args.parallel), args.config), **audits}
     except ToolchainMissing as error:
         print(f"cost_model: error: {error} (or --floor for the floor alone)", file=sys.stderr)
         return 1
@@ -1404,7 +1444,9 @@ def main() -> int:
         return 0
     hw = H200
     name = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
-    print_step(os.path.basename(name), args.config, program, audits, hw)
+    schedules = os.path.join(ROOT, "schedules")
+    shown = os.path.relpath(path, schedules) if path.startswith(schedules + os.sep) else name
+    print_step(shown, args.config, program, audits, hw)
     if parallel is not None:
         if has_branches(parallel.body):
             print_branches(os.path.basename(parallel_path) + " (1 rank)", parallel, audits, hw)

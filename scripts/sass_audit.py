@@ -248,15 +248,41 @@ class KernelCode:
                 if not any(o is not loop and o.start <= loop.start and loop.end <= o.end
                            and (o.start, o.end) != (loop.start, loop.end) for o in self.loops)]
 
+    def _issues_tensor(self, loop: Loop) -> bool:
+        return any(i.kind == "tensor" and loop.holds(i.address) for i in self.instructions)
+
     def tile_loops(self) -> list[tuple[Loop, Counter]]:
-        """The outermost loops that issue tensor-core instructions, each with the counts of
-        its body: one iteration of a tiled kernel's main loop."""
+        """The innermost loops that issue tensor-core instructions (no loop inside them
+        does), each with the counts of its body: one iteration of a tiled kernel's main loop.
+        A loop around them (the grouped-query backward's loop over the query heads a block
+        serves) is not one: KernelCode.around_tiles."""
+        found = []
+        tensor_loops = [loop for loop in self.loops if self._issues_tensor(loop)]
+        for loop in sorted(tensor_loops, key=lambda l: l.start):
+            if any(o is not loop and loop.start <= o.start and o.end <= loop.end
+                   and (o.start, o.end) != (loop.start, loop.end) for o in tensor_loops):
+                continue
+            found.append((loop, self.counts(lambda i, loop=loop: loop.holds(i.address))))
+        return found
+
+    def around_tiles(self) -> list[Counter]:
+        """The outermost loops that hold main loops (tile_loops) without being one, each
+        with the counts of its body outside those main loops, one trip, in address order: the
+        peeled diagonal steps the grouped-query backward takes once per query head."""
+        tiles = [loop for loop, _ in self.tile_loops()]
         found = []
         for loop in sorted(self.outermost_loops(), key=lambda l: l.start):
-            counts = self.counts(lambda i, loop=loop: loop.holds(i.address))
-            if counts["tensor"]:
-                found.append((loop, counts))
+            held = [tile for tile in tiles if loop.start <= tile.start and tile.end <= loop.end]
+            if held and all((t.start, t.end) != (loop.start, loop.end) for t in held):
+                found.append(self.counts(lambda i, loop=loop, held=held: loop.holds(i.address)
+                                         and not any(t.holds(i.address) for t in held)))
         return found
+
+    def outside_tiles(self) -> Counter:
+        """The counts of the code outside every main loop (tile_loops): what runs once a
+        thread, and once a head around them."""
+        tiles = [loop for loop, _ in self.tile_loops()]
+        return self.counts(lambda i: not any(t.holds(i.address) for t in tiles))
 
     def inner_loops(self, outer: Loop) -> list[Counter]:
         """The counts of each loop directly inside `outer` (not inside another inner one), in
@@ -287,8 +313,12 @@ class KernelCode:
         return found
 
     def tensor_outside_loops(self) -> int:
+        """The tensor-core instructions outside every main loop (tile_loops): the peeled
+        diagonal steps, each once (a loop around the main loops repeats them:
+        around_tiles)."""
+        tiles = [loop for loop, _ in self.tile_loops()]
         return sum(1 for i in self.instructions
-                   if i.kind == "tensor" and not any(l.holds(i.address) for l in self.loops))
+                   if i.kind == "tensor" and not any(t.holds(i.address) for t in tiles))
 
 
 def parse_sass(text: str) -> dict[str, KernelCode]:
@@ -462,7 +492,7 @@ class KernelAudit:
     stack: int
     occupancy: Occupancy
     counts: Counter
-    tile_loops: list[Counter]  # per outermost loop issuing HMMA: one iteration's counts
+    tile_loops: list[Counter]  # per innermost loop issuing HMMA: one iteration's counts
     tensor_outside_loops: int
     # per tiled main loop, the counts of one trip of each loop directly inside it
     inner_loops: list[list[Counter]] = field(default_factory=list)
@@ -472,6 +502,10 @@ class KernelAudit:
     # issues no HMMA, one trip (KernelCode.straight, untiled_loops)
     straight: Counter = field(default_factory=Counter)
     untiled_loops: list[Counter] = field(default_factory=list)
+    # each loop around main loops, one trip outside them; and all the code outside the main
+    # loops (KernelCode.around_tiles, outside_tiles)
+    around_tiles: list[Counter] = field(default_factory=list)
+    outside_tiles: Counter = field(default_factory=Counter)
 
     def row(self) -> dict:
         c = self.counts
@@ -486,7 +520,8 @@ class KernelAudit:
                 "tensor_outside_loops": self.tensor_outside_loops,
                 "inner_loops": [[dict(c) for c in loops] for loops in self.inner_loops],
                 "ldsm_conflicts": self.ldsm_conflicts, "straight": dict(self.straight),
-                "untiled_loops": [dict(c) for c in self.untiled_loops]}
+                "untiled_loops": [dict(c) for c in self.untiled_loops],
+                "around_tiles": [dict(c) for c in self.around_tiles]}
 
 
 @dataclass
@@ -509,7 +544,8 @@ def audit_code(code: dict[str, KernelCode], usage: dict[str, Resources],
                       hw),
             kernel.counts(), [c for _, c in kernel.tile_loops()], kernel.tensor_outside_loops(),
             [kernel.inner_loops(loop) for loop, _ in kernel.tile_loops()],
-            straight=kernel.straight(), untiled_loops=kernel.untiled_loops())
+            straight=kernel.straight(), untiled_loops=kernel.untiled_loops(),
+            around_tiles=kernel.around_tiles(), outside_tiles=kernel.outside_tiles())
     return found
 
 
@@ -602,19 +638,32 @@ def audit_source(source: str, shapes: dict, folder: Path | None = None,
 
 # ---- every shipped configuration -----------------------------------------------------
 
+# The models whose schedules are shipped: the GPT step's folder and the Llama-style one's.
+SHIPPED_FOLDERS = ("", "llama")
+
+
 def shipped_files() -> list[tuple[str, str]]:
     """(schedule file, config) for every shipped configuration of every shipped schedule:
-    each schedules/*.cg that declares a schedule (compiled as `cgc compile FILE` does, its
-    last schedule the entry), in each configuration it declares (model.cg's). A file of
-    declarations only (model.cg, images.cg) compiles to no file of its own."""
+    each .cg file of SHIPPED_FOLDERS that declares a schedule and a configuration (compiled
+    as `cgc compile FILE` does, its last schedule the entry), in each configuration it
+    declares (its model's). A file of declarations only (model.cg, images.cg), or of
+    definitions a model's steps import (launches.cg, optimizer.cg), compiles to no file of
+    its own."""
     from cgc.pipeline import analyse
     from cgc.resources import data_dir
     found = []
-    for path in sorted(data_dir("schedules").glob("*.cg")):
-        frontend = analyse([str(path)])
-        if frontend.default_entry(str(path)) is not None:
-            found += [(str(path), config) for config in frontend.configs]
+    for folder in SHIPPED_FOLDERS:
+        for path in sorted((data_dir("schedules") / folder).glob("*.cg")):
+            frontend = analyse([str(path)])
+            if frontend.default_entry(str(path)) is not None:
+                found += [(str(path), config) for config in frontend.configs]
     return found
+
+
+def shipped_name(path: str) -> str:
+    """A shipped file's name from the schedules folder: train.cg, llama/train.cg."""
+    from cgc.resources import data_dir
+    return Path(path).relative_to(data_dir("schedules")).as_posix()
 
 
 @dataclass
@@ -635,7 +684,7 @@ def audit_shipped(folder: Path | None = None, hw: Hardware = H200,
     check_versions()
     shapes, by_code = {}, {}
     for path, config in shipped_files():
-        key = (os.path.basename(path), config)
+        key = (shipped_name(path), config)
         source, shapes[key] = emitted_file(path, config)
         by_code.setdefault(device_code(source), []).append(key)
     with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:

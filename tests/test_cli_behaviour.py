@@ -75,9 +75,12 @@ def test_the_typo_check_lets_options_and_help_through(capsys):
 
 
 def test_check_takes_a_folder_and_checks_every_cg_file_in_it_sorted(capsys):
+    """Every .cg file under the folder, sorted; each folder's files together (one model's:
+    schedules/ and schedules/llama/ declare the same names, and each passes)."""
     assert main(["check", str(SCHEDULES), "--config", "tiny"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    expected = sorted(str(p) for p in SCHEDULES.glob("*.cg"))
+    expected = sorted(str(p) for p in SCHEDULES.glob("*.cg")) + \
+        sorted(str(p) for p in (SCHEDULES / "llama").glob("*.cg"))
     assert [line.split(": ok")[0] for line in lines] == expected
     assert f"{SCHEDULES / 'model.cg'}: ok: declarations only (no schedule to evaluate)" in lines
 

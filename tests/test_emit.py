@@ -79,11 +79,11 @@ def test_every_launch_is_checked_and_names_its_source_line():
     launches = re.findall(r"^\s*CG_LAUNCH\((cgImage\w+),", text, re.MULTILINE)
     checks = re.findall(r'^\s*CG_LAUNCHED\("(\S+\.cg:\d+:\d+)', text, re.MULTILINE)
     assert launches and len(launches) == len(checks)
-    source = (SCHEDULES / "backward.cg").read_text().splitlines()
-    # the training step's scatter (the seed's cgBackward, last in backward.cg, has its own)
+    source = (SCHEDULES / "launches.cg").read_text().splitlines()
+    # the training step's scatter (the seed's cgBackward, in backward.cg, has its own)
     line = next(i for i, t in enumerate(source, 1) if "(cgLaunch cgImageScatterSorted" in t)
     column = source[line - 1].index("(cgLaunch") + 1
-    assert f'CG_LAUNCHED("backward.cg:{line}:{column} cgImageScatterSorted");' in text
+    assert f'CG_LAUNCHED("launches.cg:{line}:{column} cgImageScatterSorted");' in text
     assert "for (int fromTop = 0; fromTop < 2; ++fromTop) {" in text
 
 

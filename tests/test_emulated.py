@@ -45,10 +45,10 @@ pytestmark = pytest.mark.skipif(compiler_missing() is not None,
                                 reason="needs the host C++ compiler (g++)")
 
 
-def pair(config: str, overrides=None, seed: int = 0):
-    frontend = analyse([PATH])
-    return (open_run("emulated", frontend, PATH, config, overrides or {}, seed),
-            open_run("numpy", frontend, PATH, config, overrides or {}, seed))
+def pair(config: str, overrides=None, seed: int = 0, path: str = PATH):
+    frontend = analyse([path])
+    return (open_run("emulated", frontend, path, config, overrides or {}, seed),
+            open_run("numpy", frontend, path, config, overrides or {}, seed))
 
 
 def tokens(run, seed: int = 0):
@@ -76,10 +76,19 @@ SMALL_VOCABULARY = {"cgVocab": 64, "cgThreads": 64}
     ids=["tiny32", "tiny", "tiny32-awkward", "tiny32-small-vocabulary"])
 def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overrides,
                                                                    tolerance):
-    """Launch by launch through one step, from the same memory: the emulated kernel (its
-    outputs first filled with NaN, so that an element never written fails) against the
-    image's NumPy reference function."""
-    emulated, reference = pair(config, overrides)
+    checked = every_kernel_against_its_reference(PATH, config, overrides, tolerance)
+    assert len(checked) >= 18  # every kernel and product image of the step
+    # the cuBLASLt products: epilogues (pre included: every written pointer is compared) and
+    # the residual read as C, distinct from D (D poisoned first: a copy skipped shows as NaN)
+    assert {"cgImageProductGelu", "cgImageProductTransposedGeluBackward",
+            "cgImageProductResidual"} <= checked
+
+
+def every_kernel_against_its_reference(path, config, overrides, tolerance) -> set[str]:
+    """Launch by launch through one step of `path`, from the same memory: the emulated kernel
+    (its outputs first filled with NaN, so that an element never written fails) against the
+    image's NumPy reference function. The images compared."""
+    emulated, reference = pair(config, overrides, path=path)
     ids, targets = tokens(reference)
     vocab = reference.program.role("vocab")
     ids, targets = ids % vocab, targets % vocab  # byte tokens, folded into a small vocabulary
@@ -117,11 +126,7 @@ def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overri
             else:
                 assert np.abs(ours).max() <= tolerance, where
         checked.add(launch.image.name)
-    assert len(checked) >= 18  # every kernel and product image of the step
-    # the cuBLASLt products: epilogues (pre included: every written pointer is compared) and
-    # the residual read as C, distinct from D (D poisoned first: a copy skipped shows as NaN)
-    assert {"cgImageProductGelu", "cgImageProductTransposedGeluBackward",
-            "cgImageProductResidual"} <= checked
+    return checked
 
 
 @pytest.mark.parametrize("config", ["tiny", "tiny32"])

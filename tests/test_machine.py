@@ -93,7 +93,7 @@ def test_adamw_over_negative_norm_partials_computes_as_the_kernel_does(tmp_path)
     import shutil
     for source in SCHEDULES.glob("*.cg"):
         shutil.copy(source, tmp_path / source.name)
-    optimizer = tmp_path / "optimizer.cg"
+    optimizer = tmp_path / "launches.cg"
     text = optimizer.read_text()
     for old, new in [("(cgArgument 1) cgGradientNormPartials", "(cgArgument 1) (cgArena cgDy0)"),
                      ("(cgSlot (cgScalar 0) cgNormBlocks cgNoSlots)",

@@ -141,7 +141,7 @@ def mask_on_the_diagonal_only(a: KernelAudit) -> bool:
     """The causal mask's compare-and-select runs on the diagonal tile only, peeled from the
     main loops: no select or float compare in any main loop, selects outside them."""
     return all(loop["op:FSEL"] == 0 and loop["op:FSETP"] == 0 for loop in a.tile_loops) \
-        and a.straight["op:FSEL"] > 0
+        and a.outside_tiles["op:FSEL"] > 0
 
 
 def hmma_per_ldmatrix(at_least: Fraction):
@@ -218,6 +218,11 @@ PROMISES = {
     "cgImageLayerNorm": (wide_global_accesses,),
     "cgImageLayerNormBackward": (wide_global_accesses, one_ticket),
     "cgImageLayerNormBackwardAdd": (wide_global_accesses, one_ticket),
+    "cgImageRmsNorm": (wide_global_accesses,),
+    "cgImageRmsNormBackward": (wide_global_accesses, one_ticket),
+    "cgImageRmsNormBackwardAdd": (wide_global_accesses, one_ticket),
+    "cgImageSwiGlu": (wide_global_accesses,),
+    "cgImageSwiGluBackward": (wide_global_accesses,),
     "cgImageClassifier": (wide_global_accesses, at_least(2), cp_async, classifier_passes(8),
                           warp_parallel_merge),
     "cgImageAdamW": (wide_global_accesses,),
@@ -225,7 +230,8 @@ PROMISES = {
 }
 
 # The kernels excused from no_atomics, each promising one_ticket instead (in PROMISES).
-TICKETS = {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"}
+TICKETS = {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd", "cgImageRmsNormBackward",
+           "cgImageRmsNormBackwardAdd"}
 
 # None pending. Until rotary moved out of the attention kernels (cgImageRotary: q and k turned
 # once per step in the qkv buffer), their sincosf kept a 32-byte stack (Payne-Hanek's local
@@ -252,6 +258,10 @@ def gpt2_audit(shipped):
     return shipped.files[("train.cg", "gpt2")]
 
 
+# The files at a GPU's shape, whose kernels keep PROMISES: GPT-2 small's step and TinyLlama's.
+GPU_FILES = (("train.cg", "gpt2"), ("llama/train.cg", "tinyllama"))
+
+
 def _excused(kernel: str, promise) -> bool:
     return (kernel, promise.__name__) in PENDING or (promise is no_atomics and kernel in TICKETS)
 
@@ -274,14 +284,15 @@ def _cases():
 @pytest.mark.parametrize("kernel, promise", list(_cases()))
 def test_kernel_keeps_its_promise(shipped, kernel, promise):
     """A promise of EVERY_KERNEL ("*", or a kernel PENDING excuses from it) is kept in every
-    shipped file; one of PROMISES, in GPT-2 small's file."""
+    shipped file; one of PROMISES, in each GPU-shaped file that launches the kernel (GPT-2
+    small's, TinyLlama's: GPU_FILES)."""
     if promise in EVERY_KERNEL:
         files = shipped.files
         cases = [(key, k) for key, audits in files.items() for k in audits
                  if (k == kernel if kernel != "*" else not _excused(k, promise))]
     else:
-        files = {("train.cg", "gpt2"): shipped.files[("train.cg", "gpt2")]}
-        cases = [(("train.cg", "gpt2"), kernel)]
+        files = {key: shipped.files[key] for key in GPU_FILES}
+        cases = [(key, kernel) for key in GPU_FILES if kernel in files[key]]
     assert cases and all(k in files[key] for key, k in cases), \
         f"the table promises for a kernel no file has: {kernel}"
     broken = [(key, k) for key, k in cases if not promise(files[key][k])]
@@ -290,22 +301,30 @@ def test_kernel_keeps_its_promise(shipped, kernel, promise):
 
 
 def test_the_audit_covers_every_shipped_configuration(shipped):
-    """Every schedules/*.cg that `cgc compile` turns into a file, in every configuration the
-    model declares: the files left out are exactly those that declare no schedule."""
+    """Every schedules/*.cg and schedules/llama/*.cg that `cgc compile` turns into a file, in
+    every configuration its model declares: the files left out are exactly those that declare
+    no schedule, or no configuration (the definitions a model's steps import)."""
     from cgc.core.diagnostics import CompileError
     from cgc.pipeline import analyse, evaluate
-    configs = re.findall(r"^config (\w+)", (SCHEDULES / "model.cg").read_text(), re.M)
-    assert configs == ["tiny", "tiny32", "gpt2"]
-    names = sorted(path.name for path in SCHEDULES.glob("*.cg"))
+    names, configs_of = [], {}
+    for folder, model in (("", "model.cg"), ("llama/", "llama/model.cg")):
+        configs = re.findall(r"^config (\w+)", (SCHEDULES / model).read_text(), re.M)
+        for path in sorted((SCHEDULES / folder).glob("*.cg")):
+            names.append(folder + path.name)
+            configs_of[folder + path.name] = configs
+    assert configs_of["train.cg"] == ["tiny", "tiny32", "gpt2"]
+    assert configs_of["llama/train.cg"] == ["tiny", "tiny32", "tinyllama"]
     left_out = sorted(set(names) - {name for name, _ in shipped.files})
-    assert left_out == ["images.cg", "model.cg"]
+    assert left_out == ["decoder.cg", "images.cg", "launches.cg", "llama/model.cg", "model.cg",
+                        "optimizer.cg"]
     for name in left_out:
         path = str(SCHEDULES / name)
         with pytest.raises(CompileError) as refused:
-            evaluate(analyse([path]), path, config="tiny")
-        assert "declares no schedule" in refused.value.diagnostics[0].message
+            evaluate(analyse([path]), path, config=None)
+        message = refused.value.diagnostics[0].message
+        assert "declares no schedule" in message or "declares no configuration" in message
     assert set(shipped.files) == {(name, config) for name in names if name not in left_out
-                                  for config in configs}
+                                  for config in configs_of[name]}
     # every kernel the file launches (a launch shape each), each found in the built code
     assert all(audits and all(a.registers > 0 for a in audits.values())
                for audits in shipped.files.values())
@@ -317,12 +336,15 @@ def test_files_the_same_in_kernels_share_one_build(shipped):
     build of their device code in each configuration serves the three; every other file is
     its own (train_zero.cg casts its shard of the parameters down, a kernel the others no
     longer launch). The audit's figures for the three are the same."""
-    steps = ["train.cg", "train_parallel.cg", "train_recompute.cg"]
-    for config in ("tiny", "tiny32", "gpt2"):
-        assert [(name, config) for name in steps] in shipped.builds
-        rows = [[a.row() for a in shipped.files[name, config].values()] for name in steps]
-        assert all(row == rows[0] for row in rows)
-    assert sorted(len(keys) for keys in shipped.builds) == [1] * 18 + [3] * 3
+    for folder, configs in (("", ("tiny", "tiny32", "gpt2")),
+                            ("llama/", ("tiny", "tiny32", "tinyllama"))):
+        steps = [folder + name for name in ("train.cg", "train_parallel.cg", "train_recompute.cg")]
+        for config in configs:
+            assert [(name, config) for name in steps] in shipped.builds
+            rows = [[a.row() for a in shipped.files[name, config].values()] for name in steps]
+            assert all(row == rows[0] for row in rows)
+    # GPT: backward, forward, library, sample, train_zero; Llama: library, sample, steps
+    assert sorted(len(keys) for keys in shipped.builds) == [1] * 24 + [3] * 6
     assert sum(map(len, shipped.builds)) == len(shipped.files)
 
 
@@ -367,7 +389,8 @@ def test_every_kernel_of_the_file_is_audited(gpt2_audit):
     # layer-norm parameter gradients and the gradient's low-type copy (once 24 cast-downs)
     # part of the layer-norm backward
     assert set(gpt2_audit) == set(shapes) and len(shapes) >= 15
-    assert set(PROMISES) <= set(shapes), set(PROMISES) - set(shapes)
+    llama = sass_audit.emitted_file(str(SCHEDULES / "llama" / "train.cg"), "tinyllama")[1]
+    assert set(PROMISES) <= set(shapes) | set(llama), set(PROMISES) - set(shapes) - set(llama)
     for name, audit in gpt2_audit.items():
         assert audit.registers > 0 and audit.threads == shapes[name].threads
 
@@ -539,9 +562,9 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
 # read).
 _K_FRAGMENT = ("        mma(s[2 * n], query[d], left);\n"
                "        mma(s[2 * n + 1], query[d], right);")
-_DQ_FRAGMENT = ("        load_b(left, right, k + c * 16 * kStride + n * 16, kStride);\n"
-                "        mma(first_sum[2 * n], ds, left);\n"
-                "        mma(first_sum[2 * n + 1], ds, right);")
+_DQ_FRAGMENT = ("          load_b(left, right, k + c * 16 * kStride + n * 16, kStride);\n"
+                "          mma(first_sum[2 * n], ds, left);\n"
+                "          mma(first_sum[2 * n + 1], ds, right);")
 ATTENTION_MUTATIONS = {
     "exponential": {
         "attention.cu.j2": (
@@ -557,10 +580,10 @@ ATTENTION_MUTATIONS = {
                 "\n", "\n        load_b_transposed(left, right, k + n * 16 * kStride + d * 16 + 8, "
                       "kStride);\n"))),
         "attention_backward.cu.j2": (
-            ("  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});",
-             "  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
+            ("    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});",
+             "    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
             (_DQ_FRAGMENT, _DQ_FRAGMENT.replace(
-                "left);\n", "left);\n        load_b(left, right, k + c * 16 * kStride + n * 16 + 8, "
+                "left);\n", "left);\n          load_b(left, right, k + c * 16 * kStride + n * 16 + 8, "
                             "kStride);\n"))),
     },
 }
@@ -672,7 +695,7 @@ def test_a_spill_in_any_shipped_file_fails_the_audit(shipped, sass_folder, tmp_p
                                                       monkeypatch):
     """The audit reaches past GPT-2 small's step file: local memory in a kernel of another
     schedule, at another configuration's shape, breaks no_local_memory in exactly the files
-    that have it (library.cg at tiny and tiny32), and the test of the promise names them.
+    that have it (at tiny and tiny32), and the test of the promise names them.
     The files the mutation leaves alone are the session's builds again."""
     templates = tmp_path / "templates"
     shutil.copytree(data_dir("templates"), templates)
@@ -684,8 +707,11 @@ def test_a_spill_in_any_shipped_file_fails_the_audit(shipped, sass_folder, tmp_p
     mutated = sass_audit.audit_shipped(sass_folder)
     spilling = {(key, k) for key, audits in mutated.files.items()
                 for k, a in audits.items() if not no_local_memory(a)}
-    assert spilling == {(("library.cg", "tiny"), "cgImageZero"),
-                        (("library.cg", "tiny32"), "cgImageZero")}
+    # the GPT step's library (cgZeroGradients) and every Llama step that zeroes the
+    # embedding's gradient before its scatter
+    assert spilling == {((name, config), "cgImageZero") for config in ("tiny", "tiny32")
+                        for name in ("library.cg", "llama/train.cg", "llama/train_parallel.cg",
+                                     "llama/train_recompute.cg")}
     with pytest.raises(AssertionError, match=r"no_local_memory broken in library\.cg tiny: "):
         test_kernel_keeps_its_promise(mutated, "*", no_local_memory)
     test_kernel_keeps_its_promise(shipped, "*", no_local_memory)

@@ -130,7 +130,13 @@ def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: st
         report.error(f"'{entry}' is not a schedule declared in the loaded files", None)
         report.raise_if_errors()
     config = config or (frontend.configs[0] if frontend.configs else None)
-    if config is None or config not in frontend.declarations.configs:
+    if config is None:
+        report.error(f"'{path}' has a schedule but declares no configuration, nor does any file "
+                     "it imports: its model constants take their values from one (`config NAME "
+                     "(CONSTANT VALUE) ...`, docs/language.md); a file of library definitions "
+                     "is checked through a schedule that imports a model", None)
+        report.raise_if_errors()
+    if config not in frontend.declarations.configs:
         known = ", ".join(frontend.configs) or "none declared"
         report.error(f"unknown config '{config}' (known: {known})", None)
         report.raise_if_errors()

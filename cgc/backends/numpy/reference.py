@@ -86,6 +86,48 @@ def layer_norm_backward_add(k: Kernel) -> None:
     k.pointers["gradientLow"].write(0, residual + dx)
 
 
+def rms_norm(k: Kernel) -> None:
+    rows, width = k.grid[0], _width(k)
+    x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
+    gamma = k.pointers["gamma"].read(0, width)
+    rstd = (F32(1) / np.sqrt(np.square(x).mean(axis=1, dtype=F32)
+                             + F32(k.scalars["epsilon"]))).astype(F32)
+    k.pointers["output"].write(0, x * rstd[:, None] * gamma)
+    k.pointers["statistics"].write(0, rstd)
+
+
+def _rms_norm_gradient(k: Kernel):
+    """As _layer_norm_gradient for RMSNorm: no mean, statistics rstd alone, a row of partials
+    [dgamma] a block."""
+    blocks, width, rows = k.grid[0], _width(k), int(k.scalars["rows"])
+    x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
+    dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, width)
+    rstd = k.pointers["statistics"].read(0, rows).reshape(rows, 1)
+    gamma = k.pointers["gamma"].read(0, width)
+    normed = x * rstd
+    dnormed = dout * gamma
+    dx = rstd * (dnormed - normed * (dnormed * normed).mean(axis=1, keepdims=True, dtype=F32))
+    edges = [b * rows // blocks for b in range(blocks + 1)]
+    sums = dout * normed
+    partials = np.stack([sums[a:b].sum(axis=0, dtype=F32) for a, b in zip(edges, edges[1:])])
+    k.pointers["partials"].write(0, partials)
+    k.pointers["gradientGamma"].write(0, partials.sum(axis=0, dtype=F32))
+    return dx, rows, width
+
+
+def rms_norm_backward(k: Kernel) -> None:
+    dx, _, _ = _rms_norm_gradient(k)
+    k.pointers["gradientInput"].write(0, dx)
+    k.pointers["gradientLow"].write(0, dx)
+
+
+def rms_norm_backward_add(k: Kernel) -> None:
+    dx, rows, width = _rms_norm_gradient(k)
+    residual = k.pointers["residual"].read(0, rows * width).reshape(rows, width)
+    k.pointers["gradientInput"].write(0, residual + dx)
+    k.pointers["gradientLow"].write(0, residual + dx)
+
+
 def _operands(k: Kernel, transposed: bool, weight: bool):
     m, n, depth = k.scalars["m"], k.scalars["n"], k.scalars["k"]
     a = k.pointers["a"].read(0, m * depth)
@@ -152,21 +194,27 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, inverse: bool = Fal
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
+def _kv_heads(k: Kernel) -> int:
+    return int(k.constants.get("kvHeads", k.constants["heads"]))
+
+
 def rotary(k: Kernel) -> None:
     """q and k of the first gridX positions of each of gridY sequences of qkv turned in place
-    by their positions (back, for `inverse`); v untouched."""
+    by their positions (back, for `inverse`); v untouched. A row of qkv is q's heads, then
+    k's and v's key/value heads."""
     width, context = _width(k), int(k.constants["context"])
     heads, positions = int(k.constants["heads"]), min(k.grid[0], int(k.constants["context"]))
     head_width = width // heads
+    turned_heads = heads + _kv_heads(k)  # q's and k's
+    row = (heads + 2 * _kv_heads(k)) * head_width
     cos, sin = _rotary_tables(context, head_width)
     pointer = k.pointers["qkv"]
     for sequence in range(k.grid[1]):
-        first = sequence * context * 3 * width
-        qkv = pointer.read(first, first + positions * 3 * width).reshape(
-            positions, 3, heads, head_width)
-        turned = _rotate(qkv[:, :2].transpose(1, 2, 0, 3), cos[:positions], sin[:positions],
-                         inverse=bool(k.scalars["inverse"]))
-        qkv[:, :2] = turned.transpose(2, 0, 1, 3)
+        first = sequence * context * row
+        qkv = pointer.read(first, first + positions * row).reshape(positions, -1, head_width)
+        turned = _rotate(qkv[:, :turned_heads].transpose(1, 0, 2), cos[:positions],
+                         sin[:positions], inverse=bool(k.scalars["inverse"]))
+        qkv[:, :turned_heads] = turned.transpose(1, 0, 2)
         pointer.write(first, qkv)
 
 
@@ -178,26 +226,46 @@ class _Heads:
         self.sequences = k.grid[2]
         self.context = int(k.constants["context"])
         self.heads = int(k.constants["heads"])
+        self.kv_heads = _kv_heads(k)
+        self.group = self.heads // self.kv_heads  # query heads a key/value head serves
         self.width = _width(k)
         self.head_width = self.width // self.heads
+        self.row = (self.heads + 2 * self.kv_heads) * self.head_width  # of qkv
         self.rows = self.sequences * self.context
         self.scale = F32(1.0 / math.sqrt(self.head_width))
         self.mask = np.triu(np.ones((self.context, self.context), dtype=bool), k=1)
 
     def split(self, qkv: np.ndarray):
-        """[rows, 3W] to q, k and v, each [sequences, heads, T, D]."""
-        parts = qkv.reshape(self.sequences, self.context, 3, self.heads, self.head_width)
-        return tuple(parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+        """[rows, (H + 2 KV) D] to q [sequences, H, T, D] and k and v [sequences, KV, T, D]."""
+        heads = qkv.reshape(self.sequences, self.context, -1, self.head_width).transpose(0, 2, 1, 3)
+        h, kv = self.heads, self.kv_heads
+        return heads[:, :h], heads[:, h:h + kv], heads[:, h + kv:]
 
-    def write_owned(self, k: Kernel, name: str, values: np.ndarray, head_columns) -> None:
+    def widen(self, x: np.ndarray) -> np.ndarray:
+        """[sequences, KV, T, D] to [sequences, H, T, D]: each key/value head for the query
+        heads it serves."""
+        return np.repeat(x, self.group, axis=1)
+
+    def narrow(self, x: np.ndarray) -> np.ndarray:
+        """[sequences, H, T, D] gradients to [sequences, KV, T, D]: summed over the query heads
+        each key/value head serves, in order of head."""
+        grouped = x.reshape(x.shape[0], self.kv_heads, self.group, *x.shape[2:])
+        total = grouped[:, :, 0].copy()
+        for member in range(1, self.group):
+            total += grouped[:, :, member]
+        return total
+
+    def write_owned(self, k: Kernel, name: str, values: np.ndarray, head_columns,
+                    count: int | None = None) -> None:
         """Writes, of [rows, columns] values, what the grid's blocks own, as the kernels do:
         the rows of the first gridX tiles of each of gridZ sequences, and of each row the
-        columns `head_columns(h)` of the first gridY heads. A grid short of the context or
+        columns `head_columns(h)` of the first gridY heads (of `count`, the query heads
+        unless given). A grid short of the context or
         of the heads leaves the rest unwritten (the checker refuses it: (covers ...))."""
         tile = int(k.constants["attentionTile"])
         rows = min(k.grid[0] * tile, self.context)
         mask = np.zeros(values.shape[1], dtype=bool)
-        for head in range(min(k.grid[1], self.heads)):
+        for head in range(min(k.grid[1], self.heads if count is None else count)):
             mask[head_columns(head)] = True
         pointer, columns = k.pointers[name], values.shape[1]
         edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
@@ -212,8 +280,8 @@ class _Heads:
                     pointer.write(row * columns + start, values[row, start:stop])
 
     def merge(self, x: np.ndarray) -> np.ndarray:
-        """[sequences, heads, T, D] to [rows, W]."""
-        return x.transpose(0, 2, 1, 3).reshape(self.rows, self.width)
+        """[sequences, heads, T, D] to [rows, heads D]."""
+        return x.transpose(0, 2, 1, 3).reshape(self.rows, -1)
 
     def probabilities(self, q, key, lse=None):
         scores = portable.matmul(q, key.transpose(0, 1, 3, 2)) * self.scale
@@ -229,8 +297,9 @@ class _Heads:
 
 def attention(k: Kernel) -> None:
     heads = _Heads(k)
-    qkv = k.pointers["qkv"].read(0, heads.rows * 3 * heads.width)
-    q, key, v = heads.split(qkv.reshape(heads.rows, 3 * heads.width))
+    qkv = k.pointers["qkv"].read(0, heads.rows * heads.row)
+    q, key, v = heads.split(qkv.reshape(heads.rows, heads.row))
+    key, v = heads.widen(key), heads.widen(v)
     probabilities, lse = heads.probabilities(q, key)
     width = heads.head_width
     heads.write_owned(k, "output", heads.merge(portable.matmul(probabilities, v)),
@@ -250,8 +319,9 @@ def attention_delta(k: Kernel) -> None:
 def attention_backward(k: Kernel) -> None:
     heads = _Heads(k)
     rows, width, count = heads.rows, heads.width, heads.heads
-    qkv = k.pointers["qkv"].read(0, rows * 3 * width).reshape(rows, 3 * width)
+    qkv = k.pointers["qkv"].read(0, rows * heads.row).reshape(rows, heads.row)
     q, key, v = heads.split(qkv)
+    key, v = heads.widen(key), heads.widen(v)
     d_out = k.pointers["gradientOutput"].read(0, rows * width).reshape(
         heads.sequences, heads.context, count, heads.head_width).transpose(0, 2, 1, 3)
     lse = k.pointers["lse"].read(0, rows * count).reshape(
@@ -265,12 +335,16 @@ def attention_backward(k: Kernel) -> None:
     # the gradients at the turned q and k, turned back: at the unturned ones
     cos, sin = _rotary_tables(heads.context, heads.head_width)
     dq = _rotate(portable.matmul(dscores, key), cos, sin, inverse=True)
-    dkey = _rotate(portable.matmul(dscores.transpose(0, 1, 3, 2), q), cos, sin,
+    dkey = _rotate(heads.narrow(portable.matmul(dscores.transpose(0, 1, 3, 2), q)), cos, sin,
                    inverse=True)
+    dv = heads.narrow(dv)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
-    d = heads.head_width
-    heads.write_owned(k, "gradientQkv", merged,
-                      lambda h: np.r_[[p * width + h * d + i for p in range(3) for i in range(d)]])
+    d, group, kv = heads.head_width, heads.group, heads.kv_heads
+    # a block per key/value head j: dq of the query heads it serves, then dk and dv of j
+    heads.write_owned(k, "gradientQkv", merged, lambda j: np.r_[
+        [(j * group + m) * d + i for m in range(group) for i in range(d)],
+        [(count + j) * d + i for i in range(d)], [(count + kv + j) * d + i for i in range(d)]],
+        count=kv)
 
 
 _GELU = F32(math.sqrt(2.0 / math.pi))
@@ -302,6 +376,38 @@ def gelu_backward(k: Kernel) -> None:
     x = k.pointers["pre"].read(0, n)
     dy = k.pointers["gradientAct"].read(0, n)
     k.pointers["gradientPre"].write(0, dy * _gelu_slope(x))
+
+
+def _gate_up(k: Kernel, name: str):
+    """The first `count` elements' gate and up halves of rows of [gate | up] (each `width`
+    wide), and the element count and width."""
+    count, width = _elementwise_count(k, 2048), int(k.scalars["width"])
+    rows = -(-count // width)
+    both = k.pointers[name].read(0, rows * 2 * width).reshape(rows, 2, width)
+    return both[:, 0].reshape(-1)[:count], both[:, 1].reshape(-1)[:count], count, width
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (F32(1) / (F32(1) + portable.exp(-x))).astype(F32)
+
+
+def swi_glu(k: Kernel) -> None:
+    gate, up, _, _ = _gate_up(k, "gateUp")
+    k.pointers["output"].write(0, gate * _sigmoid(gate) * up)
+
+
+def swi_glu_backward(k: Kernel) -> None:
+    gate, up, count, width = _gate_up(k, "gateUp")
+    dout = k.pointers["gradientOutput"].read(0, count)
+    s = _sigmoid(gate)
+    dgate, dup = dout * up * (s * (F32(1) + gate * (F32(1) - s))), dout * (gate * s)
+    rows = -(-count // width)
+    # written element by element as the kernel's threads do: a short last row stays short
+    pointer = k.pointers["gradientGateUp"]
+    for row in range(rows):
+        part = slice(row * width, min((row + 1) * width, count))
+        pointer.write(row * 2 * width, dgate[part])
+        pointer.write(row * 2 * width + width, dup[part])
 
 
 def cast_down(k: Kernel) -> None:
@@ -495,6 +601,11 @@ KERNELS = {
     "cgImageLayerNorm": layer_norm,
     "cgImageLayerNormBackward": layer_norm_backward,
     "cgImageLayerNormBackwardAdd": layer_norm_backward_add,
+    "cgImageRmsNorm": rms_norm,
+    "cgImageRmsNormBackward": rms_norm_backward,
+    "cgImageRmsNormBackwardAdd": rms_norm_backward_add,
+    "cgImageSwiGlu": swi_glu,
+    "cgImageSwiGluBackward": swi_glu_backward,
     "cgImageProductData": product_data,
     "cgImageProductDataLow": product_data,
     "cgImageProductGelu": product_gelu,

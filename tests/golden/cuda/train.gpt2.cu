@@ -32,6 +32,7 @@ enum CgModel : int {
   kWidth = 768,
   kLayers = 12,
   kHeads = 12,
+  kKvHeads = 12,
   kHeadWidth = 64,
   kAttentionTile = 64,
 };
@@ -158,7 +159,9 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // normalised row and dn = dout * gamma (with kAdd, dx also adds the residual gradient), and
 // the parameter gradients dgamma = sum over rows of dout * n, dbeta = sum of dout, written
 // whole (beta = 0: the step has no zeroing pass; a layer norm's parameters get all their
-// gradient from this one launch).
+// gradient from this one launch). With kRms, RMSNorm's: no mean (statistics holds rstd
+// alone, one float a row), dx = rstd * (dn - n * mean(dn * n)), dgamma only (no dbeta: a
+// block's row of partials is [dgamma]).
 //
 // Block b takes rows [b * rows / grid, (b + 1) * rows / grid), a warp a row at a time; the
 // warps' sums meet in a fixed tree in shared memory and go to the block's row of partials,
@@ -191,7 +194,7 @@ constexpr int kNormTailLoads = 16;
 // are sized by it, and the CPU emulation makes them function-local statics of an inline
 // function, which g++ unifies across every loaded library (STB_GNU_UNIQUE, even under
 // RTLD_LOCAL): two emulated runs of different widths in one process would share one array.
-template <int kThreads, bool kAdd, int kRowWidth = kWidth>
+template <int kThreads, bool kAdd, bool kRms = false, int kRowWidth = kWidth>
 __device__ __forceinline__ void layer_norm_backward(
     float* gradientInput, float* gradientGamma, float* gradientBeta, float* partials,
     low_t* gradientLow, const float* gradientOutput, const float* input, const float* statistics,
@@ -199,112 +202,186 @@ __device__ __forceinline__ void layer_norm_backward(
   static_assert(kRowWidth == kWidth, "the model's width");
   constexpr int kWarps = kThreads / 32;
   constexpr int kVectors = (kWidth / 4 + 31) / 32;  // float4s a lane holds of one row
-  constexpr int kColumns = 2 * kWidth / 4;          // float4s of a row of partials
+  // Rows up to 1024 wide go a warp a row, each lane holding its share of the row and of the
+  // column sums (kVectors float4s each); wider ones (TinyLlama's 2048) would take 192 of a
+  // lane's registers for that, and ptxas spilled: the block takes them a row at a time
+  // instead (kShare float4s a thread).
+  constexpr bool kWarpRows = kVectors <= 8;
+  constexpr int kShare = (kWidth / 4 + kThreads - 1) / kThreads;
+  constexpr int kColumns = (kRms ? 1 : 2) * kWidth / 4;  // float4s of a row of partials
   // The last block's threads each sum one column over one slice of the blocks: as many
   // slices as make the (column, slice) pairs a whole number of passes over the threads.
   constexpr int kSlices = kThreads / cg_greatest_divisor(kColumns, kThreads);
   constexpr int kTree = kWarps / 2 * kColumns, kTail = kSlices * kColumns;
   static_assert(kWidth % 4 == 0 && (kWarps & (kWarps - 1)) == 0, "float4 rows, 2^n warps");
-  __shared__ float4 scratch[kTree > kTail ? kTree : kTail];
+  __shared__ float4 scratch[kWarpRows && kTree > kTail ? kTree : kTail];
   __shared__ bool last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float4 gamma_sum[kVectors], beta_sum[kVectors];
-#pragma unroll
-  for (int i = 0; i < kVectors; ++i) {
-    gamma_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    beta_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
   const int first = static_cast<int>(static_cast<long>(blockIdx.x) * rows / gridDim.x);
   const int end = static_cast<int>(static_cast<long>(blockIdx.x + 1) * rows / gridDim.x);
-  for (int row = first + warp; row < end; row += kWarps) {
-    const size_t base = static_cast<size_t>(row) * kWidth;
-    const float mean = statistics[2 * row], rstd = statistics[2 * row + 1];
-    float4 normed[kVectors], dnormed[kVectors];
-    float sum_d = 0.0f, sum_dn = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kVectors; ++i) {
-      const int c = (lane + i * 32) * 4;
-      if (c < kWidth) {
-        const float4 x = load4(input + base + c), dy = load4(gradientOutput + base + c);
-        const float4 g = load4(gamma + c);
-        normed[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd,
-                                (x.w - mean) * rstd);
-        dnormed[i] = make_float4(dy.x * g.x, dy.y * g.y, dy.z * g.z, dy.w * g.w);
-        sum_d += dnormed[i].x + dnormed[i].y + dnormed[i].z + dnormed[i].w;
-        sum_dn += dnormed[i].x * normed[i].x + dnormed[i].y * normed[i].y +
-                  dnormed[i].z * normed[i].z + dnormed[i].w * normed[i].w;
-        gamma_sum[i].x += dy.x * normed[i].x;
-        gamma_sum[i].y += dy.y * normed[i].y;
-        gamma_sum[i].z += dy.z * normed[i].z;
-        gamma_sum[i].w += dy.w * normed[i].w;
-        beta_sum[i].x += dy.x;
-        beta_sum[i].y += dy.y;
-        beta_sum[i].z += dy.z;
-        beta_sum[i].w += dy.w;
-      }
-    }
-    const float mean_d = warp_sum(sum_d) / kWidth;
-    const float mean_dn = warp_sum(sum_dn) / kWidth;
-#pragma unroll
-    for (int i = 0; i < kVectors; ++i) {
-      const int c = (lane + i * 32) * 4;
-      if (c < kWidth) {
-        float4 dx = make_float4(rstd * (dnormed[i].x - mean_d - normed[i].x * mean_dn),
-                                rstd * (dnormed[i].y - mean_d - normed[i].y * mean_dn),
-                                rstd * (dnormed[i].z - mean_d - normed[i].z * mean_dn),
-                                rstd * (dnormed[i].w - mean_d - normed[i].w * mean_dn));
-        if (kAdd) {  // read before the write: the residual may be this very buffer
-          const float4 rest = load4(residual + base + c);
-          dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
-        }
-        *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
-        store4(gradientLow + base + c, dx.x, dx.y, dx.z, dx.w);  // what the next products read
-      }
-    }
-  }
-  // The warps' sums, a tree in a fixed order: each round the upper half of the warps still
-  // holding sums hands them to the lower half (warp w + half to warp w), until warp 0 holds
-  // the block's.
-#pragma unroll
-  for (int half = kWarps / 2; half > 0; half /= 2) {
-    if (warp >= half && warp < 2 * half) {
-#pragma unroll
-      for (int i = 0; i < kVectors; ++i) {
-        const int j = lane + i * 32;
-        if (j < kWidth / 4) {
-          scratch[(warp - half) * kColumns + j] = gamma_sum[i];
-          scratch[(warp - half) * kColumns + kWidth / 4 + j] = beta_sum[i];
-        }
-      }
-    }
-    __syncthreads();
-    if (warp < half) {
-#pragma unroll
-      for (int i = 0; i < kVectors; ++i) {
-        const int j = lane + i * 32;
-        if (j < kWidth / 4) {
-          const float4 g = scratch[warp * kColumns + j];
-          const float4 b = scratch[warp * kColumns + kWidth / 4 + j];
-          gamma_sum[i] = make_float4(gamma_sum[i].x + g.x, gamma_sum[i].y + g.y,
-                                     gamma_sum[i].z + g.z, gamma_sum[i].w + g.w);
-          beta_sum[i] = make_float4(beta_sum[i].x + b.x, beta_sum[i].y + b.y,
-                                    beta_sum[i].z + b.z, beta_sum[i].w + b.w);
-        }
-      }
-    }
-    __syncthreads();  // the slots are written again next round, by other warps
-  }
   float4* own = reinterpret_cast<float4*>(partials) + static_cast<size_t>(blockIdx.x) * kColumns;
-  if (warp == 0) {
+  if constexpr (kWarpRows) {
+    float4 gamma_sum[kVectors], beta_sum[kVectors];
 #pragma unroll
     for (int i = 0; i < kVectors; ++i) {
-      const int j = lane + i * 32;
+      gamma_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      beta_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int row = first + warp; row < end; row += kWarps) {
+      const size_t base = static_cast<size_t>(row) * kWidth;
+      const float mean = kRms ? 0.0f : statistics[2 * row];
+      const float rstd = kRms ? statistics[row] : statistics[2 * row + 1];
+      float4 normed[kVectors], dnormed[kVectors];
+      float sum_d = 0.0f, sum_dn = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i) {
+        const int c = (lane + i * 32) * 4;
+        if (c < kWidth) {
+          const float4 x = load4(input + base + c), dy = load4(gradientOutput + base + c);
+          const float4 g = load4(gamma + c);
+          normed[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd,
+                                  (x.w - mean) * rstd);
+          dnormed[i] = make_float4(dy.x * g.x, dy.y * g.y, dy.z * g.z, dy.w * g.w);
+          sum_d += dnormed[i].x + dnormed[i].y + dnormed[i].z + dnormed[i].w;
+          sum_dn += dnormed[i].x * normed[i].x + dnormed[i].y * normed[i].y +
+                    dnormed[i].z * normed[i].z + dnormed[i].w * normed[i].w;
+          gamma_sum[i].x += dy.x * normed[i].x;
+          gamma_sum[i].y += dy.y * normed[i].y;
+          gamma_sum[i].z += dy.z * normed[i].z;
+          gamma_sum[i].w += dy.w * normed[i].w;
+          beta_sum[i].x += dy.x;
+          beta_sum[i].y += dy.y;
+          beta_sum[i].z += dy.z;
+          beta_sum[i].w += dy.w;
+        }
+      }
+      const float mean_d = kRms ? 0.0f : warp_sum(sum_d) / kWidth;
+      const float mean_dn = warp_sum(sum_dn) / kWidth;
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i) {
+        const int c = (lane + i * 32) * 4;
+        if (c < kWidth) {
+          float4 dx = make_float4(rstd * (dnormed[i].x - mean_d - normed[i].x * mean_dn),
+                                  rstd * (dnormed[i].y - mean_d - normed[i].y * mean_dn),
+                                  rstd * (dnormed[i].z - mean_d - normed[i].z * mean_dn),
+                                  rstd * (dnormed[i].w - mean_d - normed[i].w * mean_dn));
+          if (kAdd) {  // read before the write: the residual may be this very buffer
+            const float4 rest = load4(residual + base + c);
+            dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
+          }
+          *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+          store4(gradientLow + base + c, dx.x, dx.y, dx.z, dx.w);  // what the next products read
+        }
+      }
+    }
+    // The warps' sums, a tree in a fixed order: each round the upper half of the warps still
+    // holding sums hands them to the lower half (warp w + half to warp w), until warp 0 holds
+    // the block's.
+#pragma unroll
+    for (int half = kWarps / 2; half > 0; half /= 2) {
+      if (warp >= half && warp < 2 * half) {
+#pragma unroll
+        for (int i = 0; i < kVectors; ++i) {
+          const int j = lane + i * 32;
+          if (j < kWidth / 4) {
+            scratch[(warp - half) * kColumns + j] = gamma_sum[i];
+            if (!kRms) scratch[(warp - half) * kColumns + kWidth / 4 + j] = beta_sum[i];
+          }
+        }
+      }
+      __syncthreads();
+      if (warp < half) {
+#pragma unroll
+        for (int i = 0; i < kVectors; ++i) {
+          const int j = lane + i * 32;
+          if (j < kWidth / 4) {
+            const float4 g = scratch[warp * kColumns + j];
+            const float4 b =
+                kRms ? make_float4(0.f, 0.f, 0.f, 0.f) : scratch[warp * kColumns + kWidth / 4 + j];
+            gamma_sum[i] = make_float4(gamma_sum[i].x + g.x, gamma_sum[i].y + g.y,
+                                       gamma_sum[i].z + g.z, gamma_sum[i].w + g.w);
+            beta_sum[i] = make_float4(beta_sum[i].x + b.x, beta_sum[i].y + b.y,
+                                      beta_sum[i].z + b.z, beta_sum[i].w + b.w);
+          }
+        }
+      }
+      __syncthreads();  // the slots are written again next round, by other warps
+    }
+    if (warp == 0) {
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i) {
+        const int j = lane + i * 32;
+        if (j < kWidth / 4) {
+          own[j] = gamma_sum[i];
+          if (!kRms) own[kWidth / 4 + j] = beta_sum[i];
+        }
+      }
+      __threadfence();  // this block's partials, seen device-wide before its ticket
+    }
+  } else {
+    // A row at a time over the block: thread t takes float4s t, t + kThreads, ... of it and
+    // keeps those columns' sums, which are the block's own: no tree.
+    __shared__ float reduce[kWarps];
+    float4 gamma_sum[kShare], beta_sum[kShare];
+#pragma unroll
+    for (int i = 0; i < kShare; ++i) {
+      gamma_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      beta_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int row = first; row < end; ++row) {
+      const size_t base = static_cast<size_t>(row) * kWidth;
+      const float mean = kRms ? 0.0f : statistics[2 * row];
+      const float rstd = kRms ? statistics[row] : statistics[2 * row + 1];
+      float4 normed[kShare], dnormed[kShare];
+      float sum_d = 0.0f, sum_dn = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kShare; ++i) {
+        const int c = (threadIdx.x + i * kThreads) * 4;
+        if (c < kWidth) {
+          const float4 x = load4(input + base + c), dy = load4(gradientOutput + base + c);
+          const float4 g = load4(gamma + c);
+          normed[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd,
+                                  (x.w - mean) * rstd);
+          dnormed[i] = make_float4(dy.x * g.x, dy.y * g.y, dy.z * g.z, dy.w * g.w);
+          sum_d += dnormed[i].x + dnormed[i].y + dnormed[i].z + dnormed[i].w;
+          sum_dn += dnormed[i].x * normed[i].x + dnormed[i].y * normed[i].y +
+                    dnormed[i].z * normed[i].z + dnormed[i].w * normed[i].w;
+          gamma_sum[i] = make_float4(gamma_sum[i].x + dy.x * normed[i].x,
+                                     gamma_sum[i].y + dy.y * normed[i].y,
+                                     gamma_sum[i].z + dy.z * normed[i].z,
+                                     gamma_sum[i].w + dy.w * normed[i].w);
+          beta_sum[i] = make_float4(beta_sum[i].x + dy.x, beta_sum[i].y + dy.y,
+                                    beta_sum[i].z + dy.z, beta_sum[i].w + dy.w);
+        }
+      }
+      const float mean_d = kRms ? 0.0f : block_sum<kThreads>(sum_d, reduce) / kWidth;
+      const float mean_dn = block_sum<kThreads>(sum_dn, reduce) / kWidth;
+#pragma unroll
+      for (int i = 0; i < kShare; ++i) {
+        const int c = (threadIdx.x + i * kThreads) * 4;
+        if (c < kWidth) {
+          float4 dx = make_float4(rstd * (dnormed[i].x - mean_d - normed[i].x * mean_dn),
+                                  rstd * (dnormed[i].y - mean_d - normed[i].y * mean_dn),
+                                  rstd * (dnormed[i].z - mean_d - normed[i].z * mean_dn),
+                                  rstd * (dnormed[i].w - mean_d - normed[i].w * mean_dn));
+          if (kAdd) {  // read before the write: the residual may be this very buffer
+            const float4 rest = load4(residual + base + c);
+            dx = make_float4(dx.x + rest.x, dx.y + rest.y, dx.z + rest.z, dx.w + rest.w);
+          }
+          *reinterpret_cast<float4*>(gradientInput + base + c) = dx;
+          store4(gradientLow + base + c, dx.x, dx.y, dx.z, dx.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kShare; ++i) {
+      const int j = threadIdx.x + i * kThreads;
       if (j < kWidth / 4) {
         own[j] = gamma_sum[i];
-        own[kWidth / 4 + j] = beta_sum[i];
+        if (!kRms) own[kWidth / 4 + j] = beta_sum[i];
       }
     }
-    __threadfence();  // this block's partials, seen device-wide before its ticket
+    __threadfence();  // this thread's partials, seen device-wide before the block's ticket
   }
   __syncthreads();  // every partial written (and fenced) before thread 0 takes the ticket
   if (threadIdx.x == 0) {
@@ -592,6 +669,21 @@ __device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsign
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2(e))
 
+// SiLU (x times its logistic) and its derivative, for SwiGLU. The logistic is 1 / (1 +
+// 2^(-x log2(e))): one FMUL and one MUFU.EX2 (expf's accurate path was most of the kernel's
+// issue slots, scripts/cost_model.py); past x = -88 the power is infinite and the logistic
+// 0, as it should be.
+__device__ __forceinline__ float sigmoid(float x) {
+  return __fdividef(1.0f, 1.0f + cg_exp2_approx(-x * kLog2e));
+}
+
+__device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
+
+__device__ __forceinline__ float silu_slope(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
 // A compile-time true or false, for a lambda whose body differs by a flag (a kernel's
 // diagonal tile, peeled from its loop): `if constexpr (decltype(flag)::value)`.
 struct cg_true { static constexpr bool value = true; };
@@ -769,14 +861,16 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
                 learningRate[0], beta1, beta2, epsilon, weightDecay, matrices);
 }
 
-// cgImageAttention: Causal attention, flash style, on q and k the rotary pass turned: one block per tile of query rows (gridX) of one head (gridY) of one sequence (gridZ). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
+// cgImageAttention: Causal attention, flash style, on q and k the rotary pass turned: one block per tile of query rows (gridX) of one query head (gridY) of one sequence (gridZ); query head h reads key/value head h / (cgHeads / cgKvHeads). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
 // Causal attention, FlashAttention-2 style: a block per (query tile,
 // head, sequence); 4 warps of 16 query rows each. Q, the scores S, the probabilities P and
 // the output accumulator O stay in registers (mma.m16n8k16 fragments) across the key tiles,
 // with an online softmax; K and V tiles arrive by cp.async into two stages of shared memory
 // (rows padded: ldmatrix without bank conflicts), the next tile's copy overlapping this one's
-// products. q and k arrive already rotated: the rotary pass (rotary.cu.j2) turned them once,
-// in the qkv buffer, before this launch.
+// products. Query head h reads key/value head h / (kHeads / kKvHeads) (grouped-query
+// attention; a qkv row is q's kHeads heads, then k's and v's kKvHeads each). q and k arrive
+// already rotated: the rotary pass (rotary.cu.j2) turned them once, in the qkv buffer,
+// before this launch.
 // The blocks run longest first (query tile t reads t + 1 key tiles): every pair's last tile,
 // then the ones before, so the short ones fill the last wave (scripts/cost_model.py prices
 // the imbalance of the dispatch order). The
@@ -808,17 +902,20 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   const float scale = rsqrtf(static_cast<float>(D));
   const float scale_log2 = scale * kLog2e;  // e^(scale x) = 2^(scale log2(e) x)
 
+  constexpr int kQkvWidth = (kHeads + 2 * kKvHeads) * D;
+  const int kv_head = head / (kHeads / kKvHeads);  // the key/value head this query head reads
   // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async:
   // kCopies chunks a thread, a count fixed by the shape (as in the backward, whose run-time
   // count from threadIdx.x made ptxas spill at a head of 16).
   static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
   constexpr int kCopies = T * (D / kChunk) / 128;
   auto copy_tile = [&](low_t* to, size_t row, int part) {
+    const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
 #pragma unroll
     for (int copy = 0; copy < kCopies; ++copy) {
       const int index = threadIdx.x + copy * 128;
       const int r = index / (D / kChunk), c = index % (D / kChunk) * kChunk;
-      cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c);
+      cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * kQkvWidth + column + c);
     }
   };
   FragmentA<low_t> query[D / 16];  // the warp's 16 rows of q, all of D
@@ -932,7 +1029,7 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   }
 }
 
-// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), head and sequence. q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
+// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), key/value head and sequence: the block sums dk and dv over the query heads its key/value head serves and writes their dq (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
 // Attention backward, FlashAttention-2's split, deterministic (no atomics), with delta =
 // rowsum(dO * O) from the pre-pass (attention_delta). The block of tile j first accumulates
 // dK_j and dV_j over the query tiles i >= j (each warp 16 key rows: S^T = K Q^T and dP^T =
@@ -948,6 +1045,10 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
 // lse (in log2 units) and ex2.approx.ftz takes it (cg_exp2_approx), and dS = P (dP - delta)
 // scale is one FFMA and one FMUL (delta scaled once a row); the causal mask runs on the
 // diagonal tile pair only, peeled from each loop (every other pair is wholly visible).
+// Grouped-query attention: a block takes one key/value head (gridY) and the kHeads / kKvHeads
+// query heads it serves (a qkv row is q's kHeads heads, then k's and v's kKvHeads each): dK_j
+// and dV_j sum over those heads' query tiles in registers, and the block writes each one's
+// dQ_j in turn; no other block writes them, so nothing is added atomically.
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
@@ -958,8 +1059,10 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (then q, dO) of tile j
   low_t* streamed = held + 2 * T * kStride;        // 2 stages of 2 tiles: q, dO (then k, v)
 
-  const int tile = blockIdx.x, head = blockIdx.y, sequence = blockIdx.z;
-  if (tile * T >= kContext || head >= kHeads) return;
+  constexpr int kGroup = kHeads / kKvHeads, kQkvWidth = (kHeads + 2 * kKvHeads) * D;
+  const int tile = blockIdx.x, kv_head = blockIdx.y, sequence = blockIdx.z;
+  if (tile * T >= kContext || kv_head >= kKvHeads) return;
+  int head = kv_head * kGroup;  // the query head in hand
   const size_t base = static_cast<size_t>(sequence) * kContext;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
@@ -972,25 +1075,28 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   // of 16 (config tiny: one trip each) ptxas then spilled 8 bytes across the dQ loop.
   static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
   constexpr int kCopies = T * (D / kChunk) / 128;
-  auto copy_tile = [&](low_t* to, int index, int part) {
+  auto copy_tile = [&](low_t* to, int index, int part, int query_head) {
     const size_t row = base + static_cast<size_t>(index) * T;
+    const int column =
+        part == 0 ? query_head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
 #pragma unroll
     for (int copy = 0; copy < kCopies; ++copy) {
       const int i = threadIdx.x + copy * 128;
       const int r = i / (D / kChunk), c = i % (D / kChunk) * kChunk;
-      const low_t* from = part < 3 ? qkv + (row + r) * (3 * kWidth) + part * kWidth + head * D + c
-                                   : gradientOutput + (row + r) * kWidth + head * D + c;
+      const low_t* from = part < 3 ? qkv + (row + r) * kQkvWidth + column + c
+                                   : gradientOutput + (row + r) * kWidth + query_head * D + c;
       cg_cp_async_16(to + r * kStride + c, from);
     }
   };
   // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
-  // gradientQkv; q's and k's (parts 0 and 1) turned back first. A lane holds both elements
-  // of each rotary pair (d, d + D/2): accumulators n and n + D/16.
+  // gradientQkv (q's: the head in hand's); q's and k's (parts 0 and 1) turned back first. A
+  // lane holds both elements of each rotary pair (d, d + D/2): accumulators n and n + D/16.
   auto store = [&](Accumulator (&values)[D / 8], int part) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int position = tile * T + top + g + 8 * h;
-      low_t* to = gradientQkv + (base + position) * (3 * kWidth) + part * kWidth + head * D;
+      const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
+      low_t* to = gradientQkv + (base + position) * kQkvWidth + column;
 #pragma unroll
       for (int n = 0; n < D / 16; ++n)
 #pragma unroll
@@ -1013,25 +1119,29 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   Accumulator first_sum[D / 8], second_sum[D / 8];  // dK and dV, then dQ
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) zero(first_sum[n]), zero(second_sum[n]);
-  copy_tile(held, tile, 1);
-  copy_tile(held + T * kStride, tile, 2);
-  copy_tile(streamed, tile, 0);
-  copy_tile(streamed + T * kStride, tile, 3);
+  copy_tile(held, tile, 1, head);
+  copy_tile(held + T * kStride, tile, 2, head);
+  copy_tile(streamed, tile, 0, head);
+  copy_tile(streamed + T * kStride, tile, 3, head);
   cg_cp_async_commit();
-  // One query tile's step; `diagonal` (cg_true or cg_false): the tile pair the mask cuts.
+  int steps = 0;  // query steps taken, over the heads in turn: the stage of the next
+  // One query tile's step of the head in hand; `diagonal` (cg_true or cg_false): the tile
+  // pair the mask cuts, the head's first.
   auto query_step = [&](int query_tile, auto diagonal) {
-    const int stage = (query_tile - tile) % 2;
+    const int stage = steps++ % 2;
     low_t* q = streamed + stage * 2 * T * kStride;
     low_t* dout = q + T * kStride;
     cg_cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and the other stage is no longer read
-    if (query_tile + 1 < kTiles) {
+    // the next: this head's next query tile, else the next head's first
+    const bool later = query_tile + 1 < kTiles;
+    if (later || head + 1 < (kv_head + 1) * kGroup) {
       low_t* next = streamed + (1 - stage) * 2 * T * kStride;
-      copy_tile(next, query_tile + 1, 0);
-      copy_tile(next + T * kStride, query_tile + 1, 3);
+      copy_tile(next, later ? query_tile + 1 : tile, 0, later ? head : head + 1);
+      copy_tile(next + T * kStride, later ? query_tile + 1 : tile, 3, later ? head : head + 1);
     }
     cg_cp_async_commit();
-    if constexpr (decltype(diagonal)::value) {  // the first step: load this block's k, v
+    if constexpr (decltype(diagonal)::value) {  // a head's first step: load this block's k, v
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         load_a(held_a[d], held + top * kStride + d * 16, kStride);
@@ -1085,89 +1195,95 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
       }
     }
   };
-  query_step(tile, cg_true{});
-  for (int query_tile = tile + 1; query_tile < kTiles; ++query_tile)
-    query_step(query_tile, cg_false{});
+  for (int member = 0; member < kGroup; ++member) {
+    head = kv_head * kGroup + member;
+    query_step(tile, cg_true{});
+    for (int query_tile = tile + 1; query_tile < kTiles; ++query_tile)
+      query_step(query_tile, cg_false{});
+  }
   store(first_sum, 1);
   store(second_sum, 2);
 
-  // ---- dQ of query tile `tile` ----
-  __syncthreads();  // every warp is done with the shared tiles the copies below replace
+  // ---- dQ of query tile `tile`, for each query head in turn ----
+  for (int member = 0; member < kGroup; ++member) {
+    head = kv_head * kGroup + member;
+    __syncthreads();  // every warp is done with the shared tiles the copies below replace
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) zero(first_sum[n]);
-  copy_tile(held, tile, 0);
-  copy_tile(held + T * kStride, tile, 3);
-  copy_tile(streamed, 0, 1);
-  copy_tile(streamed + T * kStride, 0, 2);
-  cg_cp_async_commit();
-  float lse_log2[2], delta_scaled[2];  // this block's query rows g, g + 8: held for the loop
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const size_t at = (base + tile * T + top + g + 8 * h) * kHeads + head;
-    lse_log2[h] = lse[at] * kLog2e;
-    delta_scaled[h] = delta[at] * scale;
-  }
-  // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
-  auto key_step = [&](int key_tile, auto diagonal) {
-    const int stage = key_tile % 2;
-    low_t* k = streamed + stage * 2 * T * kStride;
-    low_t* v = k + T * kStride;
-    cg_cp_async_wait<0>();
-    __syncthreads();  // this tile has landed, and the other stage is no longer read
-    if (key_tile < tile) {
-      low_t* next = streamed + (1 - stage) * 2 * T * kStride;
-      copy_tile(next, key_tile + 1, 1);
-      copy_tile(next + T * kStride, key_tile + 1, 2);
-    }
+    for (int n = 0; n < D / 8; ++n) zero(first_sum[n]);
+    copy_tile(held, tile, 0, head);
+    copy_tile(held + T * kStride, tile, 3, head);
+    copy_tile(streamed, 0, 1, head);
+    copy_tile(streamed + T * kStride, 0, 2, head);
     cg_cp_async_commit();
-    if (key_tile == 0) {
+    float lse_log2[2], delta_scaled[2];  // this block's query rows g, g + 8: held for the loop
 #pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        load_a(held_a[d], held + top * kStride + d * 16, kStride);
-        load_a(held_b[d], held + T * kStride + top * kStride + d * 16, kStride);
-      }
+    for (int h = 0; h < 2; ++h) {
+      const size_t at = (base + tile * T + top + g + 8 * h) * kHeads + head;
+      lse_log2[h] = lse[at] * kLog2e;
+      delta_scaled[h] = delta[at] * scale;
     }
+    // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
+    auto key_step = [&](int key_tile, auto diagonal) {
+      const int stage = key_tile % 2;
+      low_t* k = streamed + stage * 2 * T * kStride;
+      low_t* v = k + T * kStride;
+      cg_cp_async_wait<0>();
+      __syncthreads();  // this tile has landed, and the other stage is no longer read
+      if (key_tile < tile) {
+        low_t* next = streamed + (1 - stage) * 2 * T * kStride;
+        copy_tile(next, key_tile + 1, 1, head);
+        copy_tile(next + T * kStride, key_tile + 1, 2, head);
+      }
+      cg_cp_async_commit();
+      if (key_tile == 0) {
 #pragma unroll
-    for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
-      Accumulator scores[2], gradients[2];  // S and dP: 16 queries x 16 keys
-      zero(scores[0]), zero(scores[1]), zero(gradients[0]), zero(gradients[1]);
-#pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        FragmentB<low_t> left, right;
-        load_b_transposed(left, right, k + c * 16 * kStride + d * 16, kStride);
-        mma(scores[0], held_a[d], left);
-        mma(scores[1], held_a[d], right);
-        load_b_transposed(left, right, v + c * 16 * kStride + d * 16, kStride);
-        mma(gradients[0], held_b[d], left);
-        mma(gradients[1], held_b[d], right);
+        for (int d = 0; d < D / 16; ++d) {
+          load_a(held_a[d], held + top * kStride + d * 16, kStride);
+          load_a(held_b[d], held + T * kStride + top * kStride + d * 16, kStride);
+        }
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
+        Accumulator scores[2], gradients[2];  // S and dP: 16 queries x 16 keys
+        zero(scores[0]), zero(scores[1]), zero(gradients[0]), zero(gradients[1]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int d = 0; d < D / 16; ++d) {
+          FragmentB<low_t> left, right;
+          load_b_transposed(left, right, k + c * 16 * kStride + d * 16, kStride);
+          mma(scores[0], held_a[d], left);
+          mma(scores[1], held_a[d], right);
+          load_b_transposed(left, right, v + c * 16 * kStride + d * 16, kStride);
+          mma(gradients[0], held_b[d], left);
+          mma(gradients[1], held_b[d], right);
+        }
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float p = cg_exp2_approx(fmaf(scores[n].x[2 * h + e], scale_log2, -lse_log2[h]));
-            if constexpr (decltype(diagonal)::value) {
-              if (c * 16 + n * 8 + 2 * t + e > top + g + 8 * h) p = 0.0f;  // a key after the query
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float p = cg_exp2_approx(fmaf(scores[n].x[2 * h + e], scale_log2, -lse_log2[h]));
+              if constexpr (decltype(diagonal)::value) {
+                if (c * 16 + n * 8 + 2 * t + e > top + g + 8 * h) p = 0.0f;  // a key after the query
+              }
+              float& ds = gradients[n].x[2 * h + e];
+              ds = p * fmaf(ds, scale, -delta_scaled[h]);
             }
-            float& ds = gradients[n].x[2 * h + e];
-            ds = p * fmaf(ds, scale, -delta_scaled[h]);
-          }
-      FragmentA<low_t> ds;
-      to_a(ds, gradients[0], gradients[1]);
+        FragmentA<low_t> ds;
+        to_a(ds, gradients[0], gradients[1]);
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n) {  // dQ += dS K
-        FragmentB<low_t> left, right;
-        load_b(left, right, k + c * 16 * kStride + n * 16, kStride);
-        mma(first_sum[2 * n], ds, left);
-        mma(first_sum[2 * n + 1], ds, right);
+        for (int n = 0; n < D / 16; ++n) {  // dQ += dS K
+          FragmentB<low_t> left, right;
+          load_b(left, right, k + c * 16 * kStride + n * 16, kStride);
+          mma(first_sum[2 * n], ds, left);
+          mma(first_sum[2 * n + 1], ds, right);
+        }
       }
-    }
-  };
-  for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
-  key_step(tile, cg_true{});
-  store(first_sum, 0);
+    };
+    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
+    key_step(tile, cg_true{});
+    store(first_sum, 0);
+  }
 }
 
 // cgImageAttentionDelta: delta = rowsum(dO * O) per row and head: the attention backward's pre-pass.
@@ -1393,22 +1509,23 @@ extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(fl
                                            residual, rows, &cgImageLayerNormBackwardAdd_tickets);
 }
 
-// cgImageRotary: Rotary positions on the q and k parts of a qkv buffer, in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back. The step launches it once a layer, after the QKV product (inverse 0); the attention backward turns dq and dk back itself. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
+// cgImageRotary: Rotary positions on the q and k parts of a qkv buffer (rows of q, k and v: cgQkvWidth), in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back. The step launches it once a layer, after the QKV product (inverse 0); the attention backward turns dq and dk back itself. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
 // Rotary positions on the q and k parts of a qkv buffer, in place, once per step: a block a
-// row (gridX its position, gridY its sequence), a warp a share of the heads of q and k, a
+// row (gridX its position, gridY its sequence; a row is q's kHeads heads, then k's and v's
+// kKvHeads each), a warp a share of the heads of q and k, a
 // lane a pair (i, i + D/2). The angle of (position, i) is the same for every head and for q
 // and k, so a lane computes its sine and cosine once and turns its pair in all of them; it
 // loads all its pairs before turning any (bytes in flight). `inverse` turns back: the
 // gradient at the turned q and k to the gradient at the unturned ones.
 extern "C" __global__ void __launch_bounds__(128) cgImageRotary(__nv_bfloat16* __restrict__ qkv, int inverse) {
   constexpr int D = kHeadWidth, kHalf = D / 2;
-  constexpr int kWarps = 128 / 32, kTurned = 2 * kHeads;  // q's heads, then k's
+  constexpr int kWarps = 128 / 32, kTurned = kHeads + kKvHeads;  // q's heads, then k's
   constexpr int kShare = (kTurned + kWarps - 1) / kWarps;            // heads a warp turns
   const int position = blockIdx.x;
   if (position >= kContext) return;
   const size_t row = static_cast<size_t>(blockIdx.y) * kContext + position;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  low_t* rows = qkv + row * (3 * kWidth);
+  low_t* rows = qkv + row * ((kHeads + 2 * kKvHeads) * D);
   for (int i = lane; i < kHalf; i += 32) {
     float sine, cosine;
     rotary_angle(position, i, inverse != 0, sine, cosine);
@@ -2150,152 +2267,152 @@ static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
 // phase cgPhaseLayerForward
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 12; ++layer) {
-    // library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm
+    // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed1 + 6291456L * (layer), cgSavedStatistics1 + 16384L * (layer), cgBoundaries + 6291456L * (layer), cgBankP_cgLn1Gamma + 768L * (layer), cgBankP_cgLn1Beta + 768L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm");
-    // library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // library.cg:301:7 (from forward.cg:17:7) cgImageRotary
+    CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
+    // launches.cg:215:7 (from forward.cg:17:7) cgImageRotary
     CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgSavedQkv + 18874368L * (layer), 0);
-    CG_LAUNCHED("library.cg:301:7 (from forward.cg:17:7) cgImageRotary");
-    // library.cg:335:31 (from forward.cg:17:7) cgImageAttention
+    CG_LAUNCHED("launches.cg:215:7 (from forward.cg:17:7) cgImageRotary");
+    // library.cg:133:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(128, 1, 1), 46080, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer));
-    CG_LAUNCHED("library.cg:335:31 (from forward.cg:17:7) cgImageAttention");
-    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
-    // library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm
+    CG_LAUNCHED("library.cg:133:31 (from forward.cg:17:7) cgImageAttention");
+    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
+    // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed2 + 6291456L * (layer), cgSavedStatistics2 + 16384L * (layer), cgSavedMiddle + 6291456L * (layer), cgBankP_cgLn2Gamma + 768L * (layer), cgBankP_cgLn2Beta + 768L * (layer), 1e-05f);
-    CG_LAUNCHED("library.cg:220:13 (from forward.cg:17:7) cgImageLayerNorm");
-    // library.cg:38:13 (from forward.cg:17:7) cgImageProductGelu
-    cgImageProductGelu(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 25165824L * (layer), cgSavedNormed2 + 6291456L * (layer), cgBankHalf_cgFcWeight + 2359296L * (layer), cgSavedFcPre + 25165824L * (layer), 8192, 3072, 768);
-    // library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
-    cgImageProductResidual(stream, "library.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgSavedFcAct + 25165824L * (layer), cgBankHalf_cgProjWeight + 2359296L * (layer), cgSavedMiddle + 6291456L * (layer), 8192, 768, 3072);
+    CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
+    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu
+    cgImageProductGelu(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 25165824L * (layer), cgSavedNormed2 + 6291456L * (layer), cgBankHalf_cgFcWeight + 2359296L * (layer), cgSavedFcPre + 25165824L * (layer), 8192, 3072, 768);
+    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgSavedFcAct + 25165824L * (layer), cgBankHalf_cgProjWeight + 2359296L * (layer), cgSavedMiddle + 6291456L * (layer), 8192, 768, 3072);
   }
 }
 
 // phase cgPhaseScatter
 static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:11:5 cgImageScatterOrder
+  // launches.cg:259:5 cgImageScatterOrder
   CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
-  CG_LAUNCHED("backward.cg:11:5 cgImageScatterOrder");
+  CG_LAUNCHED("launches.cg:259:5 cgImageScatterOrder");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:220:13 (from library.cg:547:5) cgImageLayerNorm");
-  // library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "library.cg:38:13 (from library.cg:550:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:573:13 (from backward.cg:29:11) cgImageClassifier
+  // library.cg:371:13 (from backward.cg:11:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:573:13 (from backward.cg:29:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:371:13 (from backward.cg:11:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // library.cg:38:13 (from backward.cg:29:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:29:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
-  // library.cg:38:13 (from backward.cg:29:11) cgImageProductData
-  cgImageProductData(stream, "library.cg:38:13 (from backward.cg:29:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:255:19 (from backward.cg:29:11) cgImageLayerNormBackward
+  // launches.cg:37:13 (from backward.cg:11:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:11:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+  // launches.cg:37:13 (from backward.cg:11:11) cgImageProductData
+  cgImageProductData(stream, "launches.cg:37:13 (from backward.cg:11:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:62:19 (from backward.cg:11:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 8192);
-  CG_LAUNCHED("library.cg:255:19 (from backward.cg:29:11) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:62:19 (from backward.cg:11:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // concurrently, library.cg:423:31: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:423:31");
+  // concurrently, library.cg:221:31: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:221:31");
   {  // branch 0, on this stream
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward
+    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:423:31");
-  // concurrently, library.cg:434:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:434:33");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:221:31");
+  // concurrently, library.cg:232:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:232:33");
   {  // branch 0, on this stream
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-    // library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+    // library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
-    CG_LAUNCHED("library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:434:33");
-  // concurrently, library.cg:454:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:454:35");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:232:33");
+  // concurrently, library.cg:252:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:252:35");
   {  // branch 0, on this stream
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:465:41 (from backward.cg:31:7) cgImageAttentionDelta
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:263:41 (from backward.cg:13:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:465:41 (from backward.cg:31:7) cgImageAttentionDelta");
-    // library.cg:471:41 (from backward.cg:31:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:263:41 (from backward.cg:13:7) cgImageAttentionDelta");
+    // library.cg:269:41 (from backward.cg:13:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:471:41 (from backward.cg:31:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:269:41 (from backward.cg:13:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:454:35");
-  // concurrently, library.cg:483:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:483:35");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:252:35");
+  // concurrently, library.cg:281:35: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:281:35");
   {  // branch 0, on this stream
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "library.cg:38:13 (from backward.cg:31:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-    // library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+    // library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
-    CG_LAUNCHED("library.cg:282:21 (from backward.cg:31:7) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:483:35");
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:281:35");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:19:5 cgImageScatterSorted
+  // launches.cg:267:5 cgImageScatterSorted
   CG_LAUNCH(cgImageScatterSorted, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
-  CG_LAUNCHED("backward.cg:19:5 cgImageScatterSorted");
+  CG_LAUNCHED("launches.cg:267:5 cgImageScatterSorted");
 }
 
 // phase cgPhaseGradientNorm
 static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
-  // optimizer.cg:9:9 cgImageSquareSum
+  // launches.cg:227:9 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 123606528);
-  CG_LAUNCHED("optimizer.cg:9:9 cgImageSquareSum");
-  // optimizer.cg:13:9 cgImageGradientNorm
+  CG_LAUNCHED("launches.cg:227:9 cgImageSquareSum");
+  // launches.cg:231:9 cgImageGradientNorm
   CG_LAUNCH(cgImageGradientNorm, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNorm, cgGradientNormPartials, 1024, 1.0f);
-  CG_LAUNCHED("optimizer.cg:13:9 cgImageGradientNorm");
+  CG_LAUNCHED("launches.cg:231:9 cgImageGradientNorm");
 }
 
 // phase cgPhaseUpdate
 static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
-  // optimizer.cg:19:9 cgImageStepAdvance
+  // launches.cg:237:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
-  CG_LAUNCHED("optimizer.cg:19:9 cgImageStepAdvance");
-  // optimizer.cg:20:9 cgImageAdamW
+  CG_LAUNCHED("launches.cg:237:9 cgImageStepAdvance");
+  // launches.cg:238:9 cgImageAdamW
   CG_LAUNCH(cgImageAdamW, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, cgStepLearningRate, 123606528, 0.9f, 0.95f, 1e-08f, 0.1f, 123568128);
-  CG_LAUNCHED("optimizer.cg:20:9 cgImageAdamW");
+  CG_LAUNCHED("launches.cg:238:9 cgImageAdamW");
 }
 
 // One training step: cgTrainStep.
