@@ -205,7 +205,9 @@ def _doc_parser(commands) -> None:
         description="Write static HTML (no network, no scripts): one page per .cg file with "
                     "its declarations, their types and rendered documentation, and its "
                     "highlighted source with line numbers, every use of a name linked to its "
-                    "declaration in whatever file; and index.html, every declaration.")
+                    "declaration in whatever file; and index.html, every declaration. The "
+                    "files of one folder are documented together (one model's); each other "
+                    "folder's go to a folder of their own under OUT_DIR.")
     doc.add_argument("files", nargs="+", metavar="DIR_OR_FILE", help="a .cg file or a folder")
     doc.add_argument("-o", "--output", metavar="OUT_DIR", required=True,
                      help="the folder to write the pages into")

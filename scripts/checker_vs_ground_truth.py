@@ -205,7 +205,7 @@ SCHEDULES = (("train.cg", "cgTrainStep"), ("backward.cg", "cgBackward"),
              ("train_recompute.cg", "cgRecomputeTrainStep"),
              ("train_parallel.cg", "cgTrainParallelStep"), ("train_zero.cg", "cgZeroStep"),
              ("sample.cg", "cgSampleStep"))
-MUTATED_FILES = tuple(schedule for schedule, _ in SCHEDULES) + ("library.cg",)
+MUTATED_FILES = tuple(schedule for schedule, _ in SCHEDULES) + ("library.cg", "launches.cg")
 KINDS = ("grid", "repeat", "binding", "removed", "reordered", "concurrency", "storage",
          "extent", "lifetime",
          "combined", "constants", "random")

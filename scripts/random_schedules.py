@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Random well-typed schedules, for the checker-against-ground-truth campaign.
 
-Each is a small `.cg` file importing schedules/images.cg (and through it model.cg) that
+Each is a small `.cg` file importing schedules/model.cg and schedules/images.cg that
 defines `cgRandom`: one to five phases in sequence, each a launch, a few launches in
 sequence, or a repeat of them over a fresh index. A launch takes a random image of
 images.cg; its grid and scalars start from a launch of that image in the whole step (as
@@ -33,7 +33,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 ENTRY = "cgRandom"
-IMAGES = os.path.join(ROOT, "schedules", "images.cg")
+# what a random schedule imports: the GPT model (its configurations, banks and entries) and
+# the images
+IMPORTS = ("model.cg", "images.cg")
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ class Generator:
         self.used = []
         parts = [self.part(i) for i in range(self.rng.choice([1, 1, 1, 2, 2, 3, 4]))]
         return (f"-- Random schedule {number} (scripts/random_schedules.py).\n"
-                f'import "images.cg"\n\n'
+                + "".join(f'import "{name}"\n' for name in IMPORTS) + "\n"
                 f"def {ENTRY} : (family NvidiaLaunchSchedule) =\n  "
                 f"{self.sequence(parts, concurrent=0.35)}\n")
 
@@ -260,11 +262,13 @@ def generate(program, count: int, seed: int) -> list[str]:
 
 
 def write(text: str, folder: str, number: int) -> str:
-    """The schedule as a file in `folder`, its import pointing at schedules/images.cg."""
+    """The schedule as a file in `folder`, its imports pointing into schedules/."""
     path = os.path.join(folder, f"random-{number}.cg")
-    relative = os.path.relpath(IMAGES, folder)
+    for name in IMPORTS:
+        relative = os.path.relpath(os.path.join(ROOT, "schedules", name), folder)
+        text = text.replace(f'import "{name}"', f'import "{relative}"')
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text.replace('import "images.cg"', f'import "{relative}"'))
+        handle.write(text)
     return path
 
 

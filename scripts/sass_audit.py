@@ -647,7 +647,7 @@ def shipped_files() -> list[tuple[str, str]]:
     each .cg file of SHIPPED_FOLDERS that declares a schedule and a configuration (compiled
     as `cgc compile FILE` does, its last schedule the entry), in each configuration it
     declares (its model's). A file of declarations only (model.cg, images.cg), or of
-    definitions a model's steps import (launches.cg, optimizer.cg), compiles to no file of
+    definitions a model's steps import (launches.cg), compiles to no file of
     its own."""
     from cgc.pipeline import analyse
     from cgc.resources import data_dir

@@ -1,7 +1,9 @@
 """Full-size index arithmetic: every kernel image of the step at GPT-2 small's shape (config
 gpt2: vocabulary 50304, width 768, 12 heads, 8 sequences of 1024 rows; one layer, to bound
 memory: `cgc check --memory --config gpt2 --set cgLayers=1` plans 4.9 GiB, which the emulated
-run and the numpy machine each hold), on real-size buffers, where 32-bit overflow and grid
+run and the numpy machine each hold), and of the Llama-style step at a Llama-like shape
+(TinyLlama's width 2048, vocabulary 32000 and MLP 5632, with 16 query heads of 128 sharing 4
+key/value heads, 4 sequences of 2048 rows, one layer: 4.5 GiB), on real-size buffers, where 32-bit overflow and grid
 edges show up. Running every block is too slow on a CPU, so each kernel runs a sample of its
 blocks (block sampling, EmulatedRun.set_blocks): the first, the last and three random ones.
 
@@ -39,8 +41,10 @@ from cgc.pipeline import analyse, open_run
 
 from conftest import SCHEDULES
 
-PATH = str(SCHEDULES / "train.cg")
-CONFIG, OVERRIDES = "gpt2", {"cgLayers": 1}
+# (schedule, config, overrides) of each step checked
+CASES = {"gpt2": (str(SCHEDULES / "train.cg"), "gpt2", {"cgLayers": 1}),
+         "llama": (str(SCHEDULES / "llama" / "train.cg"), "tinyllama",
+                   {"cgLayers": 1, "cgHeads": 16, "cgKvHeads": 4})}
 RANDOM_BLOCKS = 3
 # Element-wise, relative to the largest magnitude compared (np.isclose's rtol and atol): a
 # bfloat16 output carries 8 bits (2^-8 = 0.4% a step; a value computed in another order can
@@ -79,20 +83,29 @@ def attention_sequence(block, grid) -> int:
     return (x + X * (y + Y * z)) % (Y * Z) // Y
 
 
+def qkv_width(c) -> int:
+    """A row of qkv: q's heads, then k's and v's key/value heads."""
+    return (c["heads"] + 2 * c.get("kvHeads", c["heads"])) * (c["width"] // c["heads"])
+
+
 def partitions(c, grid) -> dict:
     W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
+    Q = qkv_width(c)
     norm_rows = c["rows"] // grid[0]  # the layer-norm backward's rows a block (when it divides)
     rows_n = norm_rows * W
+    norm_backward = {"gradientInput": rows_n, "gradientOutput": rows_n, "input": rows_n,
+                     "gradientLow": rows_n}
     return {
         "cgImageEmbedding": Partition(0, {"output": W, "ids": 1}),
         "cgImageLayerNorm": Partition(0, {"output": W, "statistics": 2, "input": W}),
-        "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * 3 * W},
+        "cgImageRmsNorm": Partition(0, {"output": W, "statistics": 1, "input": W}),
+        "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * Q},
                                       part_of=attention_sequence),
-        "cgImageAttentionBackward": Partition(2, {"gradientQkv": T * 3 * W, "qkv": T * 3 * W,
+        "cgImageAttentionBackward": Partition(2, {"gradientQkv": T * Q, "qkv": T * Q,
                                                   "gradientOutput": T * W, "lse": T * H,
                                                   "delta": T * H}),
         "cgImageAttentionDelta": Partition(0, {"delta": H, "output": W, "gradientOutput": W}),
-        "cgImageRotary": Partition(1, {"qkv": T * 3 * W}),
+        "cgImageRotary": Partition(1, {"qkv": T * Q}),
         "cgImageGelu": Partition(0, {"output": 2048, "input": 2048}, 2048),
         "cgImageGeluBackward": Partition(0, {"gradientPre": 2048, "gradientAct": 2048,
                                              "pre": 2048}, 2048),
@@ -112,6 +125,11 @@ def partitions(c, grid) -> dict:
                                                      "statistics": 2 * norm_rows,
                                                      "partials": 2 * W, "gradientLow": rows_n},
                                                  fixed={"rows": norm_rows}),
+        "cgImageRmsNormBackward": Partition(0, {**norm_backward, "statistics": norm_rows,
+                                                "partials": W}, fixed={"rows": norm_rows}),
+        "cgImageRmsNormBackwardAdd": Partition(0, {**norm_backward, "residual": rows_n,
+                                                   "statistics": norm_rows, "partials": W},
+                                               fixed={"rows": norm_rows}),
         "cgImageAdamW": Partition(0, {"parameter": 1024, "gradient": 1024,
                                       "moment1": 1024, "moment2": 1024, "copy": 1024},
                                   1024, ("count", "matrices")),
@@ -122,7 +140,9 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     """The element ranges of `pointer`'s view that block `block` of the launch writes."""
     x, y, z = block
     W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
-    D, tile = W // H, c["attentionTile"]
+    D, tile, Q = W // H, c["attentionTile"], qkv_width(c)
+    KV = c.get("kvHeads", H)
+    group = H // KV
 
     def elementwise(per, limit="count"):
         first, last = x * per, min((x + 1) * per, int(scalars[limit]))
@@ -141,13 +161,31 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
         first = (sequence * T + (X - 1 - linear // pairs) * tile, tile)
         return {"output": rows(*first, W, [(head * D, (head + 1) * D)]),
                 "lse": rows(*first, H, [(head, head + 1)])}[pointer]
-    if image == "cgImageAttentionBackward":
-        heads = [(p * W + y * D, p * W + (y + 1) * D) for p in range(3)]  # dq, dk, dv
-        return rows(*attention_rows, 3 * W, heads)
+    if image == "cgImageAttentionBackward":  # block y: key/value head y and its query heads
+        heads = [(y * group * D, (y + 1) * group * D),  # dq of the group's query heads
+                 ((H + y) * D, (H + y + 1) * D), ((H + KV + y) * D, (H + KV + y + 1) * D)]
+        return rows(*attention_rows, Q, heads)
     if image == "cgImageRotary":  # q and k of the row, in place
-        return rows(y * T + x, 1, 3 * W, [(0, 2 * W)])
+        return rows(y * T + x, 1, Q, [(0, (H + KV) * D)])
+    if image in ("cgImageSwiGlu", "cgImageSwiGluBackward"):
+        first, last = x * 2048, min((x + 1) * 2048, int(scalars["count"]))
+        if image == "cgImageSwiGlu" or first >= last:
+            return [(first, last)] if first < last else []
+        width, found = int(scalars["width"]), []  # element i: [gate | up] row i / width
+        for i in range(first, last):
+            if i == first or i % width == 0:
+                row, column = divmod(i, width)
+                stop = min(last - i, width - column)
+                base = row * 2 * width + column
+                found += [(base, base + stop), (base + width, base + width + stop)]
+        return found
     if image == "cgImageCrossEntropyBackward":
         return [(x * V + y * 128, x * V + min((y + 1) * 128, V))]
+    if image in ("cgImageRmsNormBackward", "cgImageRmsNormBackwardAdd"):  # as below, no dbeta
+        rows_a_block = int(scalars["rows"]) // grid[0] * W
+        per_block = {"gradientInput": rows_a_block, "gradientLow": rows_a_block,
+                     "partials": W, "gradientGamma": 0}[pointer]
+        return [(x * per_block, (x + 1) * per_block)] if per_block else []
     if image in ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"):
         # dgamma and dbeta are the last block's, which runs only when every block of the
         # launch has taken its ticket: never under block sampling (they stay unwritten)
@@ -161,6 +199,7 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
         return [(first * W, last * W)] if first < last else []
     per_row = {"cgImageEmbedding": {"output": W},
                "cgImageLayerNorm": {"output": W, "statistics": 2},
+               "cgImageRmsNorm": {"output": W, "statistics": 1},
                "cgImageAttentionDelta": {"delta": H}, "cgImageLoss": {"loss": 1, "correct": 1},
                "cgImageClassifier": {"logits": V, "loss": 1, "correct": 1},
                "cgImageScatterOrder": {"order": c["rows"]},
@@ -190,8 +229,8 @@ def sorted_scatter_owned(ids, order, coordinates, grid, c) -> list[tuple[int, in
 
 # ---- data ------------------------------------------------------------------------------
 
-def values_for(name: str, count: int, rng, c) -> np.ndarray:
-    """Fresh inputs for a pointer, by what it holds."""
+def values_for(name: str, count: int, rng, c, image: str = "") -> np.ndarray:
+    """Fresh inputs for a pointer of `image`, by what it holds."""
     V = c["vocab"]
     if name in ("ids", "targets"):
         return rng.integers(0, V, count).astype(np.int32)
@@ -199,6 +238,8 @@ def values_for(name: str, count: int, rng, c) -> np.ndarray:
         return rng.integers(1, 20, count).astype(np.int32)
     if name == "correct":
         return rng.integers(0, 2, count).astype(np.int32)
+    if name == "statistics" and image.startswith("cgImageRms"):  # rstd alone
+        return rng.uniform(0.5, 2, count).astype(np.float32)
     if name == "statistics":  # (mean, rstd) pairs
         pairs = np.stack([rng.normal(0, 0.1, count // 2), rng.uniform(0.5, 2, count // 2)], 1)
         return pairs.reshape(-1).astype(np.float32)
@@ -238,15 +279,17 @@ def _indices(ranges) -> np.ndarray:
 
 # ---- the test -------------------------------------------------------------------------------
 
-def runs():
-    frontend = analyse([PATH])
-    emulated = open_run("emulated", frontend, PATH, CONFIG, OVERRIDES, 0)
-    reference = open_run("numpy", frontend, PATH, CONFIG, OVERRIDES, 0)
+def runs(case: str = "gpt2"):
+    path, config, overrides = CASES[case]
+    frontend = analyse([path])
+    emulated = open_run("emulated", frontend, path, config, overrides, 0)
+    reference = open_run("numpy", frontend, path, config, overrides, 0)
     return emulated, reference
 
 
-def test_sampled_blocks_of_every_kernel_at_full_size():
-    """Runs the check below in a process of its own: it holds two copies of GPT-2 small's
+@pytest.mark.parametrize("case", CASES)
+def test_sampled_blocks_of_every_kernel_at_full_size(case):
+    """Runs the check below in a process of its own: it holds two copies of the step's
     buffers (about 5 GB each) and the emulator's worker pool, which other tests' libraries
     in this process would share the machine with."""
     import subprocess
@@ -254,7 +297,7 @@ def test_sampled_blocks_of_every_kernel_at_full_size():
 
     from conftest import ROOT
     script = ("import sys; sys.path.insert(0, 'tests'); import test_full_size as t; "
-              "t.check_sampled_blocks_of_every_kernel_at_full_size(t.runs())")
+              f"t.check_sampled_blocks_of_every_kernel_at_full_size(t.runs({case!r}))")
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
@@ -339,7 +382,7 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs):
             n = partition.per_part.get(name) if partition else None
             spans = [(p * n, min((p + 1) * n, len(ours))) for p in parts] if n else [(0, len(ours))]
             for first, last in spans:
-                values = values_for(name, last - first, rng, c)
+                values = values_for(name, last - first, rng, c, image.name)
                 if name == "order":  # the rows sorted by the ids just given (ids come first)
                     values = np.argsort(fresh["ids"].astype(np.int64) * len(values)
                                         + np.arange(len(values)), kind="stable").astype(np.int32)

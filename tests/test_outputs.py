@@ -474,7 +474,7 @@ def _refused(capsys, *arguments, option: str | None = None):
 
 def test_an_output_that_is_an_input_is_refused_before_any_work(folder, capsys):
     t = folder / "t"
-    before = {path: path.read_bytes() for path in t.iterdir()}
+    before = {path: path.read_bytes() for path in t.iterdir() if path.is_file()}
     os.link(t / "model.cg", folder / "hard.cg")
     os.symlink(t / "optimizer.cg", folder / "soft.cg")
     data = folder / "data.txt"
@@ -489,7 +489,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(folder, capsys):
     _refused(capsys, *run, "--trace", folder / "soft.cg")
     _refused(capsys, *run, "--data", data, "--log", data)
     _refused(capsys, *run, "--data", folder, "--plot", data)  # a file in a --data folder
-    assert {path: path.read_bytes() for path in t.iterdir()} == before
+    assert {path: path.read_bytes() for path in t.iterdir() if path.is_file()} == before
     assert data.read_text() == "some text to train on, " * 200
 
 
@@ -527,9 +527,11 @@ def test_two_outputs_on_one_file_or_one_inside_the_dump_are_refused(folder, caps
 
 def test_doc_gives_every_source_its_own_page_and_leaves_the_index_alone(folder, capsys):
     """`a/b.cg` and `a__b.cg` both mapped to a__b.html, and `index.cg` to the index's name:
-    a page was written over another. The first in sorted order keeps its name, the others
-    get NAME-2.html (docs: cgc/tools/doc.py, page_names)."""
-    sources = folder / "sources"
+    a page was written over another. A folder's files are documented together, each other
+    folder's in a folder of its own under the output (a/b.cg: a/b.html, beside a/index.html);
+    within a folder the first in sorted order keeps its name, the others get NAME-2.html
+    (docs: cgc/tools/doc.py, page_names)."""
+    sources, docs = folder / "sources", folder / "docs"
     (sources / "a").mkdir(parents=True)
     declarations = {"a/b.cg": "cgFromFolder", "a__b.cg": "cgFromName", "index.cg": "cgIndexed",
                     "Case.cg": "cgUpper", "case.cg": "cgLower"}
@@ -537,16 +539,18 @@ def test_doc_gives_every_source_its_own_page_and_leaves_the_index_alone(folder, 
         (sources / path).write_text(f"def {name} : Nat = 1\n")
     if len(list(sources.glob("*ase.cg"))) < 2:
         del declarations["Case.cg"], declarations["case.cg"]  # a file system without case
-    assert main(["doc", str(sources), "-o", str(folder / "docs")]) == 0
-    pages = sorted(p.name for p in (folder / "docs").iterdir())
-    assert len(pages) == len(declarations) + 1, pages
-    index = (folder / "docs" / "index.html").read_text()
+    assert main(["doc", str(sources), "-o", str(docs)]) == 0
+    pages = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.html"))
+    indexes = ["a/index.html", "index.html"]
+    assert len(pages) == len(declarations) + len(indexes), pages
     for name in declarations.values():
-        holders = [p for p in pages if p != "index.html" and
-                   f'id="{name}"' in (folder / "docs" / p).read_text()]
+        holders = [p for p in pages if p not in indexes and
+                   f'id="{name}"' in (docs / p).read_text()]
         assert len(holders) == 1, (name, holders)
-        assert f'href="{holders[0]}#{name}"' in index
-    assert {"a__b.html", "a__b-2.html", "index-2.html"} <= set(pages)
+        where, _, page = holders[0].rpartition("/")
+        index = (docs / where / "index.html").read_text()  # its folder's index links to it
+        assert f'href="{page}#{name}"' in index
+    assert {"a__b.html", "a/b.html", "index-2.html"} <= set(pages)
 
 
 def test_an_output_to_a_pipe_whose_reader_left_is_silent_like_print():

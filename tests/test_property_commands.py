@@ -36,10 +36,12 @@ PROBE = textwrap.dedent("""
     def renumbered():
         # One natural literal changed: mostly still well typed, so the checker, the
         # emitter and the run see it.
-        name = generator.choice([n for n in names if any(c.isdigit() for c in texts[n])])
+        numbered = {{n: [i for i, part in enumerate(pieces(texts[n]))
+                        if 0 < i < len(pieces(texts[n])) - 1 and part.strip().isdigit()]
+                    for n in names}}
+        name = generator.choice([n for n in names if numbered[n]])  # a literal, not a comment
         parts = pieces(texts[name])
-        numbers = [i for i in range(1, len(parts) - 1) if parts[i].strip().isdigit()]
-        i = generator.choice(numbers)
+        i = generator.choice(numbered[name])
         value = int(parts[i])
         parts[i] = str(generator.choice([0, 1, 2, 3, 7, 16, 31, 33, 64, 65, 100, 1024,
                                          value + 1, max(value - 1, 0), 2 * value, 10 ** 12]))

@@ -131,6 +131,10 @@ def resolve_config(declarations: Declarations, name: str, overrides: dict[str, o
     """The value of every constant in config `name`, and its low-precision type."""
     chain, seen = [], set()
     current = declarations.configs.get(name)
+    if current is None:
+        known = ", ".join(declarations.configs) or "none declared"
+        report.error(f"unknown config '{name}' (known: {known})", None)
+        return {}, DEFAULT_LOW
     while current is not None and current.name not in seen:
         seen.add(current.name)
         chain.append(current)
