@@ -34,7 +34,8 @@ from cgc.training.data import Batches, load_corpus
 from cgc.training.loop import train
 
 from conftest import SCHEDULES
-from test_emulated import every_kernel_against_its_reference, pair, tokens
+from test_emulated import (every_kernel_against_its_reference,
+                           one_float32_step_matches_the_numpy_backend, tokens)
 from test_parallel import _assert_same_training, _ranks, needs_mpi
 from test_reference import BFLOAT16_TOLERANCES, FLOAT32_TOLERANCE, relative
 from torch_llama import Llama
@@ -146,15 +147,7 @@ def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overri
 
 @needs_compiler
 def test_the_float32_step_on_the_emulated_backend_matches_the_numpy_backend():
-    emulated, reference = pair("tiny32", seed=3, path=TRAIN)
-    ids, targets = tokens(reference, 3)
-    ours, theirs = emulated.step(ids, targets).loss, reference.step(ids, targets).loss
-    assert abs(ours - theirs) <= 1e-4 * theirs
-    for role in ("gradients", "parameters", "state"):
-        mine, expected = emulated.bank_values(role), reference.bank_values(role)
-        for name, values in expected.items():
-            if np.linalg.norm(values) > 0:
-                assert relative(mine[name], values) <= 1e-4, (role, name)
+    one_float32_step_matches_the_numpy_backend(TRAIN)
 
 
 def test_the_recomputing_step_is_the_same_function():

@@ -33,13 +33,15 @@ PROBE = textwrap.dedent("""
     names = sorted(n for n in os.listdir(schedules) if n.endswith(".cg"))
     texts = {{n: open(os.path.join(schedules, n)).read() for n in names}}
 
+    split = {{n: pieces(texts[n]) for n in names}}
+    # each file's natural literals (a file may have digits only in its comments)
+    numbered = {{n: [i for i in range(1, len(split[n]) - 1) if split[n][i].strip().isdigit()]
+                for n in names}}
+
     def renumbered():
         # One natural literal changed: mostly still well typed, so the checker, the
         # emitter and the run see it.
-        numbered = {{n: [i for i, part in enumerate(pieces(texts[n]))
-                        if 0 < i < len(pieces(texts[n])) - 1 and part.strip().isdigit()]
-                    for n in names}}
-        name = generator.choice([n for n in names if numbered[n]])  # a literal, not a comment
+        name = generator.choice([n for n in names if numbered[n]])
         parts = pieces(texts[name])
         i = generator.choice(numbered[name])
         value = int(parts[i])

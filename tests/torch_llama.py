@@ -11,11 +11,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from torch_model import Trained
+
 MATRICES = ("cgEmbeddingEntry", "cgHeadWeight", "cgQkvWeight", "cgOutputWeight",
             "cgGateUpWeight", "cgDownWeight")
 
 
-class Llama:
+class Llama(Trained):
+    matrices = MATRICES
+
     # key/value head j serves query heads j G .. j G + G - 1 (G = heads / kvHeads); False:
     # query head h reads key/value head h mod kvHeads, a wrong grouping the tests must tell
     consecutive_groups = True
@@ -79,24 +83,3 @@ class Llama:
         target = torch.tensor(targets, dtype=torch.long)
         return F.cross_entropy(logits, target, ignore_index=-1, reduction="sum") / (b * t)
 
-    def optimizer(self, constants: dict) -> torch.optim.Optimizer:
-        decayed = [self.parameters[name] for name in MATRICES]
-        plain = [p for name, p in self.parameters.items() if name not in MATRICES]
-        return torch.optim.AdamW(
-            [{"params": decayed, "weight_decay": float(constants["cgWeightDecay"])},
-             {"params": plain, "weight_decay": 0.0}],
-            lr=float(constants["cgLearningRate"]),
-            betas=(float(constants["cgBeta1"]), float(constants["cgBeta2"])),
-            eps=float(constants["cgAdamEpsilon"]))
-
-    def step(self, optimizer, ids, targets, clip: float) -> float:
-        optimizer.zero_grad()
-        loss = self.loss(ids, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), clip)
-        optimizer.step()
-        return float(loss.detach())
-
-    def flat(self, gradients: bool = False) -> dict[str, np.ndarray]:
-        return {name: (p.grad if gradients else p).detach().numpy().reshape(-1).copy()
-                for name, p in self.parameters.items()}

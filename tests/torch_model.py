@@ -27,7 +27,39 @@ class Dump:
                       for part in ("before", "gradients", "after", "final")}
 
 
-class Gpt:
+class Trained:
+    """What both models' tests train through: torch's AdamW with weight decay on the
+    matrices alone (`matrices`, their entry names), one step with the gradient clipped, and
+    the parameters or their gradients as flat arrays by entry name."""
+
+    matrices: tuple = ()
+
+    def optimizer(self, constants: dict) -> torch.optim.Optimizer:
+        decayed = [self.parameters[name] for name in self.matrices]
+        plain = [p for name, p in self.parameters.items() if name not in self.matrices]
+        return torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": float(constants["cgWeightDecay"])},
+             {"params": plain, "weight_decay": 0.0}],
+            lr=float(constants["cgLearningRate"]),
+            betas=(float(constants["cgBeta1"]), float(constants["cgBeta2"])),
+            eps=float(constants["cgAdamEpsilon"]))
+
+    def step(self, optimizer, ids, targets, clip: float) -> float:
+        optimizer.zero_grad()
+        loss = self.loss(ids, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), clip)
+        optimizer.step()
+        return float(loss.detach())
+
+    def flat(self, gradients: bool = False) -> dict[str, np.ndarray]:
+        return {name: (p.grad if gradients else p).detach().cpu().numpy().reshape(-1).copy()
+                for name, p in self.parameters.items()}
+
+
+class Gpt(Trained):
+    matrices = MATRICES
+
     def __init__(self, constants: dict, flat: dict[str, np.ndarray], device: str = "cpu"):
         c = constants
         self.batch, self.context = int(c["cgBatch"]), int(c["cgContext"])
@@ -80,24 +112,3 @@ class Gpt:
         target = torch.tensor(targets, dtype=torch.long, device=self.device)
         return F.cross_entropy(logits, target, ignore_index=-1, reduction="sum") / (b * t)
 
-    def optimizer(self, constants: dict) -> torch.optim.Optimizer:
-        decayed = [self.parameters[name] for name in MATRICES]
-        plain = [p for name, p in self.parameters.items() if name not in MATRICES]
-        return torch.optim.AdamW(
-            [{"params": decayed, "weight_decay": float(constants["cgWeightDecay"])},
-             {"params": plain, "weight_decay": 0.0}],
-            lr=float(constants["cgLearningRate"]),
-            betas=(float(constants["cgBeta1"]), float(constants["cgBeta2"])),
-            eps=float(constants["cgAdamEpsilon"]))
-
-    def step(self, optimizer, ids, targets, clip: float) -> float:
-        optimizer.zero_grad()
-        loss = self.loss(ids, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), clip)
-        optimizer.step()
-        return float(loss.detach())
-
-    def flat(self, gradients: bool = False) -> dict[str, np.ndarray]:
-        return {name: (p.grad if gradients else p).detach().cpu().numpy().reshape(-1).copy()
-                for name, p in self.parameters.items()}
