@@ -258,6 +258,12 @@ def _classifier_trips(r, launch, loops) -> tuple:
 SORT_INSTRUCTIONS = 14
 SORT_WAVEFRONTS = 4
 
+# the RMSNorm backward, with or without the residual: the last block reads every block's row
+# of partials (width floats a block)
+_RMS_NORM_BACKWARD = Design(inflight=96, last_block_bytes=lambda r, launch:
+                            launch.blocks * r["width"] * 4, last_block_inflight=16 * 16)
+
+
 DESIGNS = {
     # ldmatrix from rows padded by kAttentionRowPadding: its conflict ways are read from the
     # emitted file (sass_audit.attention_ldmatrix_ways: 1 with the padding). In flight: the next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 128 threads.
@@ -298,12 +304,8 @@ DESIGNS = {
     # reads every block's row of partials (width floats); SwiGLU 16 bytes of gate and of up
     # a thread (and of the output's gradient, backward)
     "cgImageRmsNorm": Design(inflight=64),
-    "cgImageRmsNormBackward": Design(inflight=96, last_block_bytes=lambda r, launch:
-                                     launch.blocks * r["width"] * 4,
-                                     last_block_inflight=16 * 16),
-    "cgImageRmsNormBackwardAdd": Design(inflight=96, last_block_bytes=lambda r, launch:
-                                        launch.blocks * r["width"] * 4,
-                                        last_block_inflight=16 * 16),
+    "cgImageRmsNormBackward": _RMS_NORM_BACKWARD,
+    "cgImageRmsNormBackwardAdd": _RMS_NORM_BACKWARD,  # its residual read is in the floor
     "cgImageSwiGlu": Design(inflight=32),
     "cgImageSwiGluBackward": Design(inflight=48),
     "cgImageZero": Design(inflight=16),

@@ -136,11 +136,7 @@ def evaluate(frontend: Frontend, path: str, entry: str | None = None, config: st
                      "(CONSTANT VALUE) ...`, docs/language.md); a file of library definitions "
                      "is checked through a schedule that imports a model", None)
         report.raise_if_errors()
-    if config not in frontend.declarations.configs:
-        known = ", ".join(frontend.configs) or "none declared"
-        report.error(f"unknown config '{config}' (known: {known})", None)
-        report.raise_if_errors()
-    with paused_gc():
+    with paused_gc():  # an unknown config is told by resolve_config, before any evaluation
         try:
             return evaluate_program(frontend.scope, frontend.declarations, path, entry, config,
                                     overrides or {}, report, ranks)
