@@ -266,6 +266,50 @@ def sample_schedule(asked: str | None = None) -> str:
                           "schedule (--schedule FILE)") from None
 
 
+# The forward-only schedules shipped beside each model's training steps.
+SHIPPED_SAMPLERS = ("sample.cg", "llama/sample.cg")
+
+
+def sampler_candidates(beside: str | None = None) -> list[str]:
+    """The forward-only schedules that may sample a model nobody named one for: the
+    sample.cg beside its training schedule `beside` (where there is one), then each shipped
+    sampler (schedules/sample.cg, schedules/llama/sample.cg)."""
+    found = []
+    if beside and os.path.isfile(os.path.join(os.path.dirname(beside) or ".", "sample.cg")):
+        found.append(os.path.join(os.path.dirname(beside) or ".", "sample.cg"))
+    from .resources import data_dir
+    try:
+        shipped = data_dir("schedules")
+    except FileNotFoundError:
+        shipped = None
+    for name in SHIPPED_SAMPLERS if shipped is not None else ():
+        path = str(shipped / name)
+        if os.path.isfile(path) and not any(os.path.samefile(path, f) for f in found):
+            found.append(path)
+    return found
+
+
+def _matching_sampler(backend: str, asked: str | None, identity: dict, beside: str | None = None):
+    """The sampler of the schedule asked for; else the first candidate (sampler_candidates)
+    whose model is the one `identity` describes; CheckpointError naming each one's
+    differences where none is."""
+    from .training import checkpoint as checkpoints
+    if asked:
+        return _sampler_for(backend, asked, identity)
+    problems = []
+    for schedule in sampler_candidates(beside):
+        try:
+            return _sampler_for(backend, schedule, identity)
+        except (checkpoints.CheckpointError, OptionError) as error:
+            problems.append(getattr(error, "message", None) or str(error))
+    if not problems:
+        raise OptionError("cgc is installed without its schedules/ folder: give the sampling "
+                          "schedule (--schedule FILE)")
+    raise checkpoints.CheckpointError(
+        "no shipped sampling schedule runs this model; give one with --schedule FILE (a "
+        "forward-only schedule of the same entries): " + " | ".join(problems))
+
+
 @dataclass
 class Sampling:
     """A forward-only run of a checkpoint's model: `generate` continues a text."""
@@ -319,14 +363,16 @@ def _sampler_for(backend: str, schedule: str, identity: dict):
 
 
 def _training_sampler(training: TrainingRun):
-    """A training run's sampler: the shipped forward schedule in the run's configuration."""
-    return _sampler_for(training.run.name, sample_schedule(), training.identity)
+    """A training run's sampler: the forward schedule beside its own (or a shipped one) whose
+    model is the run's, in the run's configuration."""
+    return _matching_sampler(training.run.name, None, training.identity, training.source)
 
 
 def open_sampler(checkpoint: str, backend: str = "auto", schedule: str | None = None
                  ) -> Sampling:
     """The model a checkpoint holds (a file, or a folder's latest), on a forward-only
-    schedule (default schedules/sample.cg) that `generate` runs token by token."""
+    schedule that `generate` runs token by token (default: the shipped sampler whose model is
+    the checkpoint's, schedules/sample.cg or schedules/llama/sample.cg)."""
     from .backends import REGISTRY, choose
     from .training import checkpoint as checkpoints
     from .training.run import Resumed
@@ -339,7 +385,7 @@ def open_sampler(checkpoint: str, backend: str = "auto", schedule: str | None = 
         raise checkpoints.CheckpointError(
             f"{resumed.path} was trained on token files: cgc has no tokenizer to turn a "
             "prompt into its tokens (it samples byte-level models)")
-    sampler = _sampler_for(chosen, sample_schedule(schedule), identity)
+    sampler = _matching_sampler(chosen, schedule, identity)
     sampler.load(resumed.values)
     return Sampling(sampler, resumed.path, resumed.manifest)
 

@@ -458,7 +458,8 @@ def _ir(args) -> int:
 def _compile(args) -> int:
     from .backends.cuda.compile import compiler_diagnostics, default_output
     from .backends.cuda.emit import emit_program, image_problems
-    from .backends.cuda.toolchain import ToolchainMissing, nvrtc_compile, ptxas_report
+    from .backends.cuda.toolchain import (ToolchainMissing, architecture_of, nvrtc_compile,
+                                          ptxas_report)
     from .checking.memory import plan_memory
     _, program = _checked_program(
         args, lambda config: default_output(args.file, config, args.output))
@@ -476,14 +477,15 @@ def _compile(args) -> int:
     name = output if output != "-" else "<stdout>"
     try:
         if args.nvrtc:
-            ok, log = nvrtc_compile(emitted.text, name)
+            ok, log, _ = nvrtc_compile(emitted.text, name)
             found = compiler_diagnostics(emitted, log, name)
             if found or not ok:
                 print(render_all(found) if found else log, file=sys.stderr)
                 if not ok:
                     return EXIT_DIAGNOSTICS
-            print(f"NVRTC compiled {name} for sm_90 with no warnings" if not found else
-                  f"NVRTC compiled {name} for sm_90", file=sys.stderr)
+            target = architecture_of(emitted.text)
+            print(f"NVRTC compiled {name} for {target} with no warnings" if not found else
+                  f"NVRTC compiled {name} for {target}", file=sys.stderr)
         if args.report:
             ok, log, reports = ptxas_report(emitted.text)
             if not ok:

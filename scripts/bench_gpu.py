@@ -23,12 +23,12 @@ sys.path.insert(0, ROOT)
 from cgc.backends.cuda.backend import H200_PEAK_FLOPS as PEAK  # noqa: E402
 
 
-def bench_cgc(steps: int, warmup: int):
+def bench_cgc(steps: int, warmup: int, overrides: dict | None = None):
     from cgc.training.data import Batches, load_corpus
     from cgc.training.loop import model_flops_per_token
     from cgc.pipeline import analyse, open_run
     path = os.path.join(ROOT, "schedules", "train.cg")
-    run = open_run("cupy", analyse([path]), path, "gpt2", {}, 0)
+    run = open_run("cupy", analyse([path]), path, "gpt2", overrides or {}, 0)
     constants = run.program.constants
     batches = Batches(load_corpus(None), constants["cgBatch"], constants["cgContext"], 0)
     run.step(*batches.next())  # eager, then captured as a graph
@@ -135,9 +135,14 @@ def main() -> int:
     from cgc.frontend.api import analyse, evaluate
     path = os.path.join(ROOT, "schedules", "train.cg")
     constants = evaluate(analyse([path]), path, config="gpt2").constants
+    # the attention forward on wgmma, TMA and mbarrier (cgAttentionHopper 1), off by default
+    # until this row is faster than the first
+    _, hopper_seconds, _, hopper_losses = bench_cgc(args.steps, args.warmup,
+                                                    {"cgAttentionHopper": 1})
     torch_seconds = bench_torch(args.steps, args.warmup, constants)
-    rows = [("cgc (CUDA graph)", cgc_seconds), ("PyTorch (compile, flash, fused AdamW)",
-                                               torch_seconds)]
+    rows = [("cgc (CUDA graph)", cgc_seconds),
+            ("cgc, attention forward on wgmma/TMA", hopper_seconds),
+            ("PyTorch (compile, flash, fused AdamW)", torch_seconds)]
     print(f"GPT-2 small's shape, {tokens} tokens a step, median of {args.steps} steps; "
           f"cgc's last losses {losses[-3:]}")
     print(f"{'':<40} {'ms/step':>9} {'tokens/s':>12} {'MFU':>7}")
@@ -145,6 +150,8 @@ def main() -> int:
         print(f"{name:<40} {seconds * 1e3:9.2f} {tokens / seconds:12,.0f} "
               f"{100 * flops_per_token * tokens / seconds / PEAK:6.1f}%")
     print(f"ratio (cgc tokens/s over PyTorch's): {torch_seconds / cgc_seconds:.2f}")
+    print(f"ratio (wgmma/TMA forward's tokens/s over mma.sync's): "
+          f"{cgc_seconds / hopper_seconds:.3f}; its last losses {hopper_losses[-3:]}")
     return 0
 
 

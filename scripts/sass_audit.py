@@ -40,7 +40,7 @@ if ROOT not in sys.path:
 
 from cgc.resources import install_hint  # noqa: E402
 from cgc.backends.cuda.toolchain import (ARCHITECTURE, LANGUAGE, ToolchainMissing,  # noqa: E402
-                                         cuda_root, include_flags, nvcc)
+                                         architecture_of, cuda_root, include_flags, nvcc)
 
 KB = 1024
 
@@ -415,9 +415,11 @@ def cache_folder() -> Path:
     return Path(cache_dir()) / "sass"
 
 
-def build_cubin(source: str, folder: Path | None = None, architecture: str = ARCHITECTURE) -> Path:
-    """The cubin of `source` for sm_90 (or `architecture`: sm_90a for Hopper's own wgmma and
-    tensor copies), built once per content (nvcc takes a minute)."""
+def build_cubin(source: str, folder: Path | None = None, architecture: str | None = None) -> Path:
+    """The cubin of `source` for its architecture (architecture_of: sm_90, or sm_90a where a
+    kernel uses Hopper's own wgmma and tensor copies) or `architecture`, built once per content
+    (nvcc takes a minute)."""
+    architecture = architecture or architecture_of(source)
     compiler = nvcc()
     flags = [f"-arch={architecture}", f"-std={LANGUAGE}", "-cubin"]
     version = subprocess.run([str(compiler), "--version"], capture_output=True,
@@ -549,11 +551,12 @@ def audit_code(code: dict[str, KernelCode], usage: dict[str, Resources],
     return found
 
 
-def emitted_file(path: str, config: str):
-    """The emitted CUDA of `path` in `config`, and each kernel's launch shape."""
+def emitted_file(path: str, config: str, overrides: dict | None = None):
+    """The emitted CUDA of `path` in `config` (with constants `overrides` set, as `--set`
+    does), and each kernel's launch shape."""
     from cgc.backends.cuda.emit import emit_program
     from cgc.pipeline import analyse, checked
-    result = checked(analyse([path]), path, config=config)
+    result = checked(analyse([path]), path, config=config, overrides=overrides)
     emitted = emit_program(result.program, result.plan)
     shapes = {}
     for kernel in emitted.kernels:
@@ -596,7 +599,9 @@ def device_code(source: str) -> str:
     first = next(i for i, line in enumerate(lines) if not line.startswith("//"))
     text = "\n".join(lines[first:])
     at = text.find("\n" + HOST_PART)
-    return text if at < 0 else text[:at + 1]
+    code = text if at < 0 else text[:at + 1]
+    target = architecture_of(source)  # kept: the line build_cubin reads it from
+    return code if target == ARCHITECTURE else f"// Architecture: {target}\n{code}"
 
 
 @dataclass

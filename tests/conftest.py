@@ -12,6 +12,9 @@ import cgc  # noqa: F401  first: sets NumPy's BLAS threads before any test loads
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ROOT / "schedules"
 SEED_DIR = ROOT / "tests" / "seed"  # the seed excerpt, kept in the repository (tests/seed/README.md)
+# The attention forward on Hopper's own instructions (wgmma, TMA, mbarrier; sm_90a), which a
+# configuration selects with this constant at 1 (off by default).
+HOPPER = {"cgAttentionHopper": 1}
 
 
 def probe_sass(probe: str, kernel: str, architecture: str | None = None, preamble: str = ""):
@@ -28,7 +31,7 @@ def probe_sass(probe: str, kernel: str, architecture: str | None = None, preambl
     except ToolchainMissing as missing:
         pytest.skip(str(missing))
     code = preamble + sass_audit.device_code(source) + probe
-    cubin = sass_audit.build_cubin(code, architecture=architecture or sass_audit.ARCHITECTURE)
+    cubin = sass_audit.build_cubin(code, architecture=architecture)
     return sass_audit.parse_sass(sass_audit.disassemble(cubin))[kernel]
 
 

@@ -19,17 +19,22 @@ from cgc.checking.memory import plan_memory
 from cgc.resources import data_dir
 from cgc.backends.cuda.toolchain import nvcc_build, nvrtc_compile, ptxas_report
 
-from conftest import ROOT, SCHEDULES
+from conftest import HOPPER, ROOT, SCHEDULES
 
 GOLDEN = ROOT / "tests" / "golden" / "cuda"
 CASES = [(stem, config) for stem in ("backward", "train", "train_recompute") for config in ("tiny", "tiny32", "gpt2")]
+# Configurations with constants set (`--set`), by the name the tests give them: GPT-2 small
+# with the attention forward on wgmma, TMA and mbarrier (sm_90a).
+SET = {"gpt2-hopper": ("gpt2", HOPPER)}
+CASES.append(("train", "gpt2-hopper"))
 IDS = [f"{s}-{c}" for s, c in CASES]
 
 
 def emitted(stem: str, config: str):
     path = str(SCHEDULES / f"{stem}.cg")
     frontend = analyse([path])
-    program = evaluate(frontend, path, config=config)
+    config, overrides = SET.get(config, (config, None))
+    program = evaluate(frontend, path, config=config, overrides=overrides)
     check(program)
     return emit_program(program, plan_memory(program))
 
@@ -48,12 +53,12 @@ def test_same_input_same_bytes_in_another_process(tmp_path):
 
 @pytest.mark.parametrize("stem,config", CASES, ids=IDS)
 def test_nvrtc_compiles_every_file_for_sm90_without_warnings(stem, config):
-    ok, log = nvrtc_compile(emitted(stem, config).text, f"{stem}.{config}.cu")
+    ok, log, _ = nvrtc_compile(emitted(stem, config).text, f"{stem}.{config}.cu")
     assert ok, log
     assert log.strip() == ""
 
 
-@pytest.mark.parametrize("config", ["tiny32", "gpt2"])
+@pytest.mark.parametrize("config", ["tiny32", "gpt2", "gpt2-hopper"])
 def test_nvcc_builds_the_whole_file_with_its_host_program(config, tmp_path):
     source = tmp_path / f"train.{config}.cu"
     source.write_text(emitted("train", config).text)
@@ -63,7 +68,7 @@ def test_nvcc_builds_the_whole_file_with_its_host_program(config, tmp_path):
     assert (tmp_path / "train").exists()
 
 
-@pytest.mark.parametrize("config", ["tiny32", "gpt2"])
+@pytest.mark.parametrize("config", ["tiny32", "gpt2", "gpt2-hopper"])
 def test_no_kernel_spills_registers(config):
     result = emitted("train", config)
     ok, log, reports = ptxas_report(result.text)
@@ -105,7 +110,7 @@ def test_a_template_error_is_reported_at_the_template_line(tmp_path, monkeypatch
     broken.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("CGC_TEMPLATES", str(templates))
     result = emitted("train", "tiny")
-    ok, log = nvrtc_compile(result.text, "train.tiny.cu")
+    ok, log, _ = nvrtc_compile(result.text, "train.tiny.cu")
     assert not ok
     text = render_all(compiler_diagnostics(result, log, "train.tiny.cu"))
     assert f"{broken}:5:1: error: identifier \"undefined_identifier\" is undefined " \

@@ -32,7 +32,7 @@ from cgc.checking.memory import storage_home
 from cgc.core.elements import element_bytes
 from cgc.pipeline import analyse, open_run
 
-from conftest import SCHEDULES
+from conftest import HOPPER, SCHEDULES
 from test_reference import BFLOAT16_TOLERANCES, relative
 
 PATH = str(SCHEDULES / "train.cg")
@@ -70,10 +70,19 @@ def written_view(memory, program, plan, binding, point, low):
 SMALL_VOCABULARY = {"cgVocab": 64, "cgThreads": 64}
 
 
+# The Hopper attention (cgAttentionHopper 1: wgmma, TMA, mbarrier) at each head width it takes,
+# 16 (32-byte swizzle, one tile a sequence), 32 (64-byte, two tiles: the stages turn) and 64
+# (128-byte, three tiles: a stage refilled after its consumers freed it).
+HOPPER_HEADS_32 = {**HOPPER, "cgWidth": 128, "cgHeads": 4, "cgContext": 128}
+HOPPER_HEADS_64 = {**HOPPER, "cgWidth": 128, "cgHeads": 2, "cgContext": 192, "cgBatch": 2}
+
+
 @pytest.mark.parametrize("config,overrides,tolerance", [
     ("tiny32", None, 1e-4), ("tiny", None, 2e-2), ("tiny32", AWKWARD, 1e-4),
-    ("tiny32", SMALL_VOCABULARY, 1e-4)],
-    ids=["tiny32", "tiny", "tiny32-awkward", "tiny32-small-vocabulary"])
+    ("tiny32", SMALL_VOCABULARY, 1e-4), ("tiny", HOPPER, 2e-2),
+    ("tiny", HOPPER_HEADS_32, 2e-2), ("tiny", HOPPER_HEADS_64, 2e-2)],
+    ids=["tiny32", "tiny", "tiny32-awkward", "tiny32-small-vocabulary", "tiny-hopper",
+         "tiny-hopper-heads-32", "tiny-hopper-heads-64"])
 def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overrides,
                                                                    tolerance):
     checked = every_kernel_against_its_reference(PATH, config, overrides, tolerance)
@@ -213,8 +222,9 @@ def test_ten_float32_steps_follow_the_numpy_backend():
     assert losses[0][-1] < losses[0][0]
 
 
-def test_the_bfloat16_step_matches_the_numpy_backend():
-    emulated, reference = pair("tiny", seed=2)
+@pytest.mark.parametrize("overrides", [None, HOPPER], ids=["mma.sync", "hopper"])
+def test_the_bfloat16_step_matches_the_numpy_backend(overrides):
+    emulated, reference = pair("tiny", overrides, seed=2)
     ids, targets = tokens(reference, 2)
     ours, theirs = emulated.step(ids, targets).loss, reference.step(ids, targets).loss
     assert abs(ours - theirs) <= BFLOAT16_TOLERANCES["loss"] * theirs

@@ -22,7 +22,7 @@ from cgc.pipeline import open_run
 from cgc.backends.cuda.emit import emit_program
 from cgc.backends.cuda.toolchain import nvcc_build
 
-from conftest import SCHEDULES
+from conftest import HOPPER, SCHEDULES
 from test_reference import BFLOAT16_TOLERANCES, relative
 from torch_model import Gpt
 
@@ -31,9 +31,10 @@ PATH = str(SCHEDULES / "train.cg")
 WRITES = ("write", "readwrite", "accumulate")
 
 
-def runs(config: str, seed: int = 0):
+def runs(config: str, seed: int = 0, overrides: dict | None = None):
     frontend = analyse([PATH])
-    return open_run("cupy", frontend, PATH, config, {}, seed), open_run("numpy", frontend, PATH, config, {}, seed)
+    return (open_run("cupy", frontend, PATH, config, overrides or {}, seed),
+            open_run("numpy", frontend, PATH, config, overrides or {}, seed))
 
 
 def tokens(run, seed: int = 0):
@@ -57,9 +58,13 @@ def view_values(memory: dict, program, plan, view: View, point, low) -> np.ndarr
     return decode(raw.view(storage_dtype(view.storage.element, low)), view.storage.element, low)
 
 
-@pytest.mark.parametrize("config,tolerance", [("tiny32", 1e-4), ("tiny", 2e-2)])
-def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, tolerance):
-    gpu, cpu = runs(config)
+@pytest.mark.parametrize("config,overrides,tolerance", [
+    ("tiny32", None, 1e-4), ("tiny", None, 2e-2),
+    ("tiny", HOPPER, 2e-2),  # the attention forward on wgmma, TMA and mbarrier (sm_90a)
+    ("tiny", {**HOPPER, "cgWidth": 128, "cgHeads": 2, "cgContext": 192, "cgBatch": 2}, 2e-2)],
+    ids=["tiny32", "tiny", "tiny-hopper", "tiny-hopper-heads-64"])
+def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overrides, tolerance):
+    gpu, cpu = runs(config, overrides=overrides)
     ids, targets = tokens(cpu)
     cpu.store(cpu.program.role("ids"), ids)
     cpu.store(cpu.program.role("targets"), targets)

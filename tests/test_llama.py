@@ -33,7 +33,7 @@ from cgc.training import checkpoint
 from cgc.training.data import Batches, load_corpus
 from cgc.training.loop import train
 
-from conftest import SCHEDULES
+from conftest import HOPPER, SCHEDULES
 from test_emulated import (every_kernel_against_its_reference,
                            one_float32_step_matches_the_numpy_backend, tokens)
 from test_parallel import _assert_same_training, _ranks, needs_mpi
@@ -135,8 +135,10 @@ def test_the_comparison_tells_a_wrong_grouping(dumps):
 
 @needs_compiler
 @pytest.mark.parametrize("config,overrides,tolerance", [
-    ("tiny32", None, 1e-4), ("tiny", None, 2e-2), ("tiny32", AWKWARD, 1e-4)],
-    ids=["tiny32", "tiny", "tiny32-awkward"])
+    ("tiny32", None, 1e-4), ("tiny", None, 2e-2), ("tiny32", AWKWARD, 1e-4),
+    # the Hopper attention forward on grouped queries (4 query heads on 2 kv heads, heads of 32)
+    ("tiny", {**HOPPER, "cgWidth": 128, "cgContext": 128}, 2e-2)],
+    ids=["tiny32", "tiny", "tiny32-awkward", "tiny-hopper-grouped"])
 def test_every_kernel_matches_its_reference_with_outputs_poisoned(config, overrides, tolerance):
     checked = every_kernel_against_its_reference(TRAIN, config, overrides, tolerance)
     assert {"cgImageRmsNorm", "cgImageRmsNormBackward", "cgImageRmsNormBackwardAdd",
@@ -174,6 +176,15 @@ def test_checks_refuse_query_heads_that_are_no_multiple_of_the_key_value_heads(c
     assert "the model requires cgHeads (4) to be a multiple of cgKvHeads (3)" in err, err
 
 
+def test_the_gpt_step_refuses_grouped_query_heads_at_its_own_requirement(capsys):
+    """GPT-2's schedules size their qkv rows as three widths: fewer key/value heads are told
+    as the model's requirement, not as the coverage errors they would cause further on."""
+    assert main(["check", str(SCHEDULES / "train.cg"), "--set", "cgKvHeads=2"]) == 1
+    err = capsys.readouterr().err
+    assert "the model requires cgKvHeads (2) to be equal to cgHeads (4)" in err, err
+    assert err.count("error:") == 1, err
+
+
 def _cgc(capsys, *arguments):
     status = main([str(a) for a in arguments])
     captured = capsys.readouterr()
@@ -203,6 +214,28 @@ def test_a_resumed_run_is_bit_identical_and_samples(tmp_path, capsys):
         assert status == 0, err
         samples.append(out)
     assert samples[0] == samples[1] and samples[0].startswith("The ")
+    # with no --schedule, the shipped sampler whose model is the checkpoint's (Llama's, not
+    # GPT's schedules/sample.cg, which has other entries)
+    status, out, err = _cgc(capsys, "sample", saved, "--prompt", "The ", "--tokens", 12)
+    assert status == 0 and out == samples[0], err
+
+
+def test_a_llama_run_samples_as_it_trains(capsys):
+    """--sample-every takes the sample.cg beside the training schedule (GPT's was taken, and
+    refused as another model)."""
+    status, out, err = _cgc(capsys, "run", TRAIN, "--backend", "numpy", "--steps", 1,
+                            "--sample-every", 1)
+    assert status == 0, err
+    assert "sample: " in out + err
+
+
+def test_a_model_no_shipped_sampler_runs_is_told_which_differ():
+    from cgc import api
+    from cgc.training.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match=r"no shipped sampling schedule runs this model; "
+                       r"give one with --schedule FILE.*sample\.cg is not the checkpoint's "
+                       r"model.*llama/sample\.cg is not the checkpoint's model"):
+        api._matching_sampler("numpy", None, {"config": "tiny", "entries": {}, "low": "bfloat16"})
 
 
 def test_one_rank_of_the_parallel_step_is_the_ordinary_step():

@@ -53,13 +53,13 @@ from cgc.training.loop import train
 from cgc.checking.memory import plan_memory
 from cgc.pipeline import analyse, evaluate, open_run
 
-from conftest import SCHEDULES
+from conftest import HOPPER, SCHEDULES
 
 PATH = str(SCHEDULES / "train.cg")
 UNIT = HEADERS.parent / "tests" / "racecheck.cu"
 CAMPAIGN = ("tiny", {"cgContext": 128})
 SAMPLE = "0,1"  # the blocks of every launch the campaign runs (attention: tiles 0 and 1)
-TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4}  # the loss against the numpy run's (relative)
+TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4, "tiny-hopper": 1e-2}  # the loss against the numpy run's (relative)
 
 # The kernels that run the barriers of each function of the emitted file.
 KERNELS_OF = {
@@ -125,6 +125,7 @@ class Setup:
         self.programs = {
             "tiny": evaluate(frontend, PATH, config="tiny"),
             "tiny32": evaluate(frontend, PATH, config="tiny32"),
+            "tiny-hopper": evaluate(frontend, PATH, config="tiny", overrides=HOPPER),
             "campaign": evaluate(frontend, PATH, config=CAMPAIGN[0], overrides=CAMPAIGN[1]),
         }
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -134,6 +135,7 @@ class Setup:
                         for name, program in self.programs.items()}
             self.dumps = {"tiny": _dump(folder / "tiny", "tiny", {}),
                           "tiny32": _dump(folder / "tiny32", "tiny32", {}),
+                          "tiny-hopper": _dump(folder / "tiny-hopper", "tiny", HOPPER),
                           "campaign": _dump(folder / "campaign", *CAMPAIGN)}
             for future in [self.unit, *binaries.values()]:
                 future.result()
@@ -202,7 +204,7 @@ def test_a_known_race_is_reported_with_both_threads_and_the_offset(setup, seed):
     assert set(load.threads) == {3, 7} and load.variable.endswith("::raw"), load
 
 
-@pytest.mark.parametrize("config", ["tiny", "tiny32"])
+@pytest.mark.parametrize("config", ["tiny", "tiny32", "tiny-hopper"])
 def test_the_tiny_step_has_no_race(setup, config):
     """The whole step, every block of every launch, two workers: no report of any kind (and
     the loss of the numpy run that made the dump)."""

@@ -22,7 +22,7 @@ from cgc.training.data import Batches, load_corpus
 from cgc.training.loop import train
 from cgc.pipeline import analyse, evaluate, open_run
 
-from conftest import ROOT, SCHEDULES
+from conftest import HOPPER, ROOT, SCHEDULES
 
 PATH = str(SCHEDULES / "train.cg")
 
@@ -48,8 +48,9 @@ def step_programs():
     """Each configuration's step built with the sanitizers (red zones between buffers) and
     plain, as emulated.standalone builds them, two builds at a time."""
     texts = {}
-    for config in ("tiny", "tiny32"):
-        program = evaluate(analyse([PATH]), PATH, config=config)
+    for config in ("tiny", "tiny32", "tiny-hopper"):
+        program = evaluate(analyse([PATH]), PATH, config=config.removesuffix("-hopper"),
+                           overrides=HOPPER if config.endswith("-hopper") else None)
         texts[config, "sanitized"] = (emit_program(program, plan_memory(program, red_zone=RED_ZONE)).text,
                                       f"standalone-sanitized-{config}", SANITIZER_FLAGS)
         texts[config, "plain"] = (emit_program(program, plan_memory(program)).text,
@@ -59,13 +60,14 @@ def step_programs():
         return {key: job.result() for key, job in jobs.items()}
 
 
-@pytest.mark.parametrize("config", ["tiny", "tiny32"])
+@pytest.mark.parametrize("config", ["tiny", "tiny32", "tiny-hopper"])
 def test_the_step_runs_clean_under_address_and_undefined_behaviour_sanitizers(config, dump,
                                                                                step_programs,
                                                                                tmp_path):
     folder, _ = dump
     if config != "tiny":  # a dump of this configuration
-        run = open_run("numpy", analyse([PATH]), PATH, config, {}, 0)
+        run = open_run("numpy", analyse([PATH]), PATH, config.removesuffix("-hopper"),
+                       HOPPER if config.endswith("-hopper") else {}, 0)
         folder = str(tmp_path / "dump")
         train(run, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(), dump=folder)
     status, out, err = replay(step_programs[config, "sanitized"], folder, 2)

@@ -328,6 +328,9 @@ class Program:
     # Step buffers declared (sharded): each rank holds its shard, the rank-th of `ranks`
     # equal parts of a whole (a checkpoint keeps the whole, in rank order).
     sharded: tuple[str, ...] = ()
+    # The constants the command line set (`--set NAME=VALUE`), in the order given: what
+    # `cgc compile` needs besides the configuration to make the same file again.
+    overrides: tuple[tuple[str, object], ...] = ()
 
     @property
     def blocks(self) -> dict[str, tuple[int, int, int]]:

@@ -20,6 +20,7 @@ class Role:
     kernel_constant: str | None  # its C name in the kernels, for a Nat
     meaning: str
     flow: str | None = None  # "in": the runtime writes it before each step; "out": reads it after
+    least: int = 1  # the smallest value a Nat role may take (a switch may be 0)
 
 
 ROLES: dict[str, Role] = {role.name: role for role in (
@@ -40,6 +41,9 @@ ROLES: dict[str, Role] = {role.name: role for role in (
          "key/value heads: each serves heads / kvHeads query heads (grouped-query attention)"),
     Role("headWidth", "Nat", None, "kHeadWidth", "width of one attention head"),
     Role("attentionTile", "Nat", None, "kAttentionTile", "query rows per attention block"),
+    Role("attentionHopper", "Nat", None, "kAttentionHopper",
+         "1: the attention forward on Hopper's wgmma, TMA and mbarrier (sm_90a), 0: mma.sync",
+         least=0),
     Role("learningRate", "buffer", "float32", None,
          "the step's learning rate: one float32 the runtime writes before each step, read by "
          "the optimizer on the device (a captured graph need not change)", "in"),

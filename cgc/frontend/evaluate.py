@@ -214,12 +214,13 @@ class Evaluator:
             return term  # an override given on the command line, already a value
         return self.eval(term, {}, ())
 
-    def natural_constant(self, term: Term, what: str) -> int | None:
+    def natural_constant(self, term: Term, what: str, least: int = 1) -> int | None:
         value = self.eval(term, {}, ())
         if value is POISON:
             return None
-        if not isinstance(value, int) or value <= 0:
-            self.report.error(f"{what} must be a positive natural, found {value}", term.span,
+        if not isinstance(value, int) or value < least:
+            kind = "a positive natural" if least == 1 else f"a natural of at least {least}"
+            self.report.error(f"{what} must be {kind}, found {value}", term.span,
                               self.configuration_note())
             return None
         return value
@@ -278,7 +279,8 @@ class Evaluator:
                 if value is not POISON:
                     values[role] = float(value)
             else:
-                value = self.natural_constant(binding.value, f"role '{role}'")
+                value = self.natural_constant(binding.value, f"role '{role}'",
+                                              ROLES[role].least)
                 if value is not None:
                     values[role] = value
         return values, spans
@@ -294,8 +296,9 @@ class Evaluator:
         width = heads x head width."""
         from ..core.roles import ROLES
         for requirement in self.declarations.requirements:
-            left = self.natural_constant(requirement.left, "a requirement's value")
-            right = self.natural_constant(requirement.right, "a requirement's value")
+            # naturals, 0 included (a switch at most 1); `multiple` holds for no divisor 0
+            left = self.natural_constant(requirement.left, "a requirement's value", 0)
+            right = self.natural_constant(requirement.right, "a requirement's value", 0)
             if left is None or right is None:
                 continue
             _, holds, words = REQUIREMENTS[requirement.kind]
@@ -860,6 +863,7 @@ def evaluate_program(scope: Scope, declarations: Declarations, source: str, entr
     _without_unused_banks(program)
     program.sharded = tuple(name for name, storage in declarations.storages.items()
                             if storage.sharded and name in program.storages)
+    program.overrides = tuple(overrides.items())
     return program
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -23,11 +24,13 @@ from ...core.elements import ELEMENTS, element_bytes
 from ..base import Run, RunFault, initial_parameters
 from ..numerics import decode, encode, storage_dtype
 from . import cublaslt
+from . import tensor_map as tensor_maps
 from .cublaslt import alignment
 from .emit import (ALGORITHM_TRIAL_BYTES, ALGORITHM_TRIAL_RUNS, ALGORITHMS_OFFERED,
                    CUBLAS_PRODUCTS, CUBLASLT_WORKSPACE_BYTES, NCCL_CALLS, NCCL_TYPES,
-                   emit_program, image_problems, rank_mismatch, workspace_beside_plan)
-from .toolchain import include_flags
+                   emit_program, image_problems, launch_tensor_map, rank_mismatch,
+                   workspace_beside_plan)
+from .toolchain import ARCHITECTURE, architecture_of, include_flags, nvrtc_compile
 
 # MFU is reported against the H200's dense bfloat16 tensor-core peak (NVIDIA's datasheet:
 # 989 TFLOP/s without sparsity).
@@ -72,9 +75,10 @@ class CupyRun(Run):
         self.cublaslt = cublaslt.load()  # a clear error where libcublasLt is missing
         super().__init__(program, plan, seed)
         self.low = self.program.low
+        self.kernel_constants = dict(self.program.kernel_constants())
         self.emitted = emit_program(self.program, self.plan)
-        self.module = cupy.RawModule(code=self.emitted.text, backend="nvrtc",
-                                     options=("-std=c++17", *include_flags()))
+        self.module = self._module(cupy)
+        self.encoder = tensor_maps.driver_encoder  # a launch's tensor map (emit.TensorMap)
         self.kernels = {}
         for kernel in self.emitted.kernels:
             function = self.module.get_function(kernel.image)
@@ -102,6 +106,23 @@ class CupyRun(Run):
         self.graph = None
         self.replay = True  # capture the first step as a CUDA graph and replay it after
         self.steps_run = 0
+
+    def _module(self, cupy):
+        """The kernels: CuPy compiles the file with NVRTC for this device; a file of Hopper's
+        own instructions (sm_90a, which CuPy's compile cannot ask for) is compiled to a cubin
+        here and loaded."""
+        if architecture_of(self.emitted.text) == ARCHITECTURE:
+            return cupy.RawModule(code=self.emitted.text, backend="nvrtc",
+                                  options=("-std=c++17", *include_flags()))
+        ok, log, cubin = nvrtc_compile(self.emitted.text, "program.cu", cubin=True)
+        if not ok:
+            raise RunFault(f"NVRTC could not compile the kernels for "
+                           f"{architecture_of(self.emitted.text)}:\n{log}")
+        self._cubin = tempfile.TemporaryDirectory(prefix="cgc-cubin-")
+        path = os.path.join(self._cubin.name, "program.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        return cupy.RawModule(path=path)
 
     @staticmethod
     def unavailable() -> str | None:
@@ -184,6 +205,14 @@ class CupyRun(Run):
         function, shared = self.kernels[image.name]
         grid = tuple(int(g) for g in bound.grid)
         block = image.block
+        found = launch_tensor_map(image, self.kernel_constants, bound)
+        if found is not None:  # the map of its pointer, passed by value after the scalars
+            tensor_map, rows = found
+            address = int(arguments[[p.parameter.index for p in bound.pointers]
+                                    .index(tensor_map.pointer)])
+            arguments.append(tensor_maps.encode_2d(
+                self.encoder(), address, tensor_map.width, rows, tensor_map.box_width,
+                tensor_map.box_rows, tensor_map.swizzle))
 
         def call():
             function(grid, block, tuple(arguments), shared_mem=shared, stream=stream)

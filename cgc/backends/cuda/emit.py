@@ -170,10 +170,23 @@ def _tiles(count: int):
         count * c["kAttentionTile"] * (c["kHeadWidth"] + ATTENTION_ROW_PADDING) * low_bytes
 
 
+# The Hopper attention's tiles are unpadded (TMA writes them swizzled) and start on the
+# 128-byte swizzle's 1024-byte repeat, which dynamic shared memory need not start on: 1024
+# bytes more let the kernel round its first tile up.
+SWIZZLE_REPEAT_BYTES = 1024
+
+
+def _attention_shared(c, low_bytes: int) -> int:
+    if c.get("kAttentionHopper"):  # a query tile, two stages of key and value tiles
+        return 5 * c["kAttentionTile"] * c["kHeadWidth"] * low_bytes + SWIZZLE_REPEAT_BYTES
+    return _tiles(5)(c, low_bytes)
+
+
 SHARED_MEMORY = {
-    # the query tile and two stages of key and value tiles, padded rows of low_t
+    # the query tile and two stages of key and value tiles (padded rows of low_t; unpadded
+    # and swizzled in the Hopper kernel)
     "cgImageAttention": SharedMemory(
-        ("kAttentionTile", "kHeadWidth"), _tiles(5),
+        ("kAttentionTile", "kHeadWidth"), _attention_shared,
         "the kernel holds a query tile and two stages of key and value tiles of "
         "{kAttentionTile} rows of {kHeadWidth}"),
     # the two tiles a block holds (k and v, then q and dO) and two stages of the two it
@@ -244,14 +257,95 @@ class _BoundedBytecodeCache(jinja2.FileSystemBytecodeCache):
         bucket.reset()
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """A 2D tensor map a launch passes by value (after the pointers and scalars): of the
+    image's pointer `pointer`, a row-major matrix of low_t `width` elements wide, its rows
+    the pointer's elements over `width`, copied in boxes of box_width x box_rows with the
+    swizzle of `swizzle` bytes (TMA: cp.async.bulk.tensor)."""
+    pointer: int
+    width: int
+    box_width: int
+    box_rows: int
+    swizzle: int
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """A second kernel of an image, selected by a kernel constant set to 1 in the
+    configuration: its template stem, the architecture it needs, its tensor map (from the
+    kernel constants by C name), and what the configuration must be for it (from the
+    constants and the low type: a message each, empty when it holds)."""
+    constant: str
+    template: str
+    architecture: str
+    tensor_map: object
+    requires: object
+
+
+def _attention_hopper_requires(c, low: str) -> list[str]:
+    found = []
+    if low != "bfloat16":
+        found.append(f"it multiplies bfloat16 on wgmma, and this configuration's low type is "
+                     f"{low}")
+    if c["kHeadWidth"] not in (16, 32, 64):
+        found.append(f"its tiles are one swizzled row a head (32, 64 or 128 bytes: heads of 16, "
+                     f"32 or 64), and the heads here are {c['kHeadWidth']} wide")
+    return found
+
+
+KERNEL_VARIANTS = {
+    # the attention forward on wgmma, TMA and mbarrier (attention_hopper.cu.j2): one map of
+    # the qkv rows, a box a head wide and a tile deep, swizzled by the head's row of bytes
+    "cgImageAttention": KernelVariant(
+        "kAttentionHopper", "attention_hopper", "sm_90a",
+        lambda c: TensorMap(2, (c["kHeads"] + 2 * c["kKvHeads"]) * c["kHeadWidth"],
+                            c["kHeadWidth"], c["kAttentionTile"], 2 * c["kHeadWidth"]),
+        _attention_hopper_requires),
+}
+
+
+def kernel_variant(image: str, constants: dict[str, int]) -> KernelVariant | None:
+    """The variant of `image`'s kernel the constants select, or None (its own template)."""
+    variant = KERNEL_VARIANTS.get(image)
+    return variant if variant is not None and constants.get(variant.constant) == 1 else None
+
+
+def launch_tensor_map(image, constants: dict[str, int], bound) -> tuple[TensorMap, int] | None:
+    """The tensor map a launch of `image` passes (its variant's), with its rows (the
+    elements its pointer binds over the map's width); None where it passes none."""
+    variant = kernel_variant(image.name, constants)
+    if variant is None or variant.tensor_map is None:
+        return None
+    tensor_map = variant.tensor_map(constants)
+    pointer = next(p for p in bound.pointers if p.parameter.index == tensor_map.pointer)
+    return tensor_map, int(pointer.view.count) // tensor_map.width
+
+
+def architecture(program: Program) -> str:
+    """What the program's kernels compile for: sm_90, or sm_90a where a variant needs
+    Hopper's own instructions."""
+    constants = dict(program.kernel_constants())
+    for launch, _, _ in program.launches():
+        variant = kernel_variant(launch.image.name, constants)
+        if variant is not None:
+            return variant.architecture
+    return "sm_90"
+
+
 def template_path(image: str) -> str:
     return f"kernels/{template_name(image)}.cu.j2"
 
 
 def template_file(program: Program, image: str) -> tuple[str, Path] | None:
-    """An image's kernel template, as the Jinja loader names it and as a file: cgc's own
+    """An image's kernel template, as the Jinja loader names it and as a file: the variant
+    the configuration selects (KERNEL_VARIANTS), else cgc's own
     (templates/kernels/SNAKE_NAME.cu.j2), else the first folder of the user's kernels that
     holds SNAKE_NAME.cu.j2 (`--kernels DIR`); None where there is none."""
+    variant = kernel_variant(image, dict(program.kernel_constants()))
+    if variant is not None:
+        name = f"kernels/{variant.template}.cu.j2"
+        return name, data_dir("templates") / name
     builtin = data_dir("templates") / template_path(image)
     if builtin.is_file():
         return template_path(image), builtin
@@ -324,6 +418,15 @@ def image_problems(program: Program) -> list[Diagnostic]:
         needed = set(_CONSTANT.findall(path.read_text(encoding="utf-8")))
         shared = SHARED_MEMORY.get(name)
         needed |= set(shared.constants if shared else ())
+        variant = kernel_variant(name, constants)
+        if variant is not None:
+            for problem in variant.requires(constants, program.low):
+                role = KERNEL_CONSTANTS[variant.constant]
+                found.append(Diagnostic(
+                    "error", f"the configuration selects image '{name}''s "
+                    f"{variant.template} kernel (role '{role}' is 1), but {problem}",
+                    image.span, (Note(f"with the constant the roles declaration gives as "
+                                      f"'{role}' at 0, its own kernel takes any of them"),)))
         for constant in sorted(needed - given):
             role = KERNEL_CONSTANTS[constant]
             found.append(Diagnostic(
@@ -520,12 +623,26 @@ class Emitter:
         if image.library is not None:
             call = f"{image.name}(stream, \"{where}\", {', '.join(arguments)});"
             return [comment, call]
+        variant = kernel_variant(image.name, self.constants)
+        if variant is not None:
+            arguments.append(self.tensor_map_argument(variant.tensor_map(self.constants),
+                                                      bound, arguments))
         grid = ", ".join(format_nat(g) for g in bound.grid)
         block = ", ".join(str(b) for b in image.block)
         shared = shared_memory_bytes(image, self.constants, self.low)
         call = (f"CG_LAUNCH({image.name}, dim3({grid}), dim3({block}), {shared}, stream)"
                 f"({', '.join(arguments)});")
         return [comment, call, f"CG_LAUNCHED(\"{where}\");"]
+
+    @staticmethod
+    def tensor_map_argument(tensor_map: TensorMap, bound, arguments: list[str]) -> str:
+        """The call that makes a launch's tensor map, on the host, from its pointer's
+        argument: its rows are the elements the pointer binds over the map's width."""
+        index = [p.parameter.index for p in bound.pointers].index(tensor_map.pointer)
+        count = bound.pointers[index].view.count
+        return (f"cg_tensor_map_2d({arguments[index]}, {tensor_map.width}, "
+                f"({format_nat(count)}) / {tensor_map.width}, {tensor_map.box_width}, "
+                f"{tensor_map.box_rows}, {tensor_map.swizzle})")
 
     def stream_name(self, stream: int) -> str:
         return f"cg_streams[{self.communicator_stream if stream == COMMUNICATOR else stream}]"
@@ -665,8 +782,13 @@ class Emitter:
         source = os.path.basename(self.program.source)
         return self.environment.get_template("program.cu.j2").render(
             version=__version__, source=source, entry=self.program.entry,
-            config=self.program.config, config_flag=f" --config {self.program.config}",
+            config=self.program.config, config_flag=f" --config {self.program.config}" + "".join(
+                f" --set {name}={value!r}" for name, value in self.program.overrides),
             low=self.low, common=common.rstrip("\n"), kernels=kernels,
+            architecture=architecture(self.program),
+            tensor_maps=any(kernel_variant(k.image, self.constants) is not None
+                            and kernel_variant(k.image, self.constants).tensor_map
+                            for k in kernels),
             large_shared_memory=[k for k in kernels if k.shared_bytes > 48 * 1024],
             allocations=self.allocations(), buffers=self.buffers(), regions=self.regions(),
             buffers_bytes=max(self.plan.buffers_bytes, 256),

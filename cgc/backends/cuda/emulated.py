@@ -38,8 +38,8 @@ from ...core.elements import c_type, element_bytes
 from ...resources import cache_dir
 from ..base import Run, RunFault, initial_parameters
 from ..numerics import decode, encode, storage_dtype
-from .emit import (emit_program, image_problems, rank_mismatch, shared_memory_bytes,
-                   workspace_beside_plan)
+from .emit import (emit_program, image_problems, kernel_variant, launch_tensor_map,
+                   rank_mismatch, shared_memory_bytes, workspace_beside_plan)
 
 HEADERS = Path(__file__).resolve().parent.parent / "cuda_cpu" / "include"
 COMPILER = os.environ.get("CGC_CXX", "g++")
@@ -213,6 +213,16 @@ def entry_points(program, prefix: str, grid_for_libraries: bool) -> list[str]:
             lines.append(f"int {prefix}{name}({grid}void** a) {{")
             lines.append(f'  {name}(cudaStream_t{{}}, "{name}", {", ".join(arguments)});')
         else:
+            variant = kernel_variant(name, constants)
+            if variant is not None and variant.tensor_map is not None:
+                # its tensor map, made here from its pointer and its rows (the next slot)
+                tensor_map = variant.tensor_map(constants)
+                position = sorted(image.pointers).index(tensor_map.pointer)
+                rows = len(image.pointers) + len(image.scalars)
+                arguments.append(
+                    f"cg_tensor_map_2d({arguments[position]}, {tensor_map.width}, "
+                    f"*static_cast<unsigned long long*>(a[{rows}]), {tensor_map.box_width}, "
+                    f"{tensor_map.box_rows}, {tensor_map.swizzle})")
             block = ", ".join(map(str, image.block))
             shared = shared_memory_bytes(image, constants, program.low)
             lines.append(f"int {prefix}{name}(unsigned gx, unsigned gy, unsigned gz, void** a) {{")
@@ -738,6 +748,7 @@ class EmulatedRun(Run):
     def __init__(self, program, plan, seed: int, shadow: bool | None = None):
         super().__init__(program, plan, seed)
         self.low = program.low
+        self.kernel_constants = dict(program.kernel_constants())
         self.emitted = emit_program(program, plan)
         # The shadow build, asked for here or by the environment (CGC_EMULATED_SHADOW=1): every
         # step's conflicts between launches that may run at the same time are a fault.
@@ -914,6 +925,9 @@ class EmulatedRun(Run):
         for scalar in bound.scalars:
             values.append(ctypes.c_float(scalar.value) if scalar.parameter.type == "float32"
                           else ctypes.c_int(int(scalar.value)))
+        tensor_map = launch_tensor_map(image, self.kernel_constants, bound)
+        if tensor_map is not None:  # the rows of its tensor map (entry_points)
+            values.append(ctypes.c_ulonglong(tensor_map[1]))
         pointers = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         function = getattr(self.library, f"cg_emulated_{image.name}")

@@ -109,8 +109,21 @@ def messages(log: str) -> list[Message]:
     return [Message(int(m["line"]), m["severity"], m["text"]) for m in _MESSAGE.finditer(log)]
 
 
-def nvrtc_compile(source: str, name: str = "program.cu") -> tuple[bool, str]:
-    """Compiles the device part with NVRTC for sm_90: (success, log)."""
+_ARCHITECTURE_LINE = re.compile(r"^// Architecture: (sm_\w+)", re.MULTILINE)
+
+
+def architecture_of(source: str) -> str:
+    """What an emitted file's kernels compile for: the architecture its header names
+    (emit.architecture writes it where a kernel needs Hopper's own instructions: sm_90a),
+    else sm_90."""
+    found = _ARCHITECTURE_LINE.search(source)
+    return found.group(1) if found else ARCHITECTURE
+
+
+def nvrtc_compile(source: str, name: str = "program.cu",
+                  cubin: bool = False) -> tuple[bool, str, bytes | None]:
+    """Compiles the device part with NVRTC for its architecture (architecture_of): (success,
+    log, the cubin where asked and made)."""
     try:
         from cupy.cuda import nvrtc
     except ImportError as error:
@@ -118,11 +131,11 @@ def nvrtc_compile(source: str, name: str = "program.cu") -> tuple[bool, str]:
             from None
     program = nvrtc.createProgram(source, name, [], [])
     try:
-        nvrtc.compileProgram(program, [f"--gpu-architecture={ARCHITECTURE}", f"-std={LANGUAGE}",
-                                       *include_flags()])
-        return True, nvrtc.getProgramLog(program)
+        nvrtc.compileProgram(program, [f"--gpu-architecture={architecture_of(source)}",
+                                       f"-std={LANGUAGE}", *include_flags()])
+        return True, nvrtc.getProgramLog(program), nvrtc.getCUBIN(program) if cubin else None
     except nvrtc.NVRTCError:
-        return False, nvrtc.getProgramLog(program)
+        return False, nvrtc.getProgramLog(program), None
     finally:
         nvrtc.destroyProgram(program)
 
@@ -183,8 +196,12 @@ def nvcc_build(source_path: str, output: str) -> tuple[bool, str]:
     compiler = nvcc()
     source = Path(source_path).read_text(encoding="utf-8")
     require_headers(source, compiler)
-    command = [str(compiler), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
-               *_cublas_flags(), *_nccl_flags(source), "-o", output, source_path]
+    target = architecture_of(source)
+    # sm_90a's code alone: -arch=sm_90a would also embed PTX for compute_90, which has no wgmma
+    arch = f"-arch={target}" if target == ARCHITECTURE else \
+        f"-gencode=arch=compute_{target[3:]},code={target}"
+    command = [str(compiler), arch, f"-std={LANGUAGE}", *include_flags(), *_cublas_flags(),
+               *_nccl_flags(source), "-o", output, source_path]
     result = subprocess.run(command, capture_output=True, text=True)
     log = result.stdout + result.stderr
     if result.returncode != 0 and (header := missing_header(log)):
@@ -210,8 +227,8 @@ def ptxas_report(source: str) -> tuple[bool, str, list[KernelReport]]:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "program.cu")
         Path(path).write_text(source, encoding="utf-8")
-        command = [str(compiler), f"-arch={ARCHITECTURE}", f"-std={LANGUAGE}", *include_flags(),
-                   "-cubin", "-Xptxas=-v", "-o", os.path.join(folder, "program.cubin"), path]
+        command = [str(compiler), f"-arch={architecture_of(source)}", f"-std={LANGUAGE}",
+                   *include_flags(), "-cubin", "-Xptxas=-v", "-o", os.path.join(folder, "program.cubin"), path]
         result = subprocess.run(command, capture_output=True, text=True)
     log = result.stdout + result.stderr
     if result.returncode != 0 and (header := missing_header(log)):

@@ -35,6 +35,7 @@ enum CgModel : int {
   kKvHeads = 4,
   kHeadWidth = 16,
   kAttentionTile = 64,
+  kAttentionHopper = 0,
 };
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -500,6 +501,13 @@ __device__ __forceinline__ void adamw_update4(
   }
 }
 
+// A tensor map as a kernel parameter (const __grid_constant__): CUtensorMap's 128 opaque bytes,
+// 64-byte aligned, made on the host (cg_tensor_map_2d) and read only by TMA (cg_tma_load_2d),
+// so that the kernels need not include <cuda.h>, which NVRTC does not have.
+struct alignas(64) CgTensorMap {
+  unsigned long long opaque[16];
+};
+
 // ---- device primitives in inline PTX --------------------------------------------------
 // Each has a twin of the same name and arguments in the CPU emulation
 // (cgc/backends/cuda_cpu/include/cgcpu/ptx.h, which defines CG_PTX_TWINS), with the per-lane
@@ -642,27 +650,52 @@ __device__ __forceinline__ void cg_wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// d = A B + (scale_d ? d : 0), m64n64k16, A and B by descriptor (the GPU versions: N = 64).
+// d = A B + (scale_d ? d : 0), m64nNk16, A and B by descriptor (the GPU versions: N = 16, 32
+// or 64).
 template <int N, int TransposeA, int TransposeB>
 __device__ __forceinline__ void cg_wgmma_bf16_ss(float (&d)[N / 2], unsigned long long a, unsigned long long b,
                                                  int scale_d) {
-  static_assert(N == 64, "the GPU versions are written for m64n64k16");
-  asm volatile(
-      "{\n  .reg .pred p;\n  setp.ne.b32 p, %34, 0;\n"
-      "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])      : "l"(a), "l"(b), "r"(scale_d), "n"(TransposeA), "n"(TransposeB));
+  static_assert(N == 16 || N == 32 || N == 64, "the GPU versions are written for N = 16, 32 and 64");
+  if constexpr (N == 16)
+    asm volatile(
+        "{\n  .reg .pred p;\n  setp.ne.b32 p, %10, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])        : "l"(a), "l"(b), "r"(scale_d), "n"(TransposeA), "n"(TransposeB));
+  else if constexpr (N == 32)
+    asm volatile(
+        "{\n  .reg .pred p;\n  setp.ne.b32 p, %18, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])        : "l"(a), "l"(b), "r"(scale_d), "n"(TransposeA), "n"(TransposeB));
+  else if constexpr (N == 64)
+    asm volatile(
+        "{\n  .reg .pred p;\n  setp.ne.b32 p, %34, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])        : "l"(a), "l"(b), "r"(scale_d), "n"(TransposeA), "n"(TransposeB));
 }
 
 // The same with A in registers (each warp its 16 rows, mma.m16n8k16's A layout).
 template <int N, int TransposeB>
 __device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b,
                                                  int scale_d) {
-  static_assert(N == 64, "the GPU versions are written for m64n64k16");
-  asm volatile(
-      "{\n  .reg .pred p;\n  setp.ne.b32 p, %37, 0;\n"
-      "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, { %32, %33, %34, %35}, %36, p, 1, 1, "
-      "%38;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TransposeB));
+  static_assert(N == 16 || N == 32 || N == 64, "the GPU versions are written for N = 16, 32 and 64");
+  if constexpr (N == 16)
+    asm volatile(
+        "{\n  .reg .pred p;\n  setp.ne.b32 p, %13, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7}, { %8, %9, %10, %11}, %12, p, 1, 1, "
+        "%14;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TransposeB));
+  else if constexpr (N == 32)
+    asm volatile(
+        "{\n  .reg .pred p;\n  setp.ne.b32 p, %21, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, { %16, %17, %18, %19}, %20, p, 1, 1, "
+        "%22;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TransposeB));
+  else if constexpr (N == 64)
+    asm volatile(
+        "{\n  .reg .pred p;\n  setp.ne.b32 p, %37, 0;\n"
+        "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 { %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, { %32, %33, %34, %35}, %36, p, 1, 1, "
+        "%38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TransposeB));
 }
 #endif
 #endif

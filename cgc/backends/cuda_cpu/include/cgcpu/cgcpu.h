@@ -27,5 +27,6 @@
 #include "ptx.h"
 #include "mbarrier.h"
 #include "wgmma.h"
+#include "tensor_map.h"
 #include "runtime_api.h"
 #include "racecheck.h"
