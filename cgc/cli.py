@@ -177,8 +177,9 @@ def _compile_parser(commands) -> None:
     compiler.add_argument("-o", "--output", metavar="OUT.cu",
                           help="where to write (default: STEM.CONFIG.cu here; - for stdout)")
     compiler.add_argument("--nvrtc", action="store_true",
-                          help="also compile the device part with NVRTC for sm_90 and report "
-                               "its messages at the template lines they come from")
+                          help="also compile the device part with NVRTC for sm_90 (sm_90a where "
+                               "a kernel uses Hopper's own instructions) and report its "
+                               "messages at the template lines they come from")
     compiler.add_argument("--report", action="store_true",
                           help="print each kernel's registers, shared memory and spills as "
                                f"ptxas reports them (needs nvcc: {install_hint('cuda-tools')})")
@@ -284,8 +285,9 @@ def _run_keep_options(run) -> None:
     held.add_argument("--val-steps", type=int, default=4, metavar="K",
                       help="held-out batches averaged per validation (default 4)")
     held.add_argument("--sample-every", type=int, default=0, metavar="N",
-                      help="every N steps, print a greedy sample from the model "
-                           "(schedules/sample.cg)")
+                      help="every N steps, print a greedy sample from the model (the "
+                           "sample.cg beside the schedule, else the shipped one that runs "
+                           "its model)")
 
 
 def _run_output_options(run) -> None:
@@ -320,7 +322,8 @@ def _sample_parser(commands) -> None:
     sample = commands.add_parser(
         "sample", help="write text with a trained model (a checkpoint of cgc run)",
         description="Load CHECKPOINT's parameters into a forward-only schedule (by default "
-                    "schedules/sample.cg, checked by the same pipeline as the training step, "
+                    "the shipped one that runs its model, schedules/sample.cg or "
+                    "schedules/llama/sample.cg, checked by the same pipeline as the training step, "
                     "in the checkpoint's configuration) and continue --prompt by --tokens "
                     "byte tokens, one forward pass each: the arg-max of the last row's logits "
                     "(--temperature 0, the default: greedy, deterministic), or a draw from "
@@ -339,7 +342,8 @@ def _sample_parser(commands) -> None:
     sample.add_argument("--seed", type=int, default=0, metavar="S",
                         help="seeds the draws (default 0)")
     sample.add_argument("--schedule", metavar="FILE",
-                        help="the forward-only schedule (default: cgc's schedules/sample.cg)")
+                        help="the forward-only schedule (default: cgc's schedules/sample.cg or "
+                             "schedules/llama/sample.cg, whichever runs the checkpoint's model)")
     sample.add_argument("--backend", choices=("auto", *REGISTRY), default="auto",
                         help="where to run (as for cgc run)")
 

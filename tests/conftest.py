@@ -15,6 +15,9 @@ SEED_DIR = ROOT / "tests" / "seed"  # the seed excerpt, kept in the repository (
 # The attention forward on Hopper's own instructions (wgmma, TMA, mbarrier; sm_90a), which a
 # configuration selects with this constant at 1 (off by default).
 HOPPER = {"cgAttentionHopper": 1}
+# The tiny model with it, at three key tiles a sequence: its producer loads a stage again only
+# after the consumers freed it (two stages), which one tile (the tiny context of 64) never does.
+HOPPER_THREE_TILES = {**HOPPER, "cgContext": 192, "cgBatch": 2}
 
 
 def probe_sass(probe: str, kernel: str, architecture: str | None = None, preamble: str = ""):

@@ -2,10 +2,11 @@
 tile loads, mbarrier stages; templates/kernels/attention_hopper.cu.j2), off by default.
 
 Its numerics are checked with every other kernel's, against the NumPy reference with its
-outputs poisoned (tests/test_emulated.py: heads of 16, 32 and 64; tests/test_llama.py: grouped
-queries), in the whole bfloat16 step (test_emulated.py), under ASan and UBSan
-(test_sanitizers.py) and racecheck (test_racecheck.py); nvcc builds its whole file for sm_90a
-(test_emit.py). Here: what selects it and what refuses it, the machine code it compiles to (a
+outputs poisoned (tests/test_emulated.py: heads of 16 and 64; tests/test_llama.py: grouped
+queries, heads of 32), in the whole bfloat16 step (test_emulated.py), under ASan and UBSan
+(test_sanitizers.py) and racecheck (test_racecheck.py, with a freed-too-early mutation) at three
+key tiles a sequence, at GPT-2 small's full size (test_full_size.py); nvcc builds its whole
+file for sm_90a (test_emit.py). Here: what selects it and what refuses it, the machine code it compiles to (a
 promise the SASS audit keeps, shown to fail on the mma.sync kernel), that a mutated kernel
 fails the poisoned comparison, and the CuPy backend's tensor map made through ctypes (on the
 driver's twin here).

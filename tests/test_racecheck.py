@@ -11,7 +11,10 @@ run in, with the kernel, the shared-memory offset and both threads.
   a WMMA store read back without __syncwarp, a cp.async copy read by another warp after the
   wait but with no barrier, an ldmatrix of rows other lanes wrote with no __syncwarp) and clean
   kernels beside them (one the attention kernels' cp.async, wait, barrier, ldmatrix).
-- The tiny step (bfloat16, with mma.m16n8k16, ldmatrix and cp.async; and float32) has no race.
+- The tiny step (bfloat16, with mma.m16n8k16, ldmatrix and cp.async; and float32) has no race;
+  nor has it with the Hopper attention forward (wgmma, TMA, mbarrier stages) at three key
+  tiles a sequence, where a stage is loaded again once its consumers freed it; freeing the
+  stage before the products that read it have waited is reported as a race.
 - The barrier campaign: every __syncthreads and __syncwarp of the emitted file (attention,
   attention backward, loss, scatter, and block_sum and layer_norm_backward of
   common.cuh, which the layer-norm, square-sum and AdamW kernels call) is removed in turn,
@@ -37,6 +40,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,8 +56,9 @@ from cgc.training.data import Batches, load_corpus
 from cgc.training.loop import train
 from cgc.checking.memory import plan_memory
 from cgc.pipeline import analyse, evaluate, open_run
+from cgc.resources import data_dir
 
-from conftest import HOPPER, SCHEDULES
+from conftest import HOPPER_THREE_TILES, SCHEDULES
 
 PATH = str(SCHEDULES / "train.cg")
 UNIT = HEADERS.parent / "tests" / "racecheck.cu"
@@ -125,7 +130,7 @@ class Setup:
         self.programs = {
             "tiny": evaluate(frontend, PATH, config="tiny"),
             "tiny32": evaluate(frontend, PATH, config="tiny32"),
-            "tiny-hopper": evaluate(frontend, PATH, config="tiny", overrides=HOPPER),
+            "tiny-hopper": evaluate(frontend, PATH, config="tiny", overrides=HOPPER_THREE_TILES),
             "campaign": evaluate(frontend, PATH, config=CAMPAIGN[0], overrides=CAMPAIGN[1]),
         }
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -135,7 +140,7 @@ class Setup:
                         for name, program in self.programs.items()}
             self.dumps = {"tiny": _dump(folder / "tiny", "tiny", {}),
                           "tiny32": _dump(folder / "tiny32", "tiny32", {}),
-                          "tiny-hopper": _dump(folder / "tiny-hopper", "tiny", HOPPER),
+                          "tiny-hopper": _dump(folder / "tiny-hopper", "tiny", HOPPER_THREE_TILES),
                           "campaign": _dump(folder / "campaign", *CAMPAIGN)}
             for future in [self.unit, *binaries.values()]:
                 future.result()
@@ -214,6 +219,27 @@ def test_the_tiny_step_has_no_race(setup, config):
     loss = float(re.search(r"loss (\S+)", result.stdout).group(1))
     expected = json.loads((Path(setup.dumps[config]) / "run.json").read_text())["losses"][0]
     assert abs(loss - expected) <= TOLERANCE[config] * expected, (loss, expected)
+
+
+def test_a_hopper_stage_freed_before_its_products_read_it_is_a_race(setup, tmp_path,
+                                                                     monkeypatch):
+    """The Hopper attention's consumers arrive on a stage's empty barrier before their P V
+    products have read its V tile: the producer's next copy into that stage races the
+    products' reads (the detector behind test_the_tiny_step_has_no_race[tiny-hopper])."""
+    templates = tmp_path / "templates"
+    shutil.copytree(data_dir("templates"), templates)
+    path = templates / "kernels" / "attention_hopper.cu.j2"
+    text = path.read_text(encoding="utf-8")
+    early, late = "    cg_wgmma_fence();\n#pragma unroll\n    for (int c = 0;", \
+        "    cg_mbarrier_arrive(&empty[s]);  // this stage's key and value tiles are read\n"
+    assert early in text and late in text
+    text = text.replace(late, "").replace(early, late + early)
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setenv("CGC_TEMPLATES", str(templates))
+    program = evaluate(analyse([PATH]), PATH, config="tiny", overrides=HOPPER_THREE_TILES)
+    result = racecheck_run(program, setup.dumps["tiny-hopper"], threads=2)
+    assert any(race.kernel == "cgImageAttention" for race in result.races), \
+        (result.races[:3], result.stderr[-2000:])
 
 
 def _outcome(result, baseline) -> str:

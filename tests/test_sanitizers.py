@@ -22,7 +22,7 @@ from cgc.training.data import Batches, load_corpus
 from cgc.training.loop import train
 from cgc.pipeline import analyse, evaluate, open_run
 
-from conftest import HOPPER, ROOT, SCHEDULES
+from conftest import HOPPER_THREE_TILES, ROOT, SCHEDULES
 
 PATH = str(SCHEDULES / "train.cg")
 
@@ -50,7 +50,7 @@ def step_programs():
     texts = {}
     for config in ("tiny", "tiny32", "tiny-hopper"):
         program = evaluate(analyse([PATH]), PATH, config=config.removesuffix("-hopper"),
-                           overrides=HOPPER if config.endswith("-hopper") else None)
+                           overrides=HOPPER_THREE_TILES if config.endswith("-hopper") else None)
         texts[config, "sanitized"] = (emit_program(program, plan_memory(program, red_zone=RED_ZONE)).text,
                                       f"standalone-sanitized-{config}", SANITIZER_FLAGS)
         texts[config, "plain"] = (emit_program(program, plan_memory(program)).text,
@@ -67,9 +67,10 @@ def test_the_step_runs_clean_under_address_and_undefined_behaviour_sanitizers(co
     folder, _ = dump
     if config != "tiny":  # a dump of this configuration
         run = open_run("numpy", analyse([PATH]), PATH, config.removesuffix("-hopper"),
-                       HOPPER if config.endswith("-hopper") else {}, 0)
+                       HOPPER_THREE_TILES if config.endswith("-hopper") else {}, 0)
         folder = str(tmp_path / "dump")
-        train(run, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(), dump=folder)
+        train(run, Batches(load_corpus(None), run.program.role("batch"),
+                           run.program.role("context"), 0), 2, out=io.StringIO(), dump=folder)
     status, out, err = replay(step_programs[config, "sanitized"], folder, 2)
     assert reports(err) == [] and status == 0, err[-4000:]
     plain_status, plain, _ = replay(step_programs[config, "plain"], folder, 2)

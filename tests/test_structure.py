@@ -89,6 +89,27 @@ def test_every_package_is_installed():
     assert found <= listed, sorted(found - listed)
 
 
+def test_every_data_file_is_installed():
+    """Each file of the folders installed as data (schedules/, templates/, grammar/) matches a
+    package-data pattern: schedules/llama/ was once left out, and `cgc sample` of a Llama
+    checkpoint found no sampler outside a checkout."""
+    import fnmatch
+    import tomllib
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    missing = []
+    for package, folder in setuptools["package-dir"].items():
+        if package == "cgc":
+            continue  # the code's own folder: its few data files are listed by name
+        patterns = setuptools["package-data"].get(package, [])
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".py":
+                name = path.relative_to(ROOT / folder).as_posix()
+                if not any(fnmatch.fnmatch(name, p) and name.count("/") == p.count("/")
+                           for p in patterns):
+                    missing.append(f"{folder}/{name}")
+    assert not missing, missing
+
+
 def test_every_install_hint_names_the_distribution_not_pypis_other_cgc():
     """`cgc` on PyPI is another project: a hint `pip install 'cgc[...]'` would fetch it. The
     hints come from one function (cgc/resources.py: install_hint), whose extras exist."""

@@ -379,6 +379,12 @@ def _aux_problems(program: Program) -> list[Diagnostic]:
     return found
 
 
+def _configuration(program: Program) -> str:
+    """The configuration as the front end's notes name it: its name and its --set values."""
+    sets = "".join(f" --set {name}={value!r}" for name, value in program.overrides)
+    return f"in config '{program.config}'" + (f" with{sets}" if sets else "")
+
+
 def image_problems(program: Program) -> list[Diagnostic]:
     """What the CUDA backend lacks for the images the program launches, as errors at each
     image's declaration: a kernel without its template, a template or a shared-memory size
@@ -425,8 +431,9 @@ def image_problems(program: Program) -> list[Diagnostic]:
                 found.append(Diagnostic(
                     "error", f"the configuration selects image '{name}''s "
                     f"{variant.template} kernel (role '{role}' is 1), but {problem}",
-                    image.span, (Note(f"with the constant the roles declaration gives as "
-                                      f"'{role}' at 0, its own kernel takes any of them"),)))
+                    image.span, (Note(f"the image's own kernel runs any of them: set the "
+                                      f"constant of role '{role}' to 0"),
+                                 Note(_configuration(program)))))
         for constant in sorted(needed - given):
             role = KERNEL_CONSTANTS[constant]
             found.append(Diagnostic(

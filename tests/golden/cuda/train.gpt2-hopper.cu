@@ -943,6 +943,7 @@ extern "C" __global__ void __launch_bounds__(160, kAttentionMinBlocks) cgImageAt
   if (threadIdx.x == 0) {
     cg_mbarrier_init(&query_full, 1);
     for (int s = 0; s < 2; ++s) cg_mbarrier_init(&full[s], 1), cg_mbarrier_init(&empty[s], 128);
+    cg_fence_proxy_async();  // the initialized barriers visible to the copy engine (async proxy)
   }
   __syncthreads();
 
