@@ -64,7 +64,7 @@ PATH = str(SCHEDULES / "train.cg")
 UNIT = HEADERS.parent / "tests" / "racecheck.cu"
 CAMPAIGN = ("tiny", {"cgContext": 128})
 SAMPLE = "0,1"  # the blocks of every launch the campaign runs (attention: tiles 0 and 1)
-TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4, "tiny-hopper": 1e-2}  # the loss against the numpy run's (relative)
+TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4}  # the loss against the numpy run's (relative)
 
 # The kernels that run the barriers of each function of the emitted file.
 KERNELS_OF = {
@@ -209,7 +209,7 @@ def test_a_known_race_is_reported_with_both_threads_and_the_offset(setup, seed):
     assert set(load.threads) == {3, 7} and load.variable.endswith("::raw"), load
 
 
-@pytest.mark.parametrize("config", ["tiny", "tiny32", "tiny-hopper"])
+@pytest.mark.parametrize("config", ["tiny", "tiny32"])
 def test_the_tiny_step_has_no_race(setup, config):
     """The whole step, every block of every launch, two workers: no report of any kind (and
     the loss of the numpy run that made the dump)."""
@@ -219,6 +219,17 @@ def test_the_tiny_step_has_no_race(setup, config):
     loss = float(re.search(r"loss (\S+)", result.stdout).group(1))
     expected = json.loads((Path(setup.dumps[config]) / "run.json").read_text())["losses"][0]
     assert abs(loss - expected) <= TOLERANCE[config] * expected, (loss, expected)
+
+
+def test_the_hopper_attention_has_no_race(setup):
+    """The step with the Hopper attention forward at three key tiles a sequence, every block
+    of its launches (each refills a stage after its consumers freed it), the other kernels'
+    first, second and last blocks (they are the tiny step's, checked whole above): no report
+    of any kind."""
+    result = setup.run("tiny-hopper", threads=2, blocks="0,1,-1",
+                       unsampled=("cgImageAttention",))
+    assert result.races == [], "\n".join(map(str, result.races[:10]))
+    assert result.status == 0 and "ThreadSanitizer" not in result.stderr, result.stderr[-3000:]
 
 
 def test_a_hopper_stage_freed_before_its_products_read_it_is_a_race(setup, tmp_path,
@@ -237,7 +248,9 @@ def test_a_hopper_stage_freed_before_its_products_read_it_is_a_race(setup, tmp_p
     path.write_text(text, encoding="utf-8")
     monkeypatch.setenv("CGC_TEMPLATES", str(templates))
     program = evaluate(analyse([PATH]), PATH, config="tiny", overrides=HOPPER_THREE_TILES)
-    result = racecheck_run(program, setup.dumps["tiny-hopper"], threads=2)
+    # block 0 of each launch: the forward's takes the last query tile first (longest first),
+    # three key tiles, so it loads a stage again
+    result = racecheck_run(program, setup.dumps["tiny-hopper"], threads=2, blocks="0")
     assert any(race.kernel == "cgImageAttention" for race in result.races), \
         (result.races[:3], result.stderr[-2000:])
 
