@@ -379,9 +379,14 @@ def _aux_problems(program: Program) -> list[Diagnostic]:
     return found
 
 
+def _set_flags(program: Program) -> str:
+    """The program's --set values as the command line gives them (" --set NAME=VALUE" each)."""
+    return "".join(f" --set {name}={value!r}" for name, value in program.overrides)
+
+
 def _configuration(program: Program) -> str:
     """The configuration as the front end's notes name it: its name and its --set values."""
-    sets = "".join(f" --set {name}={value!r}" for name, value in program.overrides)
+    sets = _set_flags(program)
     return f"in config '{program.config}'" + (f" with{sets}" if sets else "")
 
 
@@ -789,12 +794,11 @@ class Emitter:
         source = os.path.basename(self.program.source)
         return self.environment.get_template("program.cu.j2").render(
             version=__version__, source=source, entry=self.program.entry,
-            config=self.program.config, config_flag=f" --config {self.program.config}" + "".join(
-                f" --set {name}={value!r}" for name, value in self.program.overrides),
+            config=self.program.config,
+            config_flag=f" --config {self.program.config}{_set_flags(self.program)}",
             low=self.low, common=common.rstrip("\n"), kernels=kernels,
             architecture=architecture(self.program),
-            tensor_maps=any(kernel_variant(k.image, self.constants) is not None
-                            and kernel_variant(k.image, self.constants).tensor_map
+            tensor_maps=any(getattr(kernel_variant(k.image, self.constants), "tensor_map", None)
                             for k in kernels),
             large_shared_memory=[k for k in kernels if k.shared_bytes > 48 * 1024],
             allocations=self.allocations(), buffers=self.buffers(), regions=self.regions(),
