@@ -60,7 +60,7 @@ from cgc.core.affine import Affine  # noqa: E402
 from cgc.core.ir import Concurrent, Launch, PhaseRegion, Repeat  # noqa: E402
 from cgc.checking.memory import element_bytes  # noqa: E402
 from cgc.frontend.api import analyse, evaluate  # noqa: E402
-from sass_audit import H200, SHARED_KINDS, Hardware, KernelAudit  # noqa: E402
+from sass_audit import H200, DATA_PATH_KINDS, Hardware, KernelAudit  # noqa: E402
 
 FLOP_PER_HMMA = 2 * 16 * 8 * 16  # one m16n8k16 product: 4096 flop
 TRAIN = os.path.join(ROOT, "schedules", "train.cg")
@@ -367,10 +367,12 @@ def hbm_bandwidth(active_sms: int, resident_threads: int, inflight: int,
 
 
 def shared_wavefronts(counts: dict, conflicts: dict) -> float:
-    """Wavefronts of one loop iteration of one warp: each access's conflict-free wavefronts
-    (its width: 128 bytes a wavefront) times its kind's conflict ways."""
+    """Wavefronts of one loop iteration of one warp on the L1 data path shared memory and
+    the L1 cache share: each access's conflict-free wavefronts (its width: 128 bytes a
+    wavefront) times its kind's conflict ways; a global access's at its least (coalesced),
+    a cache hit or not."""
     return sum(counts.get(f"wavefronts:{kind}", 0) * conflicts.get(kind, 1)
-               for kind in SHARED_KINDS)
+               for kind in DATA_PATH_KINDS)
 
 
 def tail(blocks: int, per_wave: int) -> float:

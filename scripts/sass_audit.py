@@ -156,6 +156,10 @@ OPCODES_COUNTED = ("FFMA", "FMUL", "FADD", "FSEL", "FMNMX", "FSETP", "ISETP")
 
 # The accesses that take shared-memory wavefronts (generic ones priced as shared).
 SHARED_KINDS = ("lds", "sts", "ldsm", "ldgsts", "generic")
+# The accesses that pass through an SM's L1 data path, which shared memory and the L1 cache
+# share (128 bytes a clock): the shared ones and the global loads and stores, whose
+# wavefronts are counted at their least (coalesced: 128 bytes a wavefront).
+DATA_PATH_KINDS = SHARED_KINDS + ("global",)
 
 _SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 _LABEL = re.compile(r"^(\.L_\w+):")
@@ -220,9 +224,10 @@ class KernelCode:
         """Instructions by class, `op:OPCODE` for the OPCODES_COUNTED and `ex2` for
         MUFU.EX2, `wide` for 128-bit global accesses, `ticket` for the
         atomics that are atomicInc (ATOMG.E.INC: they count, they add no data), `instructions` for
-        all of them, and `wavefronts:KIND` for the shared and generic accesses' wavefronts
-        (a generic access is priced as shared: in these kernels that is where they go;
-        cp.async as the shared-memory store it ends in)."""
+        all of them, and `wavefronts:KIND` for the wavefronts of the accesses that pass
+        through the L1 data path (DATA_PATH_KINDS: a generic access is priced as shared, in
+        these kernels that is where they go; cp.async as the shared-memory store it ends
+        in; a global access at its least, coalesced)."""
         found = Counter()
         for instruction in self.instructions:
             if not where(instruction):
@@ -239,7 +244,7 @@ class KernelCode:
                 found["ticket"] += 1  # atomicInc: a ticket (the layer-norm backward's last block)
             if instruction.kind == "global" and instruction.wide:
                 found["wide"] += 1
-            if instruction.kind in SHARED_KINDS:
+            if instruction.kind in DATA_PATH_KINDS:
                 found[f"wavefronts:{instruction.kind}"] += instruction.wavefronts
         return found
 

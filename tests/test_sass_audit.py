@@ -144,6 +144,14 @@ def mask_on_the_diagonal_only(a: KernelAudit) -> bool:
         and a.outside_tiles["op:FSEL"] > 0
 
 
+def main_loops_read_no_global_memory(a: KernelAudit) -> bool:
+    """The main loops take what they stream from shared memory only: the tiles, and the
+    backward's lse and delta of each query tile, arrive by cp.async with the stage (no LDG
+    in a main loop: nothing reloaded from global memory per fragment or per logit)."""
+    return bool(a.tile_loops) and all(loop["global"] == 0 and loop["ldgsts"] > 0
+                                      for loop in a.tile_loops)
+
+
 def hmma_per_ldmatrix(at_least: Fraction):
     """HMMA a fragment load in each main loop: each fragment an ldmatrix brings feeds this
     many products or more (exactly: a Fraction). Forward, 16 query rows a warp: 64 HMMA over
@@ -209,10 +217,12 @@ EVERY_KERNEL = (no_local_memory, no_generic_accesses, no_atomics, launchable)
 PROMISES = {
     "cgImageAttention": (tensor_per_tile(64), at_least(2), ldmatrix, cp_async,
                          conflict_free_ldmatrix, exp2_per_logit(32, 2, 32),
-                         mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(16, 9))),
+                         mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(16, 9)),
+                         main_loops_read_no_global_memory),
     "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async,
                                  conflict_free_ldmatrix, backward_exp2_per_logit(32, 32),
-                                 mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(12, 7))),
+                                 mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(12, 7)),
+                                 main_loops_read_no_global_memory),
     # float4 or 16-byte packs (docs/kernels.md)
     "cgImageEmbedding": (wide_global_accesses,),
     "cgImageLayerNorm": (wide_global_accesses,),
@@ -360,23 +370,25 @@ def test_audit_reads_the_attention_design(gpt2_audit):
     """The FlashAttention-2 design as issue 13 describes it, read from the SASS: each key-tile
     loop (one forward; backward the dK/dV loop, then the dQ loop) feeds its HMMA from
     ldmatrix, streams the next tile by cp.async (16 bytes a thread a copy: 4 wavefronts
-    each) and has no generic access; the diagonal tile pair is peeled from every loop (the
-    forward's one tile's 64 HMMA outside its loop, the backward's 128 + 96, one pair of each
-    of its loops)."""
+    each; the backward's dK/dV loop also its query rows' lse and delta, 4 bytes a thread: 1
+    wavefront) and has no generic access; the diagonal tile pair is peeled from every loop
+    (the forward's one tile's 64 HMMA outside its loop, the backward's 128 + 96, one pair of
+    each of its loops)."""
     forward, backward = gpt2_audit["cgImageAttention"], gpt2_audit["cgImageAttentionBackward"]
     assert forward.tensor_outside_loops == 64 and backward.tensor_outside_loops == 128 + 96
-    for audit, loops in ((forward, 1), (backward, 2)):
-        assert len(audit.tile_loops) == loops
-        for tile in audit.tile_loops:
+    for audit, rows in ((forward, (0,)), (backward, (1, 0))):
+        assert len(audit.tile_loops) == len(rows)
+        for tile, row_copies in zip(audit.tile_loops, rows):
             assert tile["tensor"] > 0 and tile["ldsm"] > 0 and tile["ldgsts"] > 0
             assert tile["generic"] == 0 and tile["atomic"] == 0
-            assert tile["wavefronts:ldgsts"] == 4 * tile["ldgsts"]
             # the next two tiles, 64 x 64 bfloat16 each, over 128 threads: 4 copies a thread
             # each, unrolled in the body (kCopies: a count the shape fixes)
-            assert tile["ldgsts"] == 2 * 64 * 64 // 8 // 128
+            tile_copies = 2 * 64 * 64 // 8 // 128
+            assert tile["ldgsts"] == tile_copies + row_copies
+            assert tile["wavefronts:ldgsts"] == 4 * tile_copies + row_copies
         # and no loop inside (the cost model prices none): the copies are unrolled, and q and
         # k arrive turned (a rotary loop put back would add inner loops with STS)
-        assert audit.inner_loops == [[]] * loops
+        assert audit.inner_loops == [[]] * len(rows)
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
     assert forward.counts["tensor"] == 2 * 64 and backward.counts["tensor"] == 2 * 224
 
@@ -565,14 +577,20 @@ _K_FRAGMENT = ("        mma(s[2 * n], query[d], left);\n"
 _DQ_FRAGMENT = ("          load_b(left, right, k + c * 16 * kStride + n * 16, kStride);\n"
                 "          mma(first_sum[2 * n], ds, left);\n"
                 "          mma(first_sum[2 * n + 1], ds, right);")
+# the backward's lse and delta read from global memory a logit, as before they were staged
+_ROWS_STAGED = "          const float2 row = tile_rows[c * 16 + n * 8 + 2 * t + e];"
+_ROWS_RELOADED = (
+    "          const size_t at = (base + query_tile * T + c * 16 + n * 8 + 2 * t + e) * kHeads + head;\n"
+    "          const float2 row = make_float2(lse[at], delta[at]);")
 ATTENTION_MUTATIONS = {
-    "exponential": {
+    "exponential and reloads": {
         "attention.cu.j2": (
             ("          x = cg_exp2_approx(fmaf(x, scale_log2, -shift));",
              "          x = __expf((x - new_max) * scale);"),),
         "attention_backward.cu.j2": (
             ("            p = cg_exp2_approx(fmaf(p, scale_log2, -lse_log2));",
-             "            p = __expf(p * scale - lse_log2 * 0.69314718f);"),)},
+             "            p = __expf(p * scale - lse_log2 * 0.69314718f);"),
+            (_ROWS_STAGED, _ROWS_RELOADED))},
     "mask and fragments": {
         "attention.cu.j2": (
             ("key_step(key_tile, cg_false{});", "key_step(key_tile, cg_true{});"),
@@ -613,14 +631,17 @@ def _mutated_audits(tmp_path, monkeypatch, label: str, mutations: dict) -> dict:
 def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     """Each of the attention kernels' promises fails on the mutation that undoes its choice
     and holds on the other build: __expf breaks the exponential promises (and, its guard a
-    compare, the mask's too); masking every tile breaks mask_on_the_diagonal_only with the
-    exponentials intact; a fragment load a product breaks hmma_per_ldmatrix. Two nvcc builds
-    of GPT-2 small's file."""
+    compare, the mask's too); the backward's lse and delta read from global memory in the
+    dK/dV loop break main_loops_read_no_global_memory; masking every tile breaks
+    mask_on_the_diagonal_only with the exponentials intact; a fragment load a product breaks
+    hmma_per_ldmatrix. Two nvcc builds of GPT-2 small's file."""
     exponential = _mutated_audits(tmp_path, monkeypatch, "exponential",
-                                  ATTENTION_MUTATIONS["exponential"])
+                                  ATTENTION_MUTATIONS["exponential and reloads"])
     forward, backward = exponential["cgImageAttention"], exponential["cgImageAttentionBackward"]
     assert not exp2_per_logit(32, 2, 32)(forward)
     assert not backward_exp2_per_logit(32, 32)(backward)
+    assert not main_loops_read_no_global_memory(backward)
+    assert main_loops_read_no_global_memory(forward)
     assert hmma_per_ldmatrix(Fraction(16, 9))(forward)
     assert hmma_per_ldmatrix(Fraction(12, 7))(backward)
     masked = _mutated_audits(tmp_path, monkeypatch, "masked",
@@ -631,6 +652,8 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     assert not hmma_per_ldmatrix(Fraction(16, 9))(forward)
     assert not hmma_per_ldmatrix(Fraction(12, 7))(backward)
     assert tensor_per_tile(64)(forward) and tensor_per_tile(128, 96)(backward)
+    assert main_loops_read_no_global_memory(forward)
+    assert main_loops_read_no_global_memory(backward)
 
 
 # Each undoes one of the classifier's choices: e^(x - max) by __expf (an FMUL and a guard
@@ -768,7 +791,7 @@ def test_doctored_listing_counts_each_kind():
     assert counts == Counter({"local": 2, "generic": 1, "ldsm": 1, "tensor": 3, "lds": 1,
                               "global": 2, "wide": 2, "atomic": 1, "instructions": 17,
                               "wavefronts:generic": 1, "wavefronts:ldsm": 4,
-                              "wavefronts:lds": 1})
+                              "wavefronts:lds": 1, "wavefronts:global": 8})
 
 
 def test_an_instruction_predicated_never_counts_for_nothing():

@@ -189,11 +189,13 @@ SHARED_MEMORY = {
         ("kAttentionTile", "kHeadWidth"), _attention_shared,
         "the kernel holds a query tile and two stages of key and value tiles of "
         "{kAttentionTile} rows of {kHeadWidth}"),
-    # the two tiles a block holds (k and v, then q and dO) and two stages of the two it
-    # streams (q and dO, then k and v)
+    # the two tiles a block holds (k and v, then q and dO), two stages of the two it
+    # streams (q and dO, then k and v) and, with each stage, its query rows' lse and delta
     "cgImageAttentionBackward": SharedMemory(
-        ("kAttentionTile", "kHeadWidth"), _tiles(6),
-        "the kernel holds six tiles of {kAttentionTile} rows of {kHeadWidth}"),
+        ("kAttentionTile", "kHeadWidth"),
+        lambda c, low_bytes: _tiles(6)(c, low_bytes) + 2 * 2 * c["kAttentionTile"] * 4,
+        "the kernel holds six tiles of {kAttentionTile} rows of {kHeadWidth} and two "
+        "stages of {kAttentionTile} rows' lse and delta"),
     "cgImageClassifier": SharedMemory(
         ("kVocab",), lambda c, low_bytes: c["kVocab"] * low_bytes,
         "the classifier holds its whole row of {kVocab} logits on chip, in the low type; a "

@@ -548,6 +548,22 @@ __device__ __forceinline__ void cg_cp_async_16(void* shared, const void* global)
                : "memory");
 }
 
+// `x`, its value hidden from the compiler from here on: what is computed from the result is
+// computed after this point, not hoisted to where `x` was first known and held in registers
+// until used.
+__device__ __forceinline__ int cg_opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+// 4 bytes from global to shared memory without passing through registers (through L1:
+// cp.async.cg moves 16 bytes only).
+__device__ __forceinline__ void cg_cp_async_4(void* shared, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(cg_shared_address(shared)),
+               "l"(global)
+               : "memory");
+}
+
 __device__ __forceinline__ void cg_cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -1059,7 +1075,8 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
 // dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 16 query rows: dQ
 // += dS K). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
 // mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
-// shared memory. q and k arrive already rotated (the rotary pass); dQ and dK, the gradients at
+// shared memory, a query tile's lse and delta with it (4-byte copies: a row's are kHeads
+// apart), so that the dK/dV loop reads them on chip, never from global memory. q and k arrive already rotated (the rotary pass); dQ and dK, the gradients at
 // the rotated q and k, are turned back in registers as they are written (the rotary pass's
 // inverse, with the same angles: rotary_angle), so they leave as the gradients at the
 // unrotated q and k. Each element of dQ and dK is written once, by one lane: turned once.
@@ -1079,10 +1096,15 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
   low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (then q, dO) of tile j
-  low_t* streamed = held + 2 * T * kStride;        // 2 stages of 2 tiles: q, dO (then k, v)
+  // 2 stages of 2 tiles: q, dO (then k, v), each stage's tiles followed by its T query rows'
+  // (lse, delta) pairs (in the dK/dV loop)
+  constexpr int kStage = 2 * T * kStride + 2 * T * static_cast<int>(sizeof(float) / sizeof(low_t));
+  static_assert(sizeof(low_t) <= sizeof(float) && kStage * sizeof(low_t) % 16 == 0, "stages of 16 bytes");
+  low_t* streamed = held + 2 * T * kStride;
 
   constexpr int kGroup = kHeads / kKvHeads, kQkvWidth = (kHeads + 2 * kKvHeads) * D;
-  const int tile = blockIdx.x, kv_head = blockIdx.y, sequence = blockIdx.z;
+  int tile = blockIdx.x;
+  const int kv_head = blockIdx.y, sequence = blockIdx.z;
   if (tile * T >= kContext || kv_head >= kKvHeads) return;
   int head = kv_head * kGroup;  // the query head in hand
   const size_t base = static_cast<size_t>(sequence) * kContext;
@@ -1097,7 +1119,10 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   // of 16 (config tiny: one trip each) ptxas then spilled 8 bytes across the dQ loop.
   static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
   constexpr int kCopies = T * (D / kChunk) / 128;
-  auto copy_tile = [&](low_t* to, int index, int part, int query_head) {
+  // With `rows` (the output's gradient into a stage), its query rows' (lse, delta) pairs after
+  // it as well: one 4-byte copy a thread.
+  static_assert(2 * T == 128, "a thread a row's lse or delta");
+  auto copy_tile = [&](low_t* to, int index, int part, int query_head, bool rows = false) {
     const size_t row = base + static_cast<size_t>(index) * T;
     const int column =
         part == 0 ? query_head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
@@ -1108,6 +1133,11 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
       const low_t* from = part < 3 ? qkv + (row + r) * kQkvWidth + column + c
                                    : gradientOutput + (row + r) * kWidth + query_head * D + c;
       cg_cp_async_16(to + r * kStride + c, from);
+    }
+    if (rows) {
+      const size_t at = (row + threadIdx.x / 2) * kHeads + query_head;
+      cg_cp_async_4(reinterpret_cast<float*>(to + T * kStride) + threadIdx.x,
+                    threadIdx.x % 2 ? delta + at : lse + at);
     }
   };
   // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
@@ -1144,23 +1174,24 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   copy_tile(held, tile, 1, head);
   copy_tile(held + T * kStride, tile, 2, head);
   copy_tile(streamed, tile, 0, head);
-  copy_tile(streamed + T * kStride, tile, 3, head);
+  copy_tile(streamed + T * kStride, tile, 3, head, true);
   cg_cp_async_commit();
   int steps = 0;  // query steps taken, over the heads in turn: the stage of the next
   // One query tile's step of the head in hand; `diagonal` (cg_true or cg_false): the tile
   // pair the mask cuts, the head's first.
   auto query_step = [&](int query_tile, auto diagonal) {
     const int stage = steps++ % 2;
-    low_t* q = streamed + stage * 2 * T * kStride;
+    low_t* q = streamed + stage * kStage;
     low_t* dout = q + T * kStride;
+    const float2* tile_rows = reinterpret_cast<const float2*>(dout + T * kStride);
     cg_cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and the other stage is no longer read
     // the next: this head's next query tile, else the next head's first
     const bool later = query_tile + 1 < kTiles;
     if (later || head + 1 < (kv_head + 1) * kGroup) {
-      low_t* next = streamed + (1 - stage) * 2 * T * kStride;
+      low_t* next = streamed + (1 - stage) * kStage;
       copy_tile(next, later ? query_tile + 1 : tile, 0, later ? head : head + 1);
-      copy_tile(next + T * kStride, later ? query_tile + 1 : tile, 3, later ? head : head + 1);
+      copy_tile(next + T * kStride, later ? query_tile + 1 : tile, 3, later ? head : head + 1, true);
     }
     cg_cp_async_commit();
     if constexpr (decltype(diagonal)::value) {  // a head's first step: load this block's k, v
@@ -1188,9 +1219,9 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int query = query_tile * T + c * 16 + n * 8 + 2 * t + e;
-          const size_t at = (base + query) * kHeads + head;
-          const float lse_log2 = lse[at] * kLog2e, delta_scaled = delta[at] * scale;
+          // the query's lse and delta, from this stage
+          const float2 row = tile_rows[c * 16 + n * 8 + 2 * t + e];
+          const float lse_log2 = row.x * kLog2e, delta_scaled = row.y * scale;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float& p = scores[n].x[2 * h + e];
@@ -1227,6 +1258,9 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   store(second_sum, 2);
 
   // ---- dQ of query tile `tile`, for each query head in turn ----
+  // Its addresses computed from here: ptxas would compute them at the start and hold them
+  // through the dK/dV loop (with grouped heads, a spill at 255 registers).
+  tile = cg_opaque(tile);
   for (int member = 0; member < kGroup; ++member) {
     head = kv_head * kGroup + member;
     __syncthreads();  // every warp is done with the shared tiles the copies below replace
@@ -1247,12 +1281,12 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
     // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
     auto key_step = [&](int key_tile, auto diagonal) {
       const int stage = key_tile % 2;
-      low_t* k = streamed + stage * 2 * T * kStride;
+      low_t* k = streamed + stage * kStage;
       low_t* v = k + T * kStride;
       cg_cp_async_wait<0>();
       __syncthreads();  // this tile has landed, and the other stage is no longer read
       if (key_tile < tile) {
-        low_t* next = streamed + (1 - stage) * 2 * T * kStride;
+        low_t* next = streamed + (1 - stage) * kStage;
         copy_tile(next, key_tile + 1, 1, head);
         copy_tile(next + T * kStride, key_tile + 1, 2, head);
       }
@@ -2090,7 +2124,7 @@ static void cg_prepare() {
   for (int e = 0; e < 8; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
-  cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 55296), "cgImageAttentionBackward shared memory");
+  cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 56320), "cgImageAttentionBackward shared memory");
 }
 
 // ======================================================================================
@@ -2191,7 +2225,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
     CG_LAUNCHED("library.cg:263:41 (from backward.cg:68:11) cgImageAttentionDelta");
     // library.cg:269:41 (from backward.cg:68:11) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 55296, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 56320, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
     CG_LAUNCHED("library.cg:269:41 (from backward.cg:68:11) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:252:35");

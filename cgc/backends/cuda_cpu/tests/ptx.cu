@@ -53,21 +53,23 @@ __global__ void product(float* d, const __nv_bfloat16* a_in, const __nv_bfloat16
   d[(g + 8) * 8 + 2 * t + 1] = out[3];
 }
 
-// Each thread copies 16 bytes twice, in two groups; what it sees before and after each wait.
+// Each thread copies 16 bytes, then 4, in two groups; what it sees before and after each wait
+// (the 4-byte copy moves one word: the next stays -1).
 __global__ void async_copies(int* seen, const int* from) {
   __shared__ __align__(16) int first[32 * 4], second[32 * 4];
   const int i = threadIdx.x;
   for (int e = 0; e < 4; ++e) first[i * 4 + e] = second[i * 4 + e] = -1;
   cg_cp_async_16(first + i * 4, from + i * 4);
   cg_cp_async_commit();
-  cg_cp_async_16(second + i * 4, from + 128 + i * 4);
-  seen[i * 4 + 0] = first[i * 4];  // before any wait: -1
+  cg_cp_async_4(second + i * 4, from + 128 + i * 4);
+  seen[i * 5 + 0] = first[i * 4];  // before any wait: -1
   cg_cp_async_commit();
   cg_cp_async_wait<1>();
-  seen[i * 4 + 1] = first[i * 4];   // the first group has landed
-  seen[i * 4 + 2] = second[i * 4];  // the newest may not have: here, not yet (-1)
+  seen[i * 5 + 1] = first[i * 4];   // the first group has landed
+  seen[i * 5 + 2] = second[i * 4];  // the newest may not have: here, not yet (-1)
   cg_cp_async_wait<0>();
-  seen[i * 4 + 3] = second[i * 4];
+  seen[i * 5 + 3] = second[i * 4];
+  seen[i * 5 + 4] = second[i * 4 + 1];  // past the 4 bytes: -1
 }
 
 static std::uint32_t state = 2024;
@@ -147,15 +149,15 @@ int main() {
   for (int i = 0; i < 256; ++i) from[i] = i;
   int* dfrom = device_copy(from);
   int* dseen = nullptr;
-  CUDA_OK(cudaMalloc(&dseen, 128 * 4));
+  CUDA_OK(cudaMalloc(&dseen, 160 * 4));
   CG_LAUNCH(async_copies, dim3(1), dim3(32), 0, nullptr)(dseen, dfrom);
   CUDA_OK(cudaGetLastError());
-  std::vector<int> seen(128);
-  CUDA_OK(cudaMemcpy(seen.data(), dseen, 128 * 4, cudaMemcpyDeviceToHost));
+  std::vector<int> seen(160);
+  CUDA_OK(cudaMemcpy(seen.data(), dseen, 160 * 4, cudaMemcpyDeviceToHost));
   int wrong = 0;
   for (int i = 0; i < 32; ++i)
-    wrong += seen[i * 4] != -1 || seen[i * 4 + 1] != i * 4 || seen[i * 4 + 2] != -1 ||
-             seen[i * 4 + 3] != 128 + i * 4;
+    wrong += seen[i * 5] != -1 || seen[i * 5 + 1] != i * 4 || seen[i * 5 + 2] != -1 ||
+             seen[i * 5 + 3] != 128 + i * 4 || seen[i * 5 + 4] != -1;
   CHECK(wrong == 0, "cp.async: %d threads saw a copy land before or after its wait", wrong);
 
   // ex2.approx.ftz.f32 over normal, subnormal and infinite arguments and results

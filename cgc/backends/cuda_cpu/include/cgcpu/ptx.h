@@ -176,17 +176,30 @@ inline void cg_ldmatrix_x4_trans(unsigned (&r)[4], const void* row, const char* 
   cg_ldmatrix(r, row, true, "ldmatrix.x4.trans", file, line);
 }
 
-// cp.async.cg.shared.global, 16 bytes: both addresses 16-byte aligned, as PTX requires.
-inline void cg_cp_async_16(void* shared, const void* global, const char* file = __builtin_FILE(),
-                           int line = __builtin_LINE()) {
+// cp.async.{cg,ca}.shared.global of `bytes` (16 or 4): both addresses aligned to it, as PTX
+// requires; the copy is made at the wait that covers its group.
+inline void cg_cp_async(void* shared, const void* global, unsigned bytes, const char* file, int line) {
   cgcpu::detail::Worker& w = cgcpu::detail::device_worker("cp.async");
-  if (reinterpret_cast<std::uintptr_t>(shared) % 16 != 0 || reinterpret_cast<std::uintptr_t>(global) % 16 != 0)
-    cgcpu::detail::fiber_fault(w, "cp.async (%s:%d): addresses %p and %p are not both 16-byte aligned", file, line,
-                               shared, global);
+  if (reinterpret_cast<std::uintptr_t>(shared) % bytes != 0 || reinterpret_cast<std::uintptr_t>(global) % bytes != 0)
+    cgcpu::detail::fiber_fault(w, "cp.async (%s:%d): addresses %p and %p are not both %u-byte aligned", file, line,
+                               shared, global, bytes);
   cgcpu::detail::Fiber& self = *w.current;
   cgcpu::detail::TsanIgnore ignore;
-  self.async_copies.push_back({shared, global, 16u, self.async_groups});
+  self.async_copies.push_back({shared, global, bytes, self.async_groups});
 }
+
+inline void cg_cp_async_16(void* shared, const void* global, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE()) {
+  cg_cp_async(shared, global, 16u, file, line);
+}
+
+inline void cg_cp_async_4(void* shared, const void* global, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+  cg_cp_async(shared, global, 4u, file, line);
+}
+
+// An empty asm statement on a GPU (it only keeps ptxas from hoisting): here, `x` itself.
+inline int cg_opaque(int x) { return x; }
 
 // ex2.approx.ftz.f32: 2^x, a subnormal argument read as zero and a subnormal result written as
 // zero (PTX ISA, "ex2"): the twin rounds 2^x correctly where the hardware is within 2 ulp.
