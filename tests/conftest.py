@@ -47,23 +47,7 @@ def _gpu_present() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-# The test files that take longest (seconds, measured on 2 cores with two workers, 2026-12-06:
-# full size 348, the sanitizers and racecheck about 250 each, the ground truth 230, the SASS
-# audit 200), collected first: pytest-xdist then hands them out first (`--dist loadfile
-# --no-loadscope-reorder`), and the two workers end together instead of one running a long
-# file alone at the end. The full-size cases stay in one file, one after another: each holds
-# over 10 GB.
-SLOWEST_FILES = ("test_full_size.py", "test_sanitizers.py", "test_racecheck.py",
-                 "test_ground_truth.py", "test_sass_audit.py")
-
-
-def _slowest_first(item) -> int:
-    name = Path(str(item.fspath)).name
-    return SLOWEST_FILES.index(name) if name in SLOWEST_FILES else len(SLOWEST_FILES)
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_slowest_first)  # stable: each file's tests keep their order
     if _gpu_present():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU; none is present")
