@@ -24,7 +24,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from cgc.backends.cuda.emulated import COMPILER, FLAGS, HEADERS, build, compiler_missing
+from cgc.backends.cuda.emulated import (COMPILER, FLAGS, HEADERS, STANDALONE_FLAGS, build,
+                                        compiler_missing)
 from cgc.training.data import Batches, load_corpus
 from cgc.backends.numerics import decode, encode, storage_dtype
 from cgc.training.loop import train
@@ -251,7 +252,7 @@ def test_the_standalone_program_replays_a_dump(config, tolerance, tmp_path):
     result = train(emulated, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(),
                    dump=str(tmp_path / "dump"))
     program = build(emulated.emitted.text, f"standalone-{config}",
-                    flags=("-std=c++17", "-O2", "-pthread", "-w"))
+                    flags=STANDALONE_FLAGS)
     printed = subprocess.run([str(program), str(tmp_path / "dump"), "2"], capture_output=True,
                              text=True, check=True, timeout=300).stdout
     losses = [float(x) for x in re.findall(r"loss (\S+)", printed)]

@@ -14,8 +14,9 @@ For each non-library image, its first launch of the step:
   elements: PARTITIONS) gets data only in the parts its sampled blocks own;
 - its write-only outputs are poisoned (all bits set: NaN, or -1) in the emulated memory;
 - the sampled blocks run in the emulator; the image's numpy reference runs on the sampled
-  blocks' parts (a sub-launch of one part, with the grid cut to it), or on the whole launch
-  for the small images that are not partitioned;
+  blocks' parts (a sub-launch of one part, with the grid cut to it; for attention, one
+  sequence and the heads a sampled block serves), or on the whole launch for the small
+  images that are not partitioned;
 - every element the sampled blocks wrote (not poison) must be one the blocks own (OWNED) and
   every element they own must be written: a write anywhere else (an index that overflowed
   into another row) or a part left unwritten fails; the owned elements equal the reference's
@@ -74,6 +75,9 @@ class Partition:
     rebased: tuple = ("count",)  # scalars that count elements from the launch's start
     fixed: dict = field(default_factory=dict)  # scalars a one-part sub-launch takes instead
     part_of: object = None  # block (x, y, z), grid -> its part, where not block[axis]
+    # attention: block (x, y, z), grid -> the query heads and the key/value head it serves
+    # (the reference then runs on those heads of the part's sequence alone)
+    heads_of: object = None
 
     def part(self, block, grid) -> int:
         return self.part_of(block, grid) if self.part_of else block[self.axis]
@@ -85,6 +89,25 @@ def attention_sequence(block, grid) -> int:
     x, y, z = block
     X, Y, Z = grid
     return (x + X * (y + Y * z)) % (Y * Z) // Y
+
+
+def forward_heads(c):
+    """The query head of a forward attention block (longest first, as attention_sequence)
+    and the key/value head it reads."""
+    group = c["heads"] // c.get("kvHeads", c["heads"])
+
+    def heads(block, grid):
+        x, y, z = block
+        X, Y, Z = grid
+        head = (x + X * (y + Y * z)) % (Y * Z) % Y
+        return (head,), head // group
+    return heads
+
+
+def backward_heads(c):
+    """A backward attention block's key/value head (its y) and the query heads it serves."""
+    group = c["heads"] // c.get("kvHeads", c["heads"])
+    return lambda block, grid: (tuple(range(block[1] * group, (block[1] + 1) * group)), block[1])
 
 
 def qkv_width(c) -> int:
@@ -104,10 +127,10 @@ def partitions(c, grid) -> dict:
         "cgImageLayerNorm": Partition(0, {"output": W, "statistics": 2, "input": W}),
         "cgImageRmsNorm": Partition(0, {"output": W, "statistics": 1, "input": W}),
         "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * Q},
-                                      part_of=attention_sequence),
+                                      part_of=attention_sequence, heads_of=forward_heads(c)),
         "cgImageAttentionBackward": Partition(2, {"gradientQkv": T * Q, "qkv": T * Q,
                                                   "gradientOutput": T * W, "lse": T * H,
-                                                  "delta": T * H}),
+                                                  "delta": T * H}, heads_of=backward_heads(c)),
         "cgImageAttentionDelta": Partition(0, {"delta": H, "output": W, "gradientOutput": W}),
         "cgImageRotary": Partition(1, {"qkv": T * Q}),
         "cgImageGelu": Partition(0, {"output": 2048, "input": 2048}, 2048),
@@ -347,6 +370,47 @@ def _sub_launch(machine, launch, bound, partition, part):
                                        machine.constants))
 
 
+def _heads_sub_launch(machine, launch, bound, sequence: int, query_heads: tuple, kv_head: int):
+    """An attention image's reference on one sequence and the heads one block serves (its
+    query heads and their key/value head) alone: each pointer's rows of the sequence, its
+    columns of those heads, as a problem of len(query_heads) heads sharing one key/value
+    head; what it writes is put back in place. The reference's heads are independent
+    problems, so this is the whole launch's result on them, at a fraction of its cost."""
+    c = machine.constants
+    H, KV, T = int(c["heads"]), int(c.get("kvHeads", c["heads"])), int(c["context"])
+    D = int(c["width"]) // H
+
+    def head_columns(heads):
+        return [h * D + i for h in heads for i in range(D)]
+    qkv = head_columns(query_heads) + head_columns((H + kv_head, H + KV + kv_head))
+    columns = {"qkv": (qkv, (H + 2 * KV) * D), "gradientQkv": (qkv, (H + 2 * KV) * D),
+               "output": (head_columns(query_heads), H * D),
+               "gradientOutput": (head_columns(query_heads), H * D),
+               "lse": (list(query_heads), H), "delta": (list(query_heads), H)}
+    pointers, put_back = {}, []
+    for b in bound.pointers:
+        parameter, view = b.parameter, b.view
+        chosen, width = columns[parameter.name]
+        rows = machine.storage_array(view)[b.offset:b.offset + view.count] \
+            .reshape(-1, width)[sequence * T:(sequence + 1) * T]
+        part = np.ascontiguousarray(rows[:, chosen])
+        if parameter.access != "read":
+            put_back.append((rows, chosen, part))
+        home, base = machine.home(view)
+        item = element_bytes(view.storage.element, machine.low)
+        pointers[parameter.name] = Pointer(f"{launch.image.name} sequence {sequence}",
+                                           parameter.index, parameter.name, parameter.access,
+                                           parameter.element, machine.low, part.reshape(-1),
+                                           None, home, base, item)
+    constants = {**c, "heads": len(query_heads), "kvHeads": 1, "width": len(query_heads) * D}
+    scalars = {s.parameter.name: s.value for s in bound.scalars}
+    grid = (int(bound.grid[0]), 1, 1)
+    machine.kernels[launch.image.name](Kernel(pointers, scalars, grid, launch.image.block,
+                                              constants))
+    for rows, chosen, part in put_back:
+        rows[:, chosen] = part
+
+
 def check_sampled_blocks_of_every_kernel_at_full_size(runs, only=None):
     emulated, reference = runs
     program, plan, low = reference.program, reference.plan, reference.program.low
@@ -415,6 +479,11 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs, only=None):
         emulated.set_blocks(None)
         if partition is None:
             machine.launch(launch, phase, point)
+        elif partition.heads_of is not None:
+            for sequence, (query_heads, kv_head) in sorted(
+                    {(partition.part(xyz, grid), partition.heads_of(xyz, grid))
+                     for xyz in coordinates}):
+                _heads_sub_launch(machine, launch, bound, sequence, query_heads, kv_head)
         else:
             for part in parts:
                 _sub_launch(machine, launch, bound, partition, part)

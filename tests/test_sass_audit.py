@@ -578,10 +578,10 @@ _DQ_FRAGMENT = ("          load_b(left, right, k + c * 16 * kStride + n * 16, kS
                 "          mma(first_sum[2 * n], ds, left);\n"
                 "          mma(first_sum[2 * n + 1], ds, right);")
 # the backward's lse and delta read from global memory a logit, as before they were staged
-_ROWS_STAGED = "          const float2 row = tile_rows[c * 16 + n * 8 + 2 * t + e];"
+_ROWS_STAGED = "          const float2 pair = tile_rows[c * 16 + n * 8 + 2 * t + e];"
 _ROWS_RELOADED = (
     "          const size_t at = (base + query_tile * T + c * 16 + n * 8 + 2 * t + e) * kHeads + head;\n"
-    "          const float2 row = make_float2(lse[at], delta[at]);")
+    "          const float2 pair = make_float2(lse[at], delta[at]);")
 ATTENTION_MUTATIONS = {
     "exponential and reloads": {
         "attention.cu.j2": (

@@ -1076,7 +1076,8 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
 // += dS K). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
 // mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
 // shared memory, a query tile's lse and delta with it (4-byte copies: a row's are kHeads
-// apart), so that the dK/dV loop reads them on chip, never from global memory. q and k arrive already rotated (the rotary pass); dQ and dK, the gradients at
+// apart), so that the dK/dV loop reads them on chip, never from global memory. q and k
+// arrive already rotated (the rotary pass); dQ and dK, the gradients at
 // the rotated q and k, are turned back in registers as they are written (the rotary pass's
 // inverse, with the same angles: rotary_angle), so they leave as the gradients at the
 // unrotated q and k. Each element of dQ and dK is written once, by one lane: turned once.
@@ -1220,8 +1221,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           // the query's lse and delta, from this stage
-          const float2 row = tile_rows[c * 16 + n * 8 + 2 * t + e];
-          const float lse_log2 = row.x * kLog2e, delta_scaled = row.y * scale;
+          const float2 pair = tile_rows[c * 16 + n * 8 + 2 * t + e];
+          const float lse_log2 = pair.x * kLog2e, delta_scaled = pair.y * scale;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float& p = scores[n].x[2 * h + e];
