@@ -98,37 +98,54 @@ BREAKAGES = {
 KERNELS = {"embedding": "cgImageEmbedding", "layer_norm": "cgImageLayerNorm"}
 
 
+# Which breakage a run of the broken build takes: the number in CG_BREAKAGE (1, 2, ...), read
+# once; none without it.
+SELECTOR = """#include <cstdlib>
+static int cg_breakage() {
+  static const int chosen = std::getenv("CG_BREAKAGE") ? std::atoi(std::getenv("CG_BREAKAGE")) : 0;
+  return chosen;
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory):
-    """The sanitizer build of the tiny step from each broken template (emitted one by one,
-    each from its own copy of the templates; built two at a time)."""
-    texts = {}
-    for number, (name, (template, line, broken_line, _)) in enumerate(BREAKAGES.items()):
-        templates = tmp_path_factory.mktemp(f"templates{number}") / "templates"
-        shutil.copytree(ROOT / "templates", templates)
+    """The sanitizer build of the tiny step from templates holding every breakage, each
+    taken only in a run that selects it (CG_BREAKAGE, its number): one build for all of them,
+    each run as broken as its own template would make it."""
+    templates = tmp_path_factory.mktemp("templates") / "templates"
+    shutil.copytree(ROOT / "templates", templates)
+    for number, (template, line, broken_line, _) in enumerate(BREAKAGES.values(), 1):
         path = templates / "kernels" / f"{template}.cu.j2"
         text = path.read_text()
         assert line in text, "the breakage no longer matches the template: update the test"
-        path.write_text(text.replace(line, broken_line))
-        before = os.environ.get("CGC_TEMPLATES")
-        os.environ["CGC_TEMPLATES"] = str(templates)
-        try:
-            program = evaluate(analyse([PATH]), PATH, config="tiny")
-            texts[name] = emit_program(program, plan_memory(program, red_zone=RED_ZONE)).text
-        finally:
-            if before is None:
-                os.environ.pop("CGC_TEMPLATES")
-            else:
-                os.environ["CGC_TEMPLATES"] = before
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = {name: pool.submit(build, text, "standalone-sanitized-tiny", SANITIZER_FLAGS)
-                for name, text in texts.items()}
-        return {name: job.result() for name, job in jobs.items()}
+        path.write_text(text.replace(line, f"if (cg_breakage() == {number}) {broken_line} "
+                                           f"else {line}"))
+    before = os.environ.get("CGC_TEMPLATES")
+    os.environ["CGC_TEMPLATES"] = str(templates)
+    try:
+        program = evaluate(analyse([PATH]), PATH, config="tiny")
+        text = emit_program(program, plan_memory(program, red_zone=RED_ZONE)).text
+    finally:
+        if before is None:
+            os.environ.pop("CGC_TEMPLATES")
+        else:
+            os.environ["CGC_TEMPLATES"] = before
+    return build(SELECTOR + text, "standalone-sanitized-tiny-broken", SANITIZER_FLAGS)
+
+
+def test_the_broken_build_runs_clean_with_no_breakage_chosen(dump, broken, monkeypatch):
+    """The breakages below are the only faults of the broken build: chosen by none, it runs
+    the step with no report."""
+    monkeypatch.delenv("CG_BREAKAGE", raising=False)
+    status, _, err = replay(broken, dump[0], 1)
+    assert reports(err) == [] and status == 0, err[-4000:]
 
 
 @pytest.mark.parametrize("breakage", list(BREAKAGES))
-def test_a_broken_template_is_reported_naming_its_kernel(breakage, dump, broken):
+def test_a_broken_template_is_reported_naming_its_kernel(breakage, dump, broken, monkeypatch):
     template, _, _, report = BREAKAGES[breakage]
-    status, _, err = replay(broken[breakage], dump[0], 1)
+    monkeypatch.setenv("CG_BREAKAGE", str(list(BREAKAGES).index(breakage) + 1))
+    status, _, err = replay(broken, dump[0], 1)
     assert status != 0 and re.search(report, err), err[-4000:]
     assert KERNELS[template] in err, err[-4000:]
