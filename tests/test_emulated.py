@@ -24,7 +24,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cgc.backends.cuda.emulated import (COMPILER, FLAGS, HEADERS, STANDALONE_FLAGS, build,
+from cgc.backends.cuda.emulated import (COMPILER, FLAGS, HEADERS, OPTIMISED_FLAGS, build,
                                         compiler_missing)
 from cgc.training.data import Batches, load_corpus
 from cgc.backends.numerics import decode, encode, storage_dtype
@@ -247,12 +247,14 @@ def test_the_host_program_and_launch_by_launch_agree_bit_for_bit():
 @pytest.mark.parametrize("config,tolerance", [("tiny32", 1e-5), ("tiny", 1e-5)])
 def test_the_standalone_program_replays_a_dump(config, tolerance, tmp_path):
     """The emitted file's own main, built for the host, replays a dumped run and prints the
-    losses the emulated backend computed."""
+    losses the emulated backend computed. Built at -O2 (OPTIMISED_FLAGS): the suite's one
+    step built with the optimiser's strict-aliasing and overflow assumptions, which the
+    other builds (-O1) leave out."""
     emulated = open_run("emulated", analyse([PATH]), PATH, config, {}, 0)
     result = train(emulated, Batches(load_corpus(None), 4, 64, 0), 2, out=io.StringIO(),
                    dump=str(tmp_path / "dump"))
     program = build(emulated.emitted.text, f"standalone-{config}",
-                    flags=STANDALONE_FLAGS)
+                    flags=OPTIMISED_FLAGS)
     printed = subprocess.run([str(program), str(tmp_path / "dump"), "2"], capture_output=True,
                              text=True, check=True, timeout=300).stdout
     losses = [float(x) for x in re.findall(r"loss (\S+)", printed)]

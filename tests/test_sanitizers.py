@@ -112,7 +112,8 @@ static int cg_breakage() {
 def broken(tmp_path_factory):
     """The sanitizer build of the tiny step from templates holding every breakage, each
     taken only in a run that selects it (CG_BREAKAGE, its number): one build for all of them,
-    each run as broken as its own template would make it."""
+    each run as broken as its own template would make it. With it, the line of the built
+    source that holds each breakage (its report names that line)."""
     templates = tmp_path_factory.mktemp("templates") / "templates"
     shutil.copytree(ROOT / "templates", templates)
     for number, (template, line, broken_line, _) in enumerate(BREAKAGES.values(), 1):
@@ -131,14 +132,21 @@ def broken(tmp_path_factory):
             os.environ.pop("CGC_TEMPLATES")
         else:
             os.environ["CGC_TEMPLATES"] = before
-    return build(SELECTOR + text, "standalone-sanitized-tiny-broken", SANITIZER_FLAGS)
+    source = SELECTOR + text
+    lines = {name: next(number for number, line in enumerate(source.splitlines(), 1)
+                        if f"if (cg_breakage() == {index}) " in line)
+             for index, name in enumerate(BREAKAGES, 1)}
+    return build(source, BROKEN, SANITIZER_FLAGS), lines
+
+
+BROKEN = "standalone-sanitized-tiny-broken"  # the build's name: its source is BROKEN.cpp
 
 
 def test_the_broken_build_runs_clean_with_no_breakage_chosen(dump, broken, monkeypatch):
     """The breakages below are the only faults of the broken build: chosen by none, it runs
     the step with no report."""
     monkeypatch.delenv("CG_BREAKAGE", raising=False)
-    status, _, err = replay(broken, dump[0], 1)
+    status, _, err = replay(broken[0], dump[0], 1)
     assert reports(err) == [] and status == 0, err[-4000:]
 
 
@@ -146,6 +154,9 @@ def test_the_broken_build_runs_clean_with_no_breakage_chosen(dump, broken, monke
 def test_a_broken_template_is_reported_naming_its_kernel(breakage, dump, broken, monkeypatch):
     template, _, _, report = BREAKAGES[breakage]
     monkeypatch.setenv("CG_BREAKAGE", str(list(BREAKAGES).index(breakage) + 1))
-    status, _, err = replay(broken, dump[0], 1)
+    binary, lines = broken
+    status, _, err = replay(binary, dump[0], 1)
     assert status != 0 and re.search(report, err), err[-4000:]
     assert KERNELS[template] in err, err[-4000:]
+    # a frame at this breakage's line, not another's
+    assert re.search(rf"{BROKEN}\.cpp:{lines[breakage]}\b", err), err[-4000:]
