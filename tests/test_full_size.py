@@ -91,22 +91,31 @@ def attention_sequence(block, grid) -> int:
     return (x + X * (y + Y * z)) % (Y * Z) // Y
 
 
-def forward_heads(c):
-    """The query head of a forward attention block (longest first, as attention_sequence)
-    and the key/value head it reads."""
-    group = c["heads"] // c.get("kvHeads", c["heads"])
+def attention_head(block, grid) -> int:
+    """The query head a forward attention block serves (longest first, as
+    attention_sequence)."""
+    x, y, z = block
+    X, Y, Z = grid
+    return (x + X * (y + Y * z)) % (Y * Z) % Y
 
+
+def query_group(c) -> int:
+    """Query heads a key/value head serves."""
+    return c["heads"] // c.get("kvHeads", c["heads"])
+
+
+def forward_heads(c):
+    """A forward attention block's query head and the key/value head it reads."""
+    group = query_group(c)
     def heads(block, grid):
-        x, y, z = block
-        X, Y, Z = grid
-        head = (x + X * (y + Y * z)) % (Y * Z) % Y
+        head = attention_head(block, grid)
         return (head,), head // group
     return heads
 
 
 def backward_heads(c):
     """A backward attention block's key/value head (its y) and the query heads it serves."""
-    group = c["heads"] // c.get("kvHeads", c["heads"])
+    group = query_group(c)
     return lambda block, grid: (tuple(range(block[1] * group, (block[1] + 1) * group)), block[1])
 
 
@@ -169,7 +178,7 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     W, V, H, T = c["width"], c["vocab"], c["heads"], c["context"]
     D, tile, Q = W // H, c["attentionTile"], qkv_width(c)
     KV = c.get("kvHeads", H)
-    group = H // KV
+    group = query_group(c)
 
     def elementwise(per, limit="count"):
         first, last = x * per, min((x + 1) * per, int(scalars[limit]))
@@ -184,7 +193,7 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     if image == "cgImageAttention":  # longest first: the grid's linear index, tiles last
         X, Y, Z = grid
         linear, pairs = x + X * (y + Y * z), Y * Z
-        head, sequence = linear % pairs % Y, attention_sequence(block, grid)
+        head, sequence = attention_head(block, grid), attention_sequence(block, grid)
         first = (sequence * T + (X - 1 - linear // pairs) * tile, tile)
         return {"output": rows(*first, W, [(head * D, (head + 1) * D)]),
                 "lse": rows(*first, H, [(head, head + 1)])}[pointer]
@@ -360,18 +369,22 @@ def _sub_launch(machine, launch, bound, partition, part):
     grid[partition.axis] = 1
     pointers = {}
     for b in bound.pointers:
-        parameter, view = b.parameter, b.view
-        array = machine.storage_array(view)[b.offset:b.offset + view.count]
-        n = partition.per_part.get(parameter.name)
+        array = machine.storage_array(b.view)[b.offset:b.offset + b.view.count]
+        n = partition.per_part.get(b.parameter.name)
         if n is not None:
             array = array[part * n:(part + 1) * n]
-        home, base = machine.home(view)
-        item = element_bytes(view.storage.element, machine.low)
-        pointers[parameter.name] = Pointer(f"{image.name} part {part}", parameter.index,
-                                           parameter.name, parameter.access, parameter.element,
-                                           machine.low, array, None, home, base, item)
+        pointers[b.parameter.name] = _pointer(machine, f"{image.name} part {part}", b, array)
     machine.kernels[image.name](Kernel(pointers, scalars, tuple(grid), image.block or (1, 1, 1),
                                        machine.constants))
+
+
+def _pointer(machine, label: str, bound_pointer, array) -> Pointer:
+    """The reference's pointer argument for `bound_pointer` of a sub-launch, over `array`."""
+    parameter, view = bound_pointer.parameter, bound_pointer.view
+    home, base = machine.home(view)
+    return Pointer(label, parameter.index, parameter.name, parameter.access, parameter.element,
+                   machine.low, array, None, home, base,
+                   element_bytes(view.storage.element, machine.low))
 
 
 def _heads_sub_launch(machine, launch, bound, sequence: int, query_heads: tuple, kv_head: int):
@@ -400,12 +413,8 @@ def _heads_sub_launch(machine, launch, bound, sequence: int, query_heads: tuple,
         part = np.ascontiguousarray(rows[:, chosen])
         if parameter.access != "read":
             put_back.append((rows, chosen, part))
-        home, base = machine.home(view)
-        item = element_bytes(view.storage.element, machine.low)
-        pointers[parameter.name] = Pointer(f"{launch.image.name} sequence {sequence}",
-                                           parameter.index, parameter.name, parameter.access,
-                                           parameter.element, machine.low, part.reshape(-1),
-                                           None, home, base, item)
+        pointers[parameter.name] = _pointer(machine, f"{launch.image.name} sequence {sequence}",
+                                            b, part.reshape(-1))
     constants = {**c, "heads": len(query_heads), "kvHeads": 1, "width": len(query_heads) * D}
     scalars = {s.parameter.name: s.value for s in bound.scalars}
     grid = (int(bound.grid[0]), 1, 1)

@@ -96,6 +96,7 @@ BREAKAGES = {
         r"runtime error: (load|reference binding|member access) .*misaligned address"),
 }
 KERNELS = {"embedding": "cgImageEmbedding", "layer_norm": "cgImageLayerNorm"}
+NUMBERS = {name: number for number, name in enumerate(BREAKAGES, 1)}  # CG_BREAKAGE's values
 
 
 # Which breakage a run of the broken build takes: the number in CG_BREAKAGE (1, 2, ...), read
@@ -116,11 +117,11 @@ def broken(tmp_path_factory):
     source that holds each breakage (its report names that line)."""
     templates = tmp_path_factory.mktemp("templates") / "templates"
     shutil.copytree(ROOT / "templates", templates)
-    for number, (template, line, broken_line, _) in enumerate(BREAKAGES.values(), 1):
+    for name, (template, line, broken_line, _) in BREAKAGES.items():
         path = templates / "kernels" / f"{template}.cu.j2"
         text = path.read_text()
         assert line in text, "the breakage no longer matches the template: update the test"
-        path.write_text(text.replace(line, f"if (cg_breakage() == {number}) {broken_line} "
+        path.write_text(text.replace(line, f"if (cg_breakage() == {NUMBERS[name]}) {broken_line} "
                                            f"else {line}"))
     before = os.environ.get("CGC_TEMPLATES")
     os.environ["CGC_TEMPLATES"] = str(templates)
@@ -134,8 +135,8 @@ def broken(tmp_path_factory):
             os.environ["CGC_TEMPLATES"] = before
     source = SELECTOR + text
     lines = {name: next(number for number, line in enumerate(source.splitlines(), 1)
-                        if f"if (cg_breakage() == {index}) " in line)
-             for index, name in enumerate(BREAKAGES, 1)}
+                        if f"if (cg_breakage() == {NUMBERS[name]}) " in line)
+             for name in BREAKAGES}
     return build(source, BROKEN, SANITIZER_FLAGS), lines
 
 
@@ -153,7 +154,7 @@ def test_the_broken_build_runs_clean_with_no_breakage_chosen(dump, broken, monke
 @pytest.mark.parametrize("breakage", list(BREAKAGES))
 def test_a_broken_template_is_reported_naming_its_kernel(breakage, dump, broken, monkeypatch):
     template, _, _, report = BREAKAGES[breakage]
-    monkeypatch.setenv("CG_BREAKAGE", str(list(BREAKAGES).index(breakage) + 1))
+    monkeypatch.setenv("CG_BREAKAGE", str(NUMBERS[breakage]))
     binary, lines = broken
     status, _, err = replay(binary, dump[0], 1)
     assert status != 0 and re.search(report, err), err[-4000:]
