@@ -57,6 +57,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from cgc.core.affine import Affine  # noqa: E402
+from cgc.backends.numpy.reference import norm_group  # noqa: E402
 from cgc.core.ir import Concurrent, Launch, PhaseRegion, Repeat  # noqa: E402
 from cgc.checking.memory import element_bytes  # noqa: E402
 from cgc.frontend.api import analyse, evaluate  # noqa: E402
@@ -188,8 +189,10 @@ def _attention_rereads(r, launch) -> int:
 
 
 def _norm_partials(r, launch) -> int:
-    """The layer-norm backward's partial sums: a row of 2 x width floats a block."""
-    return launch.blocks * 2 * r["width"] * 4
+    """The layer-norm backward's serial tail: the last group's rows, then the groups' rows
+    (common.cuh: the two levels of tickets), each 2 x width floats."""
+    size = norm_group(launch.blocks)
+    return (size + -(-launch.blocks // size)) * 2 * r["width"] * 4
 
 
 def _sort_stages(r) -> int:
@@ -288,8 +291,9 @@ DESIGNS = {
     "cgImageLayerNorm": Design(inflight=24),
     # a warp a row: its input, its gradient and gamma, 24 floats each a lane, loaded together
     # (the residual of the Add variant is read after the row's sums, alone); then the last
-    # block reads every block's row of partials (2 x width floats) from L2, kNormTailLoads
-    # (16) float4 loads a thread in flight (common.cuh: layer_norm_backward)
+    # group's last block reads its group's rows of partials (2 x width floats) and the
+    # groups' from L2, kNormTailLoads (16) float4 loads a thread in flight (common.cuh:
+    # layer_norm_backward)
     "cgImageLayerNormBackward": Design(inflight=288, last_block_bytes=_norm_partials,
                                        last_block_inflight=16 * 16),
     "cgImageLayerNormBackwardAdd": Design(inflight=288, last_block_bytes=_norm_partials,

@@ -15,8 +15,9 @@ No GPU is needed. tests/test_sass_audit.py holds the promises each kernel keeps.
 
 What is built is an emitted file's device code (device_code: what NVRTC compiles; nothing in
 the host program after it can change a kernel). The cubin is cached by content (that code,
-nvcc's version and flags) under $CGC_SASS_CACHE, else cgc's cache folder: one nvcc build per
-distinct device code, which files that differ only in their host programs share.
+nvcc's version and flags) under $CGC_SASS_CACHE, else cgc's cache folder. --shipped builds
+each distinct kernel of a configuration once (kernel_units), and audits each file from its
+own kernels' machine code.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ class KernelCode:
                 continue
             found[instruction.kind] += 1
             if instruction.kind == "atomic" and ".INC" in instruction.opcode:
-                found["ticket"] += 1  # atomicInc: a ticket (the layer-norm backward's last block)
+                found["ticket"] += 1  # atomicInc: a ticket (the layer-norm backward's two levels)
             if instruction.kind == "global" and instruction.wide:
                 found["wide"] += 1
             if instruction.kind in DATA_PATH_KINDS:
@@ -678,18 +679,63 @@ def shipped_name(path: str) -> str:
 
 @dataclass
 class ShippedAudit:
-    """The audit of every shipped file, keyed by (schedule file name, config), and the
-    builds: each a list of the files whose device code it is (more than one: files
-    identical in kernels, built once)."""
+    """The audit of every shipped file, keyed by (schedule file name, config); the files
+    grouped by device code (`builds`: more than one in a group, files identical in kernels);
+    and `compiled`, the nvcc builds that made the machine code (each distinct kernel of a
+    configuration once: kernel_units)."""
 
     files: dict[tuple[str, str], dict[str, KernelAudit]]
     builds: list[list[tuple[str, str]]]
+    compiled: int = 0
+
+
+# The kernels' section of the device code (templates/program.cu.j2): each kernel follows
+# a blank line and its "// NAME: summary" line.
+KERNELS_HEADER = "// ---- kernels: one per image"
+
+
+def split_kernels(code: str, names) -> tuple[str, dict[str, str]]:
+    """Device code's common part (everything before the kernels' section) and the text of
+    each kernel `names` lists, from its "// NAME: " line to the next kernel's."""
+    at = code.index("\n" + KERNELS_HEADER) + 1
+    common, starts = code[:at], []
+    for name in names:
+        found = code.find(f"\n\n// {name}: ", at)
+        assert found >= 0, f"no kernel {name} in the device code"
+        starts.append((found + 1, name))
+    starts.sort()
+    ends = [start for start, _ in starts[1:]] + [len(code)]
+    return common, {name: code[start:end] for (start, name), end in zip(starts, ends)}
+
+
+def kernel_units(codes: list[tuple[str, dict]]) -> list[tuple[str, list[str]]]:
+    """The device code to build for a set of files (their device code, their kernels'
+    launch shapes), each with its kernels' names: each distinct kernel of each common part
+    once. A build holds one text
+    of each kernel name, so a kernel two files emit differently goes in a second build;
+    ptxas makes each kernel's machine code alone (no kernel's code changes another's), so
+    a kernel's SASS is the same in any build of its common part
+    (test_a_kernel_built_beside_others_is_the_same)."""
+    rounds: dict[str, list[dict[str, str]]] = {}
+    for code, shapes in codes:
+        common, kernels = split_kernels(code, shapes)
+        builds = rounds.setdefault(common, [])
+        for name, text in kernels.items():
+            if any(done.get(name) == text for done in builds):
+                continue
+            free = next((done for done in builds if name not in done), None)
+            if free is None:
+                builds.append(free := {})
+            free[name] = text
+    return [(common + KERNELS_HEADER + "\n" + "".join(kernels.values()), list(kernels))
+            for common, builds in rounds.items() for kernels in builds]
 
 
 def audit_shipped(folder: Path | None = None, hw: Hardware = H200,
                   workers: int | None = None) -> ShippedAudit:
-    """Every shipped file (shipped_files), audited: one nvcc build per distinct device
-    code, the builds run `workers` at a time (default: one a CPU; nvcc is a process)."""
+    """Every shipped file (shipped_files), audited: each distinct kernel of a configuration
+    built once (kernel_units), the builds run `workers` at a time (default: one a CPU; nvcc
+    is a process); each file audited from its own kernels' machine code."""
     from concurrent.futures import ThreadPoolExecutor
     check_versions()
     shapes, by_code = {}, {}
@@ -697,11 +743,22 @@ def audit_shipped(folder: Path | None = None, hw: Hardware = H200,
         key = (shipped_name(path), config)
         source, shapes[key] = emitted_file(path, config)
         by_code.setdefault(device_code(source), []).append(key)
+    units = kernel_units([(code, shapes[keys[0]]) for code, keys in by_code.items()])
     with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
-        built = list(pool.map(lambda code: build(code, folder, hw), by_code))
-    files = {key: done.audit(shapes[key], hw)
-             for done, keys in zip(built, by_code.values()) for key in keys}
-    return ShippedAudit(dict(sorted(files.items())), list(by_code.values()))
+        built = list(pool.map(lambda unit: build(unit[0], folder, hw), units))
+    made = {}  # (common part, kernel text) -> (its machine code, its resources)
+    for (unit, names), done in zip(units, built):
+        common, kernels = split_kernels(unit, names)
+        for name, text in kernels.items():
+            made[common, text] = (done.code[name], done.usage[name])
+    files = {}
+    for code, keys in by_code.items():
+        common, kernels = split_kernels(code, shapes[keys[0]])
+        mine = {name: made[common, text] for name, text in kernels.items()}
+        own = Built({name: m[0] for name, m in mine.items()},
+                    {name: m[1] for name, m in mine.items()}, attention_ldmatrix_ways(code))
+        files.update({key: own.audit(shapes[key], hw) for key in keys})
+    return ShippedAudit(dict(sorted(files.items())), list(by_code.values()), len(units))
 
 
 COLUMNS = [("kernel", "kernel"), ("threads", "threads"), ("registers", "regs"),
@@ -736,7 +793,7 @@ def print_shipped(shipped: ShippedAudit, as_json: bool) -> int:
         return 0
     for keys in shipped.builds:
         names = ", ".join(sorted({name for name, _ in keys}))
-        same = f" (the same device code: one build)" if len(keys) > 1 else ""
+        same = f" (the same device code)" if len(keys) > 1 else ""
         audits = shipped.files[keys[0]]
         print(f"{names}, config {keys[0][1]}{same}: {len(audits)} kernels, {ARCHITECTURE}")
         print(table(audits) + "\n")
@@ -745,7 +802,8 @@ def print_shipped(shipped: ShippedAudit, as_json: bool) -> int:
              for kernel, a in audits.items() if a.stack or a.counts["local"]]
     print("\n".join(["local memory:"] + local) if local else
           f"local memory: none, in the {sum(map(len, shipped.files.values()))} kernels of "
-          f"{len(shipped.files)} shipped files ({len(shipped.builds)} builds)")
+          f"{len(shipped.files)} shipped files ({len(shipped.builds)} distinct device codes, "
+          f"{shipped.compiled} nvcc builds)")
     return 0
 
 

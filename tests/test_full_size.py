@@ -36,6 +36,7 @@ import pytest
 from cgc.backends.cuda.emulated import compiler_missing
 from cgc.backends.numerics import decode, encode, storage_dtype
 from cgc.backends.numpy.machine import Kernel, Pointer
+from cgc.backends.numpy.reference import norm_group
 from cgc.checking.memory import storage_home
 from cgc.core.elements import concrete, element_bytes
 from cgc.pipeline import analyse, open_run
@@ -51,6 +52,8 @@ CASES = {"gpt2": (str(SCHEDULES / "train.cg"), "gpt2", {"cgLayers": 1}),
 # The images a case checks, where not all (the others are the same kernels as another case's)
 ONLY = {"gpt2-hopper": ("cgImageAttention",)}
 RANDOM_BLOCKS = 3
+# A layer-norm backward's group of tickets larger than a launch's sample: never complete.
+NORM_GROUP_AT_LEAST = 2 + RANDOM_BLOCKS + 1
 # Element-wise, relative to the largest magnitude compared (np.isclose's rtol and atol): a
 # bfloat16 output carries 8 bits (2^-8 = 0.4% a step; a value computed in another order can
 # land on the next one); float32 outputs computed in another order (warp butterflies, partial
@@ -217,16 +220,18 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
         return found
     if image == "cgImageCrossEntropyBackward":
         return [(x * V + y * 128, x * V + min((y + 1) * 128, V))]
-    if image in ("cgImageRmsNormBackward", "cgImageRmsNormBackwardAdd"):  # as below, no dbeta
+    if image in ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd",
+                 "cgImageRmsNormBackward", "cgImageRmsNormBackwardAdd"):
+        # A block's row of partials is its own. Its group's first row and dgamma and dbeta
+        # are written again by a group's last block and by the last group's, which run only
+        # when every block of the group has taken its ticket: never under block sampling,
+        # which runs fewer blocks (2 + RANDOM_BLOCKS) than a group has (NORM_GROUP_AT_LEAST;
+        # the last group, a block alone at 64 blocks, is sampled with the other groups of
+        # its launch incomplete, so it writes no group's row of theirs).
+        assert norm_group(grid[0]) >= NORM_GROUP_AT_LEAST, grid
         rows_a_block = int(scalars["rows"]) // grid[0] * W
-        per_block = {"gradientInput": rows_a_block, "gradientLow": rows_a_block,
-                     "partials": W, "gradientGamma": 0}[pointer]
-        return [(x * per_block, (x + 1) * per_block)] if per_block else []
-    if image in ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"):
-        # dgamma and dbeta are the last block's, which runs only when every block of the
-        # launch has taken its ticket: never under block sampling (they stay unwritten)
-        rows_a_block = int(scalars["rows"]) // grid[0] * W
-        per_block = {"gradientInput": rows_a_block, "gradientLow": rows_a_block, "partials": 2 * W,
+        row = W if image.startswith("cgImageRms") else 2 * W  # [dgamma] or [dgamma | dbeta]
+        per_block = {"gradientInput": rows_a_block, "gradientLow": rows_a_block, "partials": row,
                      "gradientGamma": 0, "gradientBeta": 0}[pointer]
         return [(x * per_block, (x + 1) * per_block)] if per_block else []
     if image == "cgImageScatter":

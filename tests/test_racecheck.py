@@ -23,12 +23,14 @@ run in, with the kernel, the shared-memory offset and both threads.
   with the reason it guards nothing. The campaign runs the tiny model with a context of 128
   (two attention tiles a sequence, so the barriers that guard a tile's reuse guard something)
   on the first two blocks of every launch (CG_CPU_BLOCKS: block sampling), except for the
-  barriers of layer_norm_backward, whose last block runs only when every block of the launch
-  has taken its ticket, and of the sorted scatter, whose window of a run's rows is refilled
+  barriers of layer_norm_backward (and of its tickets' helpers, sum_partial_rows and
+  take_last_ticket), whose last blocks run only when every block of a group has taken its
+  ticket, and of the sorted scatter, whose window of a run's rows is refilled
   only in a run longer than 32 rows (the space of byte tokens): those run every block of
   their own kernels' launches, the others sampled (UNSAMPLED_KERNELS, CG_CPU_UNSAMPLED).
-  Removing the barrier between a block's partial sums and its ticket is reported as a race on
-  those partials (global memory) with the last block's reads. The ticket's __threadfence calls are not barriers and
+  Removing the barrier between a block's partial sums and its ticket (or a group's sum and
+  the groups' ticket) is reported as a race on those partials (global memory) with the last
+  block's reads. The ticket's __threadfence calls are not barriers and
   are not removed: ThreadSanitizer does not model fences, and the emulation's atomicInc is
   sequentially consistent, so a missing fence could not be seen here (nor on x86).
 - Three scheduling seeds (the order of the fibers at every barrier) give the same bits.
@@ -67,28 +69,34 @@ SAMPLE = "0,1"  # the blocks of every launch the campaign runs (attention: tiles
 TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4}  # the loss against the numpy run's (relative)
 
 # The kernels that run the barriers of each function of the emitted file.
+# layer_norm_backward and the two helpers of its tickets (common.cuh): the partial sums' two
+# levels, whose last blocks run only when every block of a group has taken its ticket.
+NORM_FUNCTIONS = ("layer_norm_backward", "sum_partial_rows", "take_last_ticket")
+NORM_KERNELS = ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd")
 KERNELS_OF = {
     "block_reduce": {"cgImageLayerNorm", "cgImageSquareSum", "cgImageGradientNorm",
                      "cgImageClassifier"},
-    "layer_norm_backward": {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd"},
+    **{function: set(NORM_KERNELS) for function in NORM_FUNCTIONS},
 }
 # Functions whose barriers the campaign removes with every block of their own kernels' launches
 # run (the other launches sampled: a barrier guards its kernel's own memory whatever values the
-# kernel's inputs hold), on two workers: the layer-norm backward's last block (the one that
-# takes the last ticket, common.cuh) runs only when every block of the launch has taken one,
-# which block sampling never lets happen; and its partial sums go from block to block, which
+# kernel's inputs hold), on two workers: the layer-norm backward's last blocks (a group's, the
+# one that takes the group's last ticket, and the groups', common.cuh) run only when every
+# block of the group has taken one, which block sampling never lets happen (the sample is
+# blocks 0 and 1, a group 5 blocks here: 16 blocks in groups of 5, 5, 5 and 1, so the last two
+# blocks the two workers run, 14 and 15, are in different groups, and a group's sum is written
+# while another group's last block runs); and its partial sums go from block to block, which
 # only blocks running at once on two workers can show (consecutive blocks of one worker are
 # ordered). The sorted scatter's second barrier guards the window of a run's rows, which only
 # a run longer than one window (32 rows) refills: the space of byte tokens, at a position that
 # blocks 0 and 1 do not hold; its runs are the dump's ids in the order cgImageScatterOrder sorts
 # them, one block, which the sample runs whole.
-UNSAMPLED_KERNELS = {"layer_norm_backward": ("cgImageLayerNormBackward",
-                                             "cgImageLayerNormBackwardAdd"),
+UNSAMPLED_KERNELS = {**{function: NORM_KERNELS for function in NORM_FUNCTIONS},
                      "cgImageScatterSorted": ("cgImageScatterSorted",)}
+WHOLE = tuple(sorted({kernel for kernels in UNSAMPLED_KERNELS.values() for kernel in kernels}))
 # Every function whose barriers the campaign must reach (at least one site each).
 # (The classifier's barriers are block_reduce's, as are block_sum's.)
-COVERED = {"cgImageAttention", "cgImageAttentionBackward", "block_reduce",
-           "layer_norm_backward"}
+COVERED = {"cgImageAttention", "cgImageAttentionBackward", "block_reduce", *NORM_FUNCTIONS}
 
 # Barriers whose removal changes nothing, by (function, index among its barriers, from 0),
 # and why. Not removed from the templates here: reported.
@@ -273,9 +281,13 @@ def test_removing_any_barrier_is_reported(setup):
     functions = {site.function for site in sites}
     assert COVERED <= functions, functions
     def how(site):
-        """The blocks each launch runs, the kernels that run all of theirs, the workers."""
+        """The blocks each launch runs, the kernels that run all of theirs, the workers. On
+        two workers every kernel of UNSAMPLED_KERNELS runs whole: a layer-norm backward
+        launch sampled there would find a wrong last block (its group's ticket counts only
+        the sampled blocks, and wraps in a later launch) reading rows another block of the
+        launch is writing."""
         if site.function in UNSAMPLED_KERNELS:
-            return SAMPLE, UNSAMPLED_KERNELS[site.function], 2
+            return SAMPLE, WHOLE, 2
         return SAMPLE, (), 1
 
     def run(ways, **options):
@@ -316,14 +328,14 @@ def test_removing_any_barrier_is_reported(setup):
             # the layer-norm backward's partials are global memory: the barrier before the
             # ticket orders the writes of one block before another block's reads of them
             memories = ("dynamic shared", "static shared") + \
-                (("global",) if site.function == "layer_norm_backward" else ())
+                (("global",) if site.function in NORM_FUNCTIONS else ())
             if race.memory not in memories or race.offset is None:
                 problems.append(f"{site}: not a shared-memory race: {race}")
             sides = [(side.block, side.index) for side in (race.access, race.previous)]
             if race.threads[0] is None or sides[0] == sides[1]:
                 problems.append(f"{site}: a race needs two threads: {race}")
     print("\nbarrier campaign (tiny, context 128, blocks " + SAMPLE + "; every block of "
-          + ", ".join(k for kernels in UNSAMPLED_KERNELS.values() for k in kernels)
+          + ", ".join(WHOLE)
           + "):\n" + "\n".join(table))
     assert not problems, "\n".join(problems) + "\n" + "\n".join(table)
     # The redundant barriers, again in a shuffled order: still nothing to report.

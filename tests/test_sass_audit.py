@@ -4,9 +4,9 @@ cuda-tools extra), so CI runs it: a kernel that starts spilling, loading shared 
 through generic pointers or losing its 128-bit accesses fails here.
 
 EVERY_KERNEL applies to every kernel of every shipped file: each schedule of schedules/ that
-compiles to a file, in each configuration (tiny, tiny32, gpt2), one nvcc build per distinct
-device code (train.cg, train_parallel.cg and train_recompute.cg are the same in kernels in
-each configuration: one build for the three). PROMISES is the one table of what each kernel
+compiles to a file, in each configuration (tiny, tiny32, gpt2, and the Llama-style step's),
+each distinct kernel of a configuration built once (kernel_units; train.cg, train_parallel.cg
+and train_recompute.cg are the same in kernels in each configuration). PROMISES is the one table of what each kernel
 of GPT-2 small's file keeps besides (its design's figures: HMMA a tile, blocks an SM).
 PENDING marks the promises not yet true of the kernels as built, each with its reason: they
 are strict xfails, so the change that makes one true fails here until its mark is removed.
@@ -57,11 +57,12 @@ def no_atomics(a: KernelAudit) -> bool:
     return a.counts["atomic"] == 0
 
 
-def one_ticket(a: KernelAudit) -> bool:
-    """The layer-norm backward's one atomic: the ticket (atomicInc) that finds the last
-    block, which then adds the blocks' partial sums in a fixed order. No other atomic: no
-    data is added atomically, so the same bits every run."""
-    return a.counts["atomic"] == 1 and a.counts["ticket"] == 1
+def two_tickets(a: KernelAudit) -> bool:
+    """The layer-norm backward's two atomics: its two levels of tickets (atomicInc), a
+    group's, which finds the group's last block, and the groups', which finds the last of
+    those; each adds partial sums in a fixed order. No other atomic: no data is added
+    atomically, so the same bits every run."""
+    return a.counts["atomic"] == 2 and a.counts["ticket"] == 2
 
 
 def launchable(a: KernelAudit) -> bool:
@@ -226,11 +227,11 @@ PROMISES = {
     # float4 or 16-byte packs (docs/kernels.md)
     "cgImageEmbedding": (wide_global_accesses,),
     "cgImageLayerNorm": (wide_global_accesses,),
-    "cgImageLayerNormBackward": (wide_global_accesses, one_ticket),
-    "cgImageLayerNormBackwardAdd": (wide_global_accesses, one_ticket),
+    "cgImageLayerNormBackward": (wide_global_accesses, two_tickets),
+    "cgImageLayerNormBackwardAdd": (wide_global_accesses, two_tickets),
     "cgImageRmsNorm": (wide_global_accesses,),
-    "cgImageRmsNormBackward": (wide_global_accesses, one_ticket),
-    "cgImageRmsNormBackwardAdd": (wide_global_accesses, one_ticket),
+    "cgImageRmsNormBackward": (wide_global_accesses, two_tickets),
+    "cgImageRmsNormBackwardAdd": (wide_global_accesses, two_tickets),
     "cgImageSwiGlu": (wide_global_accesses,),
     "cgImageSwiGluBackward": (wide_global_accesses,),
     "cgImageClassifier": (wide_global_accesses, at_least(2), cp_async, classifier_passes(8),
@@ -239,7 +240,7 @@ PROMISES = {
     "cgImageSquareSum": (wide_global_accesses,),
 }
 
-# The kernels excused from no_atomics, each promising one_ticket instead (in PROMISES).
+# The kernels excused from no_atomics, each promising two_tickets instead (in PROMISES).
 TICKETS = {"cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd", "cgImageRmsNormBackward",
            "cgImageRmsNormBackwardAdd"}
 
@@ -258,7 +259,8 @@ def sass_folder(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shipped(sass_folder):
-    """Every shipped file's kernels, audited: one nvcc build per distinct device code."""
+    """Every shipped file's kernels, audited: each distinct kernel of a configuration built
+    once (sass_audit.kernel_units)."""
     return sass_audit.audit_shipped(sass_folder)
 
 
@@ -356,6 +358,39 @@ def test_files_the_same_in_kernels_share_one_build(shipped):
     # steps; each in three configurations
     assert sorted(len(keys) for keys in shipped.builds) == [1] * 27 + [3] * 6
     assert sum(map(len, shipped.builds)) == len(shipped.files)
+    # compiled: each distinct kernel of a configuration once (a second build where two files
+    # emit one kernel differently: the rotary pass, RMSNorm and SwiGLU), six configurations
+    assert shipped.compiled <= 2 * 6
+
+
+def test_a_kernel_built_beside_others_is_the_same(shipped, sass_folder):
+    """The shipped audit builds each kernel once, beside a configuration's other kernels
+    (kernel_units); GPT-2 small's step file built alone, as one nvcc build of its own
+    device code, gives every kernel the same audit: registers, shared memory, every count
+    of every loop."""
+    source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
+    alone = sass_audit.audit_source(source, shapes, sass_folder)
+    assert alone == shipped.files[("train.cg", "gpt2")]
+
+
+def test_kernel_units_build_each_kernel_once_and_a_second_text_apart():
+    """Two files of one common part: a kernel they share goes in one build, once; a kernel
+    they emit differently goes in a second build; another common part is built apart."""
+    def code(common, **kernels):
+        return common + sass_audit.KERNELS_HEADER + " --\n" + "".join(
+            f"\n// {name}: summary\n{text}\n" for name, text in kernels.items())
+    a = code("// tiny\n", k1="int a;", k2="int b;")
+    b = code("// tiny\n", k1="int a;", k2="int c;")
+    c = code("// gpt2\n", k1="int a;")
+    units = sass_audit.kernel_units([(a, {"k1": 0, "k2": 0}), (b, {"k1": 0, "k2": 0}),
+                                     (c, {"k1": 0})])
+    assert [names for _, names in units] == [["k1", "k2"], ["k2"], ["k1"]]
+    assert units[0][0].count("int a;") == 1 and "int c;" in units[1][0]
+    assert units[2][0].startswith("// gpt2\n")
+    common, kernels = sass_audit.split_kernels(b, ["k2", "k1"])
+    # each kernel from the blank line before its "// NAME: " line
+    assert common == "// tiny\n" and kernels == {"k1": "\n// k1: summary\nint a;\n",
+                                                   "k2": "\n// k2: summary\nint c;\n"}
 
 
 def test_pending_promises_are_promises():
@@ -429,9 +464,15 @@ extern "C" __global__ void __launch_bounds__(128) generic_shared(float* out, con
 extern "C" __global__ void __launch_bounds__(256) atomics(float* out, const float* in) {
   atomicAdd(out, in[threadIdx.x]);
 }
-__device__ unsigned int tickets;
+__device__ unsigned int tickets[3];
 extern "C" __global__ void __launch_bounds__(256) ticket(float* out, const float* in) {
-  if (threadIdx.x == 0 && atomicInc(&tickets, gridDim.x - 1) == gridDim.x - 1) out[0] = in[0];
+  if (threadIdx.x == 0 && atomicInc(&tickets[0], gridDim.x - 1) == gridDim.x - 1) out[0] = in[0];
+}
+extern "C" __global__ void __launch_bounds__(256) tickets2(float* out, const float* in) {
+  if (threadIdx.x == 0 && atomicInc(&tickets[1 + blockIdx.x % 2], gridDim.x / 2 - 1) ==
+                              gridDim.x / 2 - 1 &&
+      atomicInc(&tickets[0], 1) == 1)
+    out[0] = in[0];
 }
 extern "C" __global__ void __launch_bounds__(128) tiled(float* out, const __nv_bfloat16* in,
                                                        int tiles) {
@@ -467,6 +508,7 @@ extern "C" __global__ void __launch_bounds__(128) tiled(float* out, const __nv_b
 
 TINY_SHAPES = {"spills": LaunchShape(128, 0), "generic_shared": LaunchShape(128, 0),
                "atomics": LaunchShape(256, 0), "ticket": LaunchShape(256, 0),
+               "tickets2": LaunchShape(256, 0),
                "tiled": LaunchShape(128, 0)}
 
 
@@ -490,9 +532,10 @@ def test_detectors_flag_generic_loads_of_shared_memory(tiny):
 
 def test_detectors_flag_atomics(tiny):
     assert not no_atomics(tiny["atomics"]) and no_atomics(tiny["spills"])
-    # a ticket is an atomic, and an atomic add is no ticket
-    assert not no_atomics(tiny["ticket"]) and one_ticket(tiny["ticket"])
-    assert not one_ticket(tiny["atomics"]) and not one_ticket(tiny["spills"])
+    # a ticket is an atomic, and an atomic add is no ticket; two levels are two tickets
+    assert not no_atomics(tiny["tickets2"]) and two_tickets(tiny["tickets2"])
+    assert not two_tickets(tiny["ticket"])
+    assert not two_tickets(tiny["atomics"]) and not two_tickets(tiny["spills"])
 
 
 def test_detectors_see_ldmatrix_mma_in_a_loop_cp_async_and_wide_accesses(tiny):
@@ -533,9 +576,9 @@ MUTATIONS = {
                               "  for (int i = 0; i < 256; ++i) scratch[i] = to_float(output[i]);\n"
                               "  scratch[(threadIdx.x * 13) & 255] += 1.0f;\n"
                               "  if (scratch[(row * 7) & 255] == 12345.0f) delta[0] = 1.0f;"),
-    # the layer-norm backward adds its partial sums atomically as well as taking its ticket
-    "layer_norm_backward_add.cu.j2": ("                                           residual, rows, &{{ name }}_tickets);",
-                                      "                                           residual, rows, &{{ name }}_tickets);\n"
+    # the layer-norm backward adds its partial sums atomically as well as taking its tickets
+    "layer_norm_backward_add.cu.j2": ("                                           residual, rows, {{ name }}_tickets);",
+                                      "                                           residual, rows, {{ name }}_tickets);\n"
                                       "  atomicAdd(gradientGamma, 1.0f);"),
 }
 
@@ -557,11 +600,11 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
                                   sass_audit.resources(cubin), shapes)
     assert not wide_global_accesses(audit["cgImageEmbedding"])
     assert not no_atomics(audit["cgImageClassifier"])
-    assert not one_ticket(audit["cgImageLayerNormBackwardAdd"])
+    assert not two_tickets(audit["cgImageLayerNormBackwardAdd"])
     assert not no_local_memory(audit["cgImageAttentionDelta"])
     # the kernels left alone keep theirs
     assert wide_global_accesses(audit["cgImageLayerNorm"]) and no_atomics(audit["cgImageRotary"])
-    assert one_ticket(audit["cgImageLayerNormBackward"])
+    assert two_tickets(audit["cgImageLayerNormBackward"])
     assert no_local_memory(audit["cgImageAdamW"])
 
 

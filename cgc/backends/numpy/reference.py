@@ -49,10 +49,38 @@ def layer_norm(k: Kernel) -> None:
     k.pointers["statistics"].write(0, np.stack([mean, rstd], axis=1))
 
 
+NORM_MAX_GROUPS = 64  # common.cuh's kNormMaxGroups
+
+
+def norm_group(blocks: int) -> int:
+    """The blocks of a group of the layer-norm backward's tickets (common.cuh:
+    cg_norm_group; the last group has the rest): the least s with s * s > blocks, and at
+    most NORM_MAX_GROUPS groups."""
+    size = math.isqrt(blocks) + 1
+    while -(-blocks // size) > NORM_MAX_GROUPS:
+        size += 1
+    return size
+
+
+def _norm_partials(k: Kernel, sums: np.ndarray, blocks: int) -> np.ndarray:
+    """The layer-norm backward's partials as the kernel leaves them, and their total: each
+    block's column sums of its rows (block b: rows b * rows // gridX up to (b + 1) * rows //
+    gridX) in its row, then each group's rows (norm_group consecutive blocks) added in
+    block order into the group's first row, and those rows added in group order: the total
+    (dgamma and dbeta, or dgamma alone), written whole by the last group's last block."""
+    rows = sums.shape[0]
+    edges = [b * rows // blocks for b in range(blocks + 1)]
+    partials = np.stack([sums[a:b].sum(axis=0, dtype=F32) for a, b in zip(edges, edges[1:])])
+    size = norm_group(blocks)
+    for lead in range(0, blocks, size):
+        partials[lead] = partials[lead:lead + size].sum(axis=0, dtype=F32)
+    k.pointers["partials"].write(0, partials)
+    return partials[::size].sum(axis=0, dtype=F32)
+
+
 def _layer_norm_gradient(k: Kernel):
-    """dx of the launch's rows; each block's sums for dgamma and dbeta as its row of partials
-    (block b: rows b * rows // gridX up to (b + 1) * rows // gridX); dgamma and dbeta, the
-    partials' sum over the blocks, written whole (the last block's, in the kernel)."""
+    """dx of the launch's rows; the sums for dgamma and dbeta through the partials
+    (_norm_partials), written whole."""
     blocks, width, rows = k.grid[0], _width(k), int(k.scalars["rows"])
     x = k.pointers["input"].read(0, rows * width).reshape(rows, width)
     dout = k.pointers["gradientOutput"].read(0, rows * width).reshape(rows, width)
@@ -63,11 +91,7 @@ def _layer_norm_gradient(k: Kernel):
     dnormed = dout * gamma
     dx = rstd * (dnormed - dnormed.mean(axis=1, keepdims=True, dtype=F32)
                  - normed * (dnormed * normed).mean(axis=1, keepdims=True, dtype=F32))
-    edges = [b * rows // blocks for b in range(blocks + 1)]
-    sums = np.concatenate([dout * normed, dout], axis=1)
-    partials = np.stack([sums[a:b].sum(axis=0, dtype=F32) for a, b in zip(edges, edges[1:])])
-    k.pointers["partials"].write(0, partials)
-    totals = partials.sum(axis=0, dtype=F32)
+    totals = _norm_partials(k, np.concatenate([dout * normed, dout], axis=1), blocks)
     k.pointers["gradientGamma"].write(0, totals[:width])
     k.pointers["gradientBeta"].write(0, totals[width:])
     return dx, rows, width
@@ -107,11 +131,7 @@ def _rms_norm_gradient(k: Kernel):
     normed = x * rstd
     dnormed = dout * gamma
     dx = rstd * (dnormed - normed * (dnormed * normed).mean(axis=1, keepdims=True, dtype=F32))
-    edges = [b * rows // blocks for b in range(blocks + 1)]
-    sums = dout * normed
-    partials = np.stack([sums[a:b].sum(axis=0, dtype=F32) for a, b in zip(edges, edges[1:])])
-    k.pointers["partials"].write(0, partials)
-    k.pointers["gradientGamma"].write(0, partials.sum(axis=0, dtype=F32))
+    k.pointers["gradientGamma"].write(0, _norm_partials(k, dout * normed, blocks))
     return dx, rows, width
 
 

@@ -166,30 +166,97 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 //
 // Block b takes rows [b * rows / grid, (b + 1) * rows / grid), a warp a row at a time; the
 // warps' sums meet in a fixed tree in shared memory and go to the block's row of partials,
-// [dgamma | dbeta]. Then each block takes a ticket; the block that takes the last one sums
-// every block's row of partials in block order and writes dgamma and dbeta (llm.c's
-// layernorm_backward_kernel10). The sums run in the same order every run: the same bits.
+// [dgamma | dbeta]. Then the rows are added in two levels of tickets (llm.c's
+// layernorm_backward_kernel10 has one): the blocks go in groups of about sqrt(grid)
+// consecutive blocks (cg_norm_group); each block takes its group's ticket, and the block
+// that takes the group's last one adds the group's rows in block order into the group's
+// first row, then takes the groups' ticket; the block that takes the last of those adds the
+// groups' first rows in group order and writes dgamma and dbeta. One block alone adding
+// every row (one level) was the launch's serial tail, and it grew with the grid: 64 rows a
+// launch at 64 blocks; two levels leave it a group's rows and the groups' (at most 9 + 8 at
+// 64 blocks). The sums run in the same order every run: the same bits.
 //
-// The ticket counter, `tickets`, is a __device__ unsigned int of the kernel's own, zero when
-// the module loads. atomicInc(&tickets, gridDim.x - 1) returns the old count and stores
-// old >= gridDim.x - 1 ? 0 : old + 1, so the block that takes ticket gridDim.x - 1 also puts
-// the counter back to zero: it is zero again when the launch ends, with no memset and no
-// buffer for the checker to know of. That needs each launch to finish before the next one
-// starts ticketing: the step's launches are on one stream, which runs them one after the
-// other (no two launches of the kernel are ever resident at once). A launch that aborts
-// half-way leaves the count wrong, but an aborted kernel is a sticky error that ends the
-// context, and the module with it.
+// The ticket counters, `tickets` (1 + kNormMaxGroups of them: the groups' first, then one a
+// group), are a __device__ array of the kernel's own, zero when the module loads.
+// atomicInc(&ticket, n - 1) returns the old count and stores old >= n - 1 ? 0 : old + 1, so
+// the block that takes ticket n - 1 also puts the counter back to zero: every counter is
+// zero again when the launch ends, with no memset and no buffer for the checker to know of.
+// That needs each launch to finish before the next one starts ticketing: the step's
+// launches are on one stream, which runs them one after the other (no two launches of the
+// kernel are ever resident at once). A launch that aborts half-way leaves the counts wrong,
+// but an aborted kernel is a sticky error that ends the context, and the module with it.
 //
-// Ordering: warp 0 writes the block's partials, fences (__threadfence: its writes are seen
-// device-wide before anything it does next), and the barrier orders that before thread 0's
-// ticket; the last block's thread 0 fences after its ticket, and the barrier after it orders
-// that before every thread's reads of the other blocks' partials, read through L2 (__ldcg:
-// L1 is not coherent between SMs).
+// Ordering, at each level: the rows' writers fence (__threadfence: their writes are seen
+// device-wide before anything they do next), and a barrier orders that before thread 0's
+// ticket; the last block's thread 0 fences after its ticket, and the barrier after it
+// orders that before every thread's reads of the other blocks' rows, read through L2
+// (__ldcg: L1 is not coherent between SMs).
 __host__ __device__ constexpr unsigned cg_greatest_divisor(unsigned a, unsigned b) {
   return b == 0 ? a : cg_greatest_divisor(b, a % b);
 }
 // float4 loads each thread of the last block has in flight (the partials are hot in L2).
 constexpr int kNormTailLoads = 16;
+// The most groups a layer-norm backward's blocks go in: its ticket array's length, less one.
+constexpr int kNormMaxGroups = 64;
+
+// The blocks of a group (the last group has the rest): the least s with s * s above the
+// grid, and no more than kNormMaxGroups groups. A square grid, 64 or 16 blocks, leaves its
+// last block a group of its own (64 = 7 x 9 + 1). cgc/backends/numpy/reference.py
+// (norm_group) follows the same rule, and scripts/cost_model.py prices the tail by it.
+__host__ __device__ constexpr int cg_norm_group(int blocks) {
+  int size = 1;
+  while (size * size <= blocks || (blocks + size - 1) / size > kNormMaxGroups) ++size;
+  return size;
+}
+
+// Column j of `rows` float4 rows of partials, rows first, first + stride, ... in order, for
+// every j < kColumns: each thread sums one column over one of kSlices slices of the rows
+// (kNormTailLoads loads in flight), the slices' sums go to scratch, and after the barrier
+// thread t holds the sums of columns t, t + kThreads, ... (slices added in order), which
+// `write(j, sum)` stores. Every thread of the block calls it.
+template <int kThreads, int kColumns, int kSlices, typename Write>
+__device__ __forceinline__ void sum_partial_rows(const float4* all, int first, int rows, int stride,
+                                                 float4* scratch, Write write) {
+  for (int task = threadIdx.x; task < kSlices * kColumns; task += kThreads) {
+    const int j = task % kColumns, slice = task / kColumns;
+    const int from = slice * rows / kSlices, to = (slice + 1) * rows / kSlices;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r = from; r < to; r += kNormTailLoads) {
+      float4 loaded[kNormTailLoads];
+#pragma unroll
+      for (int u = 0; u < kNormTailLoads; ++u)
+        loaded[u] = r + u < to
+                        ? __ldcg(all + static_cast<size_t>(first + (r + u) * stride) * kColumns + j)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kNormTailLoads; ++u)
+        sum = make_float4(sum.x + loaded[u].x, sum.y + loaded[u].y, sum.z + loaded[u].z,
+                          sum.w + loaded[u].w);
+    }
+    scratch[task] = sum;
+  }
+  __syncthreads();  // every slice's sums, before they are added
+  for (int j = threadIdx.x; j < kColumns; j += kThreads) {
+    float4 sum = scratch[j];
+#pragma unroll
+    for (int s = 1; s < kSlices; ++s) {
+      const float4 more = scratch[s * kColumns + j];
+      sum = make_float4(sum.x + more.x, sum.y + more.y, sum.z + more.z, sum.w + more.w);
+    }
+    write(j, sum);
+  }
+}
+
+// Thread 0 takes a ticket of `count` (the one ordering all `count` takers' writes before
+// the last taker's reads); every thread learns whether its block took the last one.
+__device__ __forceinline__ bool take_last_ticket(unsigned int* ticket, int count, bool* last) {
+  if (threadIdx.x == 0) {
+    *last = atomicInc(ticket, count - 1) == static_cast<unsigned>(count - 1);
+    if (*last) __threadfence();  // the other blocks' rows are read after the ticket
+  }
+  __syncthreads();  // `last` and the ticket's ordering, for every thread
+  return *last;
+}
 
 // kRowWidth (always kWidth) puts the width in the function's name: its __shared__ arrays
 // are sized by it, and the CPU emulation makes them function-local statics of an inline
@@ -385,45 +452,28 @@ __device__ __forceinline__ void layer_norm_backward(
     __threadfence();  // this thread's partials, seen device-wide before the block's ticket
   }
   __syncthreads();  // every partial written (and fenced) before thread 0 takes the ticket
-  if (threadIdx.x == 0) {
-    last = atomicInc(tickets, gridDim.x - 1) == gridDim.x - 1;
-    if (last) __threadfence();  // the other blocks' partials are read after the ticket
-  }
-  __syncthreads();  // `last` and the ticket's ordering, for every thread
-  if (!last) return;
+  const int blocks = gridDim.x, size = cg_norm_group(blocks);
+  const int group = blockIdx.x / size, lead = group * size;
+  const int members = blocks - lead < size ? blocks - lead : size;
+  if (!take_last_ticket(tickets + 1 + group, members, &last)) return;
 
-  // The last block: column j of [dgamma | dbeta] over the blocks of slice s, in block order,
-  // kNormTailLoads rows loaded before any is added; then the slices, in order.
-  const float4* all = reinterpret_cast<const float4*>(partials);
-  const int blocks = gridDim.x;
-  for (int task = threadIdx.x; task < kTail; task += kThreads) {
-    const int j = task % kColumns, slice = task / kColumns;
-    const int from = slice * blocks / kSlices, to = (slice + 1) * blocks / kSlices;
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int b = from; b < to; b += kNormTailLoads) {
-      float4 loaded[kNormTailLoads];
-#pragma unroll
-      for (int u = 0; u < kNormTailLoads; ++u)
-        loaded[u] = b + u < to ? __ldcg(all + static_cast<size_t>(b + u) * kColumns + j)
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < kNormTailLoads; ++u)
-        sum = make_float4(sum.x + loaded[u].x, sum.y + loaded[u].y, sum.z + loaded[u].z,
-                          sum.w + loaded[u].w);
-    }
-    scratch[task] = sum;
-  }
-  __syncthreads();  // every slice's sums, before they are added
-  for (int j = threadIdx.x; j < kColumns; j += kThreads) {
-    float4 sum = scratch[j];
-#pragma unroll
-    for (int s = 1; s < kSlices; ++s) {
-      const float4 more = scratch[s * kColumns + j];
-      sum = make_float4(sum.x + more.x, sum.y + more.y, sum.z + more.z, sum.w + more.w);
-    }
-    float* to = j < kWidth / 4 ? gradientGamma + 4 * j : gradientBeta + 4 * (j - kWidth / 4);
-    *reinterpret_cast<float4*>(to) = sum;
-  }
+  // The group's last block: its rows added in block order, into the group's first row.
+  float4* all = reinterpret_cast<float4*>(partials);
+  sum_partial_rows<kThreads, kColumns, kSlices>(
+      all, lead, members, 1, scratch, [&](int j, float4 sum) {
+        __stcg(all + static_cast<size_t>(lead) * kColumns + j, sum);
+        __threadfence();  // the group's sum, seen device-wide before the groups' ticket
+      });
+  __syncthreads();  // the group's sum written (and fenced) before thread 0 takes the ticket
+  const int groups = (blocks + size - 1) / size;
+  if (!take_last_ticket(tickets, groups, &last)) return;
+
+  // The last group's last block: the groups' first rows added in group order, written whole.
+  sum_partial_rows<kThreads, kColumns, kSlices>(
+      all, 0, groups, size, scratch, [&](int j, float4 sum) {
+        float* to = j < kWidth / 4 ? gradientGamma + 4 * j : gradientBeta + 4 * (j - kWidth / 4);
+        *reinterpret_cast<float4*>(to) = sum;
+      });
 }
 
 // GELU, tanh form, and its derivative.
@@ -1551,30 +1601,30 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(float* __rest
   }
 }
 
-// cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the last block to finish (a ticket: atomicInc on a counter of the kernel's own, which the last block puts back to zero) adds the rows of partials in block order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
+// cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the rows are added in two levels of tickets (atomicInc on counters of the kernel's own, each put back to zero by its last taker): the last block of each group of about sqrt(gridX) blocks adds its group's rows in block order into the group's first row, the last group's adds the groups' rows in group order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
 // dinput = LN'(dout) (and its low-type copy, which the next products read), and dgamma and
-// dbeta written whole, in one launch (layer_norm_backward
-// in common.cuh: each block's partial sums, then the last block to take a ticket adds them).
-// The ticket counter: zero at module load, put back to zero by the last block of each launch.
-__device__ unsigned int cgImageLayerNormBackward_tickets = 0;
+// dbeta written whole, in one launch (layer_norm_backward in common.cuh: each block's partial
+// sums, then the rows added in two levels of tickets). The ticket counters (the groups',
+// then one a group): zero at module load, each put back to zero by its last taker.
+__device__ unsigned int cgImageLayerNormBackward_tickets[1 + kNormMaxGroups];
 
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackward(float* __restrict__ gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, float* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, false>(gradientInput, gradientGamma, gradientBeta, partials,
                                             gradientLow, gradientOutput, input, statistics, gamma,
-                                            nullptr, rows, &cgImageLayerNormBackward_tickets);
+                                            nullptr, rows, cgImageLayerNormBackward_tickets);
 }
 
 // cgImageLayerNormBackwardAdd: As cgImageLayerNormBackward, adding the residual gradient: dinput = residual + LN'(dout). The residual may be dinput itself (an in-place update of the residual gradient).
 // dinput = residual + LN'(dout) (and its low-type copy, which the next products read), and
-// dgamma and dbeta written whole, in one launch
-// (layer_norm_backward in common.cuh); residual may be dinput itself. The ticket counter:
-// zero at module load, put back to zero by the last block of each launch.
-__device__ unsigned int cgImageLayerNormBackwardAdd_tickets = 0;
+// dgamma and dbeta written whole, in one launch (layer_norm_backward in common.cuh);
+// residual may be dinput itself. The ticket counters (the groups', then one a group): zero
+// at module load, each put back to zero by its last taker.
+__device__ unsigned int cgImageLayerNormBackwardAdd_tickets[1 + kNormMaxGroups];
 
 extern "C" __global__ void __launch_bounds__(256) cgImageLayerNormBackwardAdd(float* gradientInput, const float* __restrict__ gradientOutput, const float* __restrict__ input, const float* __restrict__ statistics, const float* __restrict__ gamma, float* __restrict__ partials, const float* residual, float* __restrict__ gradientGamma, float* __restrict__ gradientBeta, float* __restrict__ gradientLow, int rows) {
   layer_norm_backward<256, true>(gradientInput, gradientGamma, gradientBeta, partials,
                                            gradientLow, gradientOutput, input, statistics, gamma,
-                                           residual, rows, &cgImageLayerNormBackwardAdd_tickets);
+                                           residual, rows, cgImageLayerNormBackwardAdd_tickets);
 }
 
 // cgImageRotary: Rotary positions on the q and k parts of a qkv buffer (rows of q, k and v: cgQkvWidth), in place: one block per position (gridX) of a sequence (gridY); `inverse` 1 turns back. The step launches it once a layer, after the QKV product (inverse 0); the attention backward turns dq and dk back itself. A grid short of the context or of the sequences would leave rows unturned: it must cover them.
