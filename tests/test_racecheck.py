@@ -80,20 +80,25 @@ KERNELS_OF = {
 }
 # Functions whose barriers the campaign removes with every block of their own kernels' launches
 # run (the other launches sampled: a barrier guards its kernel's own memory whatever values the
-# kernel's inputs hold), on two workers: the layer-norm backward's last blocks (a group's, the
-# one that takes the group's last ticket, and the groups', common.cuh) run only when every
-# block of the group has taken one, which block sampling never lets happen (the sample is
-# blocks 0 and 1, a group 5 blocks here: 16 blocks in groups of 5, 5, 5 and 1, so the last two
-# blocks the two workers run, 14 and 15, are in different groups, and a group's sum is written
-# while another group's last block runs); and its partial sums go from block to block, which
-# only blocks running at once on two workers can show (consecutive blocks of one worker are
-# ordered). The sorted scatter's second barrier guards the window of a run's rows, which only
-# a run longer than one window (32 rows) refills: the space of byte tokens, at a position that
-# blocks 0 and 1 do not hold; its runs are the dump's ids in the order cgImageScatterOrder sorts
-# them, one block, which the sample runs whole.
-UNSAMPLED_KERNELS = {**{function: NORM_KERNELS for function in NORM_FUNCTIONS},
-                     "cgImageScatterSorted": ("cgImageScatterSorted",)}
-WHOLE = tuple(sorted({kernel for kernels in UNSAMPLED_KERNELS.values() for kernel in kernels}))
+# kernel's inputs hold), with the workers each needs. The layer-norm backward's last blocks (a
+# group's, the one that takes the group's last ticket, and the groups', common.cuh) run only
+# when every block of the group has taken one, which block sampling never lets happen (the
+# sample is blocks 0 and 1, a group 5 blocks here: 16 blocks in groups of 5, 5, 5 and 1, so
+# the last two blocks the two workers run, 14 and 15, are in different groups, and a group's
+# sum is written while another group's last block runs); and its partial sums go from block
+# to block, which only blocks running at once on two workers can show (consecutive blocks of
+# one worker are ordered). A layer-norm backward sampled on two workers would find a wrong
+# last block (its group's ticket counts only the sampled blocks, and wraps in a later launch)
+# reading rows another block of the launch is writing: every two-worker run runs it whole.
+# The sorted scatter's second barrier guards the window of a run's rows, which only a run
+# longer than one window (32 rows) refills: the space of byte tokens, at a position that
+# blocks 0 and 1 do not hold; its runs are the dump's ids in the order cgImageScatterOrder
+# sorts them, one block, which the sample runs whole; its races are within a block: one
+# worker.
+UNSAMPLED_KERNELS = {**{function: (NORM_KERNELS, 2) for function in NORM_FUNCTIONS},
+                     "cgImageScatterSorted": (("cgImageScatterSorted",), 1)}
+assert all(set(NORM_KERNELS) <= set(kernels) for kernels, workers in UNSAMPLED_KERNELS.values()
+           if workers > 1)
 # Every function whose barriers the campaign must reach (at least one site each).
 # (The classifier's barriers are block_reduce's, as are block_sum's.)
 COVERED = {"cgImageAttention", "cgImageAttentionBackward", "block_reduce", *NORM_FUNCTIONS}
@@ -281,13 +286,9 @@ def test_removing_any_barrier_is_reported(setup):
     functions = {site.function for site in sites}
     assert COVERED <= functions, functions
     def how(site):
-        """The blocks each launch runs, the kernels that run all of theirs, the workers. On
-        two workers every kernel of UNSAMPLED_KERNELS runs whole: a layer-norm backward
-        launch sampled there would find a wrong last block (its group's ticket counts only
-        the sampled blocks, and wraps in a later launch) reading rows another block of the
-        launch is writing."""
+        """The blocks each launch runs, the kernels that run all of theirs, the workers."""
         if site.function in UNSAMPLED_KERNELS:
-            return SAMPLE, WHOLE, 2
+            return SAMPLE, *UNSAMPLED_KERNELS[site.function]
         return SAMPLE, (), 1
 
     def run(ways, **options):
@@ -335,7 +336,7 @@ def test_removing_any_barrier_is_reported(setup):
             if race.threads[0] is None or sides[0] == sides[1]:
                 problems.append(f"{site}: a race needs two threads: {race}")
     print("\nbarrier campaign (tiny, context 128, blocks " + SAMPLE + "; every block of "
-          + ", ".join(WHOLE)
+          + ", ".join(sorted({k for kernels, _ in UNSAMPLED_KERNELS.values() for k in kernels}))
           + "):\n" + "\n".join(table))
     assert not problems, "\n".join(problems) + "\n" + "\n".join(table)
     # The redundant barriers, again in a shuffled order: still nothing to report.
