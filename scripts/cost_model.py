@@ -142,6 +142,8 @@ class Design:
         fewer than one). The SASS body counts each once; the model adds the rest;
     last_block_bytes(roles, launch): bytes the last block reads from L2 alone, after every
         other block has finished (a serial tail, on one SM);
+    last_block_trips(roles, launch): the dependent L2 round trips of that tail (its floor:
+        a tail of few loads in flight is latency-bound);
     last_block_inflight: the bytes each thread of that block has in flight."""
 
     inflight: int = 16
@@ -152,6 +154,7 @@ class Design:
     wavefronts: object = None
     inner_trips: object = None
     last_block_bytes: object = None
+    last_block_trips: object = None
     last_block_inflight: int = 16
     # For the calibrated model (model_kernel_calibrated):
     # pipelined: the design overlaps its loads with its own work (cp.async stages); without
@@ -188,11 +191,33 @@ def _attention_rereads(r, launch) -> int:
     return _causal_tiles(r) * tile_bytes
 
 
-def _norm_partials(r, launch) -> int:
-    """The layer-norm backward's serial tail: the last group's rows, then the groups' rows
-    (common.cuh: the two levels of tickets), each 2 x width floats."""
+def _norm_levels(launch) -> tuple:
+    """The rows each level of the layer-norm backward's serial tail adds (common.cuh: the
+    two levels of tickets): the largest group's, then the groups'."""
     size = norm_group(launch.blocks)
-    return (size + -(-launch.blocks // size)) * 2 * r["width"] * 4
+    return size, -(-launch.blocks // size)
+
+
+def _norm_tail_bytes(floats_a_row: int):
+    """The tail's bytes: the rows of both levels, floats_a_row floats each (2 x width for the
+    layer norm's [dgamma | dbeta], width for RMSNorm's)."""
+    return lambda r, launch: sum(_norm_levels(launch)) * floats_a_row(r) * 4
+
+
+def _norm_tail_trips(floats_a_row: int):
+    """The tail's dependent L2 round trips: in each level a thread sums its share of the
+    (column, slice) tasks one after another (common.cuh: sum_partial_rows, kSlices slices of
+    the rows, kNormTailLoads loads in flight a task), and between the levels the group sum's
+    fenced store and the groups' ticket. At 64 blocks the levels add 9 and 8 rows: few loads
+    in flight, so latency, not L2 bandwidth, sets the tail."""
+    def trips(r, launch):
+        columns = floats_a_row(r) // 4  # float4 columns: kColumns
+        slices = launch.threads // math.gcd(columns, launch.threads)  # kSlices
+        tasks = -(-slices * columns // launch.threads)
+        def batches(rows):  # a task's slice of `rows`, kNormTailLoads loads at a time
+            return -(-(-(-rows // slices)) // 16)
+        return sum(tasks * batches(rows) for rows in _norm_levels(launch)) + 2
+    return trips
 
 
 def _sort_stages(r) -> int:
@@ -261,10 +286,19 @@ def _classifier_trips(r, launch, loops) -> tuple:
 SORT_INSTRUCTIONS = 14
 SORT_WAVEFRONTS = 4
 
-# the RMSNorm backward, with or without the residual: the last block reads every block's row
-# of partials (width floats a block)
-_RMS_NORM_BACKWARD = Design(inflight=96, last_block_bytes=lambda r, launch:
-                            launch.blocks * r["width"] * 4, last_block_inflight=16 * 16)
+# the layer-norm backward, with or without the residual: a warp a row (its input, its gradient
+# and gamma, 24 floats each a lane, loaded together; the residual of the Add variant read after
+# the row's sums, alone); then the serial tail: the last block to finish adds its group's rows
+# of partials (2 x width floats) and then the groups', from L2, kNormTailLoads (16) float4
+# loads a thread in flight (common.cuh: layer_norm_backward)
+_LAYER_NORM_BACKWARD = Design(inflight=288,
+                              last_block_bytes=_norm_tail_bytes(lambda r: 2 * r["width"]),
+                              last_block_trips=_norm_tail_trips(lambda r: 2 * r["width"]),
+                              last_block_inflight=16 * 16)
+# the RMSNorm backward, with or without the residual: the same tail, width floats a row
+_RMS_NORM_BACKWARD = Design(inflight=96, last_block_bytes=_norm_tail_bytes(lambda r: r["width"]),
+                            last_block_trips=_norm_tail_trips(lambda r: r["width"]),
+                            last_block_inflight=16 * 16)
 
 
 DESIGNS = {
@@ -289,15 +323,8 @@ DESIGNS = {
     "cgImageRotary": Design(inflight=24),
     "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
     "cgImageLayerNorm": Design(inflight=24),
-    # a warp a row: its input, its gradient and gamma, 24 floats each a lane, loaded together
-    # (the residual of the Add variant is read after the row's sums, alone); then the last
-    # group's last block reads its group's rows of partials (2 x width floats) and the
-    # groups' from L2, kNormTailLoads (16) float4 loads a thread in flight (common.cuh:
-    # layer_norm_backward)
-    "cgImageLayerNormBackward": Design(inflight=288, last_block_bytes=_norm_partials,
-                                       last_block_inflight=16 * 16),
-    "cgImageLayerNormBackwardAdd": Design(inflight=288, last_block_bytes=_norm_partials,
-                                          last_block_inflight=16 * 16),
+    "cgImageLayerNormBackward": _LAYER_NORM_BACKWARD,
+    "cgImageLayerNormBackwardAdd": _LAYER_NORM_BACKWARD,
     # a row a block, two blocks an SM: each thread copies its 6 or 7 groups of 16 bytes
     # (50304 bfloat16 logits over 1024 threads) to shared memory before using any; then
     # three passes over them (max, sum, gradient) and warp-parallel reductions
@@ -499,12 +526,14 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
 def last_block_seconds(facts: LaunchFacts, design: Design, roles: dict, hw: Hardware,
                        model: Model) -> float:
     """The bytes the last block reads alone from L2 after every other block is done, at
-    one SM's rate (Little's law on its threads, at most sm_l2_bytes_per_clock)."""
+    one SM's rate (Little's law on its threads, at most sm_l2_bytes_per_clock), and no less
+    than its dependent round trips to L2 (last_block_trips) take."""
     if not design.last_block_bytes:
         return 0.0
     rate = min(facts.threads * design.last_block_inflight / model.l2_latency_s,
                model.sm_l2_bytes_per_clock * hw.clock_hz)
-    return design.last_block_bytes(roles, facts) / rate
+    trips = design.last_block_trips(roles, facts) if design.last_block_trips else 0
+    return max(design.last_block_bytes(roles, facts) / rate, trips * model.l2_latency_s)
 
 
 def imbalance(work: list, slots: int) -> float:

@@ -705,7 +705,13 @@ def split_kernels(code: str, names) -> tuple[str, dict[str, str]]:
         starts.append((found + 1, name))
     starts.sort()
     ends = [start for start, _ in starts[1:]] + [len(code)]
-    return common, {name: code[start:end] for (start, name), end in zip(starts, ends)}
+    kernels = {name: code[start:end] for (start, name), end in zip(starts, ends)}
+    # the pieces are the code, each kernel's text one kernel of its own name
+    assert common + code[at:starts[0][0]] + "".join(kernels.values()) == code if starts else True
+    assert all(len(re.findall(r"__global__ void", text)) == 1 and
+               re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
+               for name, text in kernels.items()), "a kernel's text is not one kernel of its own"
+    return common, kernels
 
 
 def kernel_units(codes: list[tuple[str, dict]]) -> list[tuple[str, list[str]]]:

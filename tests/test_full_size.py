@@ -223,12 +223,14 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
     if image in ("cgImageLayerNormBackward", "cgImageLayerNormBackwardAdd",
                  "cgImageRmsNormBackward", "cgImageRmsNormBackwardAdd"):
         # A block's row of partials is its own. Its group's first row and dgamma and dbeta
-        # are written again by a group's last block and by the last group's, which run only
-        # when every block of the group has taken its ticket: never under block sampling,
-        # which runs fewer blocks (2 + RANDOM_BLOCKS) than a group has (NORM_GROUP_AT_LEAST;
-        # the last group, a block alone at 64 blocks, is sampled with the other groups of
-        # its launch incomplete, so it writes no group's row of theirs).
-        assert norm_group(grid[0]) >= NORM_GROUP_AT_LEAST, grid
+        # are written again by a group's last block and by the groups' last to finish, which
+        # run only when every block of a group has taken its ticket: never under block
+        # sampling, which runs fewer blocks (2 + RANDOM_BLOCKS) than a group has
+        # (NORM_GROUP_AT_LEAST), or a last group of one block, which writes only its own row.
+        size = norm_group(grid[0])
+        last = grid[0] - (grid[0] - 1) // size * size
+        assert size >= NORM_GROUP_AT_LEAST, grid
+        assert last == 1 or last >= NORM_GROUP_AT_LEAST, grid
         rows_a_block = int(scalars["rows"]) // grid[0] * W
         row = W if image.startswith("cgImageRms") else 2 * W  # [dgamma] or [dgamma | dbeta]
         per_block = {"gradientInput": rows_a_block, "gradientLow": rows_a_block, "partials": row,

@@ -367,18 +367,23 @@ def test_a_kernel_built_beside_others_is_the_same(shipped, sass_folder):
     """The shipped audit builds each kernel once, beside a configuration's other kernels
     (kernel_units); GPT-2 small's step file built alone, as one nvcc build of its own
     device code, gives every kernel the same audit: registers, shared memory, every count
-    of every loop."""
-    source, shapes = sass_audit.emitted_file(str(SCHEDULES / "train.cg"), "gpt2")
-    alone = sass_audit.audit_source(source, shapes, sass_folder)
-    assert alone == shipped.files[("train.cg", "gpt2")]
+    of every loop. So does TinyLlama's, whose RMSNorm and SwiGLU kernels are built in a
+    second build of their configuration (another file emits them differently)."""
+    for name, config in (("train.cg", "gpt2"), ("llama/train.cg", "tinyllama")):
+        source, shapes = sass_audit.emitted_file(str(SCHEDULES / name), config)
+        alone = sass_audit.audit_source(source, shapes, sass_folder)
+        assert alone == shipped.files[(name, config)], (name, config)
 
 
 def test_kernel_units_build_each_kernel_once_and_a_second_text_apart():
     """Two files of one common part: a kernel they share goes in one build, once; a kernel
     they emit differently goes in a second build; another common part is built apart."""
+    def kernel(name, body):
+        return f'extern "C" __global__ void __launch_bounds__(32) {name}() {{ {body} }}'
+
     def code(common, **kernels):
         return common + sass_audit.KERNELS_HEADER + " --\n" + "".join(
-            f"\n// {name}: summary\n{text}\n" for name, text in kernels.items())
+            f"\n// {name}: summary\n{kernel(name, body)}\n" for name, body in kernels.items())
     a = code("// tiny\n", k1="int a;", k2="int b;")
     b = code("// tiny\n", k1="int a;", k2="int c;")
     c = code("// gpt2\n", k1="int a;")
@@ -389,8 +394,12 @@ def test_kernel_units_build_each_kernel_once_and_a_second_text_apart():
     assert units[2][0].startswith("// gpt2\n")
     common, kernels = sass_audit.split_kernels(b, ["k2", "k1"])
     # each kernel from the blank line before its "// NAME: " line
-    assert common == "// tiny\n" and kernels == {"k1": "\n// k1: summary\nint a;\n",
-                                                   "k2": "\n// k2: summary\nint c;\n"}
+    assert common == "// tiny\n" and kernels == {
+        "k1": f"\n// k1: summary\n{kernel('k1', 'int a;')}\n",
+        "k2": f"\n// k2: summary\n{kernel('k2', 'int c;')}\n"}
+    # a kernel the names leave out would be glued to the one before it: refused
+    with pytest.raises(AssertionError, match="not one kernel of its own"):
+        sass_audit.split_kernels(b, ["k1"])
 
 
 def test_pending_promises_are_promises():

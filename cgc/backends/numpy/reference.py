@@ -67,7 +67,8 @@ def _norm_partials(k: Kernel, sums: np.ndarray, blocks: int) -> np.ndarray:
     block's column sums of its rows (block b: rows b * rows // gridX up to (b + 1) * rows //
     gridX) in its row, then each group's rows (norm_group consecutive blocks) added in
     block order into the group's first row, and those rows added in group order: the total
-    (dgamma and dbeta, or dgamma alone), written whole by the last group's last block."""
+    (dgamma and dbeta, or dgamma alone), written whole by the groups' last block to
+    finish."""
     rows = sums.shape[0]
     edges = [b * rows // blocks for b in range(blocks + 1)]
     partials = np.stack([sums[a:b].sum(axis=0, dtype=F32) for a, b in zip(edges, edges[1:])])

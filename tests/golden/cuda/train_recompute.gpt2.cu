@@ -170,8 +170,9 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // layernorm_backward_kernel10 has one): the blocks go in groups of about sqrt(grid)
 // consecutive blocks (cg_norm_group); each block takes its group's ticket, and the block
 // that takes the group's last one adds the group's rows in block order into the group's
-// first row, then takes the groups' ticket; the block that takes the last of those adds the
-// groups' first rows in group order and writes dgamma and dbeta. One block alone adding
+// first row, then takes the groups' ticket; the block that takes the last of those (the last
+// to finish, whichever group it is in) adds the groups' first rows in group order and writes
+// dgamma and dbeta. One block alone adding
 // every row (one level) was the launch's serial tail, and it grew with the grid: 64 rows a
 // launch at 64 blocks; two levels leave it a group's rows and the groups' (at most 9 + 8 at
 // 64 blocks). The sums run in the same order every run: the same bits.
@@ -203,7 +204,7 @@ constexpr int kNormMaxGroups = 64;
 // grid, and no more than kNormMaxGroups groups. A square grid, 64 or 16 blocks, leaves its
 // last block a group of its own (64 = 7 x 9 + 1). cgc/backends/numpy/reference.py
 // (norm_group) follows the same rule, and scripts/cost_model.py prices the tail by it.
-__host__ __device__ constexpr int cg_norm_group(int blocks) {
+__host__ __device__ __forceinline__ constexpr int cg_norm_group(int blocks) {
   int size = 1;
   while (size * size <= blocks || (blocks + size - 1) / size > kNormMaxGroups) ++size;
   return size;
@@ -462,13 +463,16 @@ __device__ __forceinline__ void layer_norm_backward(
   sum_partial_rows<kThreads, kColumns, kSlices>(
       all, lead, members, 1, scratch, [&](int j, float4 sum) {
         __stcg(all + static_cast<size_t>(lead) * kColumns + j, sum);
-        __threadfence();  // the group's sum, seen device-wide before the groups' ticket
+        // the group's sum, seen device-wide before the groups' ticket (a fence a column: with
+        // one after the loop, nvcc unrolls it and the code grows, 58 -> 106 LDS in the audit)
+        __threadfence();
       });
   __syncthreads();  // the group's sum written (and fenced) before thread 0 takes the ticket
   const int groups = (blocks + size - 1) / size;
   if (!take_last_ticket(tickets, groups, &last)) return;
 
-  // The last group's last block: the groups' first rows added in group order, written whole.
+  // The block that took the groups' last ticket: the groups' first rows added in group
+  // order, written whole.
   sum_partial_rows<kThreads, kColumns, kSlices>(
       all, 0, groups, size, scratch, [&](int j, float4 sum) {
         float* to = j < kWidth / 4 ? gradientGamma + 4 * j : gradientBeta + 4 * (j - kWidth / 4);
@@ -1601,7 +1605,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(__nv_bfloat16
   }
 }
 
-// cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the rows are added in two levels of tickets (atomicInc on counters of the kernel's own, each put back to zero by its last taker): the last block of each group of about sqrt(gridX) blocks adds its group's rows in block order into the group's first row, the last group's adds the groups' rows in group order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
+// cgImageLayerNormBackward: dinput = layer-norm backward of dout, and dgamma and dbeta, in one launch: block b of the grid takes rows b * rows / gridX up to (b + 1) * rows / gridX (a warp a row at a time) and writes its sums for dgamma and dbeta to its row of partials; the rows are added in two levels of tickets (atomicInc on counters of the kernel's own, each put back to zero by its last taker): the last block of each group of about sqrt(gridX) blocks adds its group's rows in block order into the group's first row, and the last of those to finish adds the groups' rows in group order and writes dgamma and dbeta whole (beta = 0: nothing needs zeroing before it). No atomic adds: the same bits every run.
 // dinput = LN'(dout) (and its low-type copy, which the next products read), and dgamma and
 // dbeta written whole, in one launch (layer_norm_backward in common.cuh: each block's partial
 // sums, then the rows added in two levels of tickets). The ticket counters (the groups',
