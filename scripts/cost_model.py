@@ -198,26 +198,31 @@ def _norm_levels(launch) -> tuple:
     return size, -(-launch.blocks // size)
 
 
-def _norm_tail_bytes(floats_a_row: int):
-    """The tail's bytes: the rows of both levels, floats_a_row floats each (2 x width for the
-    layer norm's [dgamma | dbeta], width for RMSNorm's)."""
-    return lambda r, launch: sum(_norm_levels(launch)) * floats_a_row(r) * 4
+NORM_TAIL_LOADS = 16  # common.cuh's kNormTailLoads: float4 loads a thread has in flight
 
 
-def _norm_tail_trips(floats_a_row: int):
-    """The tail's dependent L2 round trips: in each level a thread sums its share of the
-    (column, slice) tasks one after another (common.cuh: sum_partial_rows, kSlices slices of
-    the rows, kNormTailLoads loads in flight a task), and between the levels the group sum's
-    fenced store and the groups' ticket. At 64 blocks the levels add 9 and 8 rows: few loads
-    in flight, so latency, not L2 bandwidth, sets the tail."""
-    def trips(r, launch):
+def _norm_backward(inflight: int, floats_a_row) -> Design:
+    """A layer-norm or RMSNorm backward: `inflight` bytes a thread while it takes its rows,
+    then the serial tail of the last block to finish (common.cuh: the two levels of tickets),
+    which adds its group's rows of partials and then the groups' (`floats_a_row(r)` floats a
+    row: 2 x width for the layer norm's [dgamma | dbeta], width for RMSNorm's), from L2,
+    NORM_TAIL_LOADS loads a thread in flight. Its dependent round trips: in each level a
+    thread sums its share of the (column, slice) tasks one after another (sum_partial_rows:
+    kSlices slices of the rows), and between the levels come the group sum's fenced store and
+    the groups' ticket. At 64 blocks the levels add 9 and 8 rows: few loads in flight, so
+    latency, not L2 bandwidth, sets the tail."""
+    def tail_bytes(r, launch):
+        return sum(_norm_levels(launch)) * floats_a_row(r) * 4
+
+    def tail_trips(r, launch):
         columns = floats_a_row(r) // 4  # float4 columns: kColumns
         slices = launch.threads // math.gcd(columns, launch.threads)  # kSlices
-        tasks = -(-slices * columns // launch.threads)
-        def batches(rows):  # a task's slice of `rows`, kNormTailLoads loads at a time
-            return -(-(-(-rows // slices)) // 16)
-        return sum(tasks * batches(rows) for rows in _norm_levels(launch)) + 2
-    return trips
+        tasks = math.ceil(slices * columns / launch.threads)
+        return sum(tasks * math.ceil(math.ceil(rows / slices) / NORM_TAIL_LOADS)
+                   for rows in _norm_levels(launch)) + 2
+
+    return Design(inflight=inflight, last_block_bytes=tail_bytes, last_block_trips=tail_trips,
+                  last_block_inflight=NORM_TAIL_LOADS * 16)
 
 
 def _sort_stages(r) -> int:
@@ -288,17 +293,9 @@ SORT_WAVEFRONTS = 4
 
 # the layer-norm backward, with or without the residual: a warp a row (its input, its gradient
 # and gamma, 24 floats each a lane, loaded together; the residual of the Add variant read after
-# the row's sums, alone); then the serial tail: the last block to finish adds its group's rows
-# of partials (2 x width floats) and then the groups', from L2, kNormTailLoads (16) float4
-# loads a thread in flight (common.cuh: layer_norm_backward)
-_LAYER_NORM_BACKWARD = Design(inflight=288,
-                              last_block_bytes=_norm_tail_bytes(lambda r: 2 * r["width"]),
-                              last_block_trips=_norm_tail_trips(lambda r: 2 * r["width"]),
-                              last_block_inflight=16 * 16)
-# the RMSNorm backward, with or without the residual: the same tail, width floats a row
-_RMS_NORM_BACKWARD = Design(inflight=96, last_block_bytes=_norm_tail_bytes(lambda r: r["width"]),
-                            last_block_trips=_norm_tail_trips(lambda r: r["width"]),
-                            last_block_inflight=16 * 16)
+# the row's sums, alone); the RMSNorm backward's rows likewise, 96 bytes a thread
+_LAYER_NORM_BACKWARD = _norm_backward(288, lambda r: 2 * r["width"])
+_RMS_NORM_BACKWARD = _norm_backward(96, lambda r: r["width"])
 
 
 DESIGNS = {

@@ -696,9 +696,10 @@ KERNELS_HEADER = "// ---- kernels: one per image"
 
 def split_kernels(code: str, names) -> tuple[str, dict[str, str]]:
     """Device code's common part (everything before the kernels' section) and the text of
-    each kernel `names` lists, from its "// NAME: " line to the next kernel's."""
+    each kernel `names` lists, from the blank line before its "// NAME: " line to the next
+    kernel's. The pieces must rebuild the code, each one kernel of its own name."""
     at = code.index("\n" + KERNELS_HEADER) + 1
-    common, starts = code[:at], []
+    starts = []
     for name in names:
         found = code.find(f"\n\n// {name}: ", at)
         assert found >= 0, f"no kernel {name} in the device code"
@@ -706,21 +707,24 @@ def split_kernels(code: str, names) -> tuple[str, dict[str, str]]:
     starts.sort()
     ends = [start for start, _ in starts[1:]] + [len(code)]
     kernels = {name: code[start:end] for (start, name), end in zip(starts, ends)}
-    # the pieces are the code, each kernel's text one kernel of its own name
-    assert common + code[at:starts[0][0]] + "".join(kernels.values()) == code if starts else True
+    assert code[:at] + code[at:starts[0][0]] + "".join(kernels.values()) == code
     assert all(len(re.findall(r"__global__ void", text)) == 1 and
                re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
                for name, text in kernels.items()), "a kernel's text is not one kernel of its own"
-    return common, kernels
+    return code[:at], kernels
 
 
-def kernel_units(codes: list[tuple[str, dict]]) -> list[tuple[str, list[str]]]:
-    """The device code to build for a set of files (their device code, their kernels'
-    launch shapes), each with its kernels' names: each distinct kernel of each common part
-    once. A build holds one text
-    of each kernel name, so a kernel two files emit differently goes in a second build;
-    ptxas makes each kernel's machine code alone (no kernel's code changes another's), so
-    a kernel's SASS is the same in any build of its common part
+def unit_code(common: str, kernels: dict[str, str]) -> str:
+    """The device code of one build of kernel_units: the common part and the kernels."""
+    return common + KERNELS_HEADER + "\n" + "".join(kernels.values())
+
+
+def kernel_units(codes: list[tuple[str, dict]]) -> list[tuple[str, dict[str, str]]]:
+    """The builds for a set of files (each its device code and its kernels' launch shapes):
+    (common part, kernel texts by name), each distinct kernel of each common part once. A
+    build holds one text of each name, so a kernel two files emit differently goes in a
+    second build. ptxas makes each kernel's machine code alone (no kernel's code changes
+    another's), so a kernel's SASS is the same in any build of its common part
     (test_a_kernel_built_beside_others_is_the_same)."""
     rounds: dict[str, list[dict[str, str]]] = {}
     for code, shapes in codes:
@@ -733,8 +737,7 @@ def kernel_units(codes: list[tuple[str, dict]]) -> list[tuple[str, list[str]]]:
             if free is None:
                 builds.append(free := {})
             free[name] = text
-    return [(common + KERNELS_HEADER + "\n" + "".join(kernels.values()), list(kernels))
-            for common, builds in rounds.items() for kernels in builds]
+    return [(common, kernels) for common, builds in rounds.items() for kernels in builds]
 
 
 def audit_shipped(folder: Path | None = None, hw: Hardware = H200,
@@ -751,18 +754,17 @@ def audit_shipped(folder: Path | None = None, hw: Hardware = H200,
         by_code.setdefault(device_code(source), []).append(key)
     units = kernel_units([(code, shapes[keys[0]]) for code, keys in by_code.items()])
     with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
-        built = list(pool.map(lambda unit: build(unit[0], folder, hw), units))
-    made = {}  # (common part, kernel text) -> (its machine code, its resources)
-    for (unit, names), done in zip(units, built):
-        common, kernels = split_kernels(unit, names)
+        built = list(pool.map(lambda unit: build(unit_code(*unit), folder, hw), units))
+    code_of, usage_of = {}, {}  # by (common part, kernel text)
+    for (common, kernels), done in zip(units, built):
         for name, text in kernels.items():
-            made[common, text] = (done.code[name], done.usage[name])
+            code_of[common, text], usage_of[common, text] = done.code[name], done.usage[name]
     files = {}
     for code, keys in by_code.items():
         common, kernels = split_kernels(code, shapes[keys[0]])
-        mine = {name: made[common, text] for name, text in kernels.items()}
-        own = Built({name: m[0] for name, m in mine.items()},
-                    {name: m[1] for name, m in mine.items()}, attention_ldmatrix_ways(code))
+        own = Built({name: code_of[common, text] for name, text in kernels.items()},
+                    {name: usage_of[common, text] for name, text in kernels.items()},
+                    attention_ldmatrix_ways(code))
         files.update({key: own.audit(shapes[key], hw) for key in keys})
     return ShippedAudit(dict(sorted(files.items())), list(by_code.values()), len(units))
 

@@ -389,9 +389,10 @@ def test_kernel_units_build_each_kernel_once_and_a_second_text_apart():
     c = code("// gpt2\n", k1="int a;")
     units = sass_audit.kernel_units([(a, {"k1": 0, "k2": 0}), (b, {"k1": 0, "k2": 0}),
                                      (c, {"k1": 0})])
-    assert [names for _, names in units] == [["k1", "k2"], ["k2"], ["k1"]]
-    assert units[0][0].count("int a;") == 1 and "int c;" in units[1][0]
-    assert units[2][0].startswith("// gpt2\n")
+    assert [list(kernels) for _, kernels in units] == [["k1", "k2"], ["k2"], ["k1"]]
+    codes = [sass_audit.unit_code(*unit) for unit in units]
+    assert codes[0].count("int a;") == 1 and "int c;" in codes[1]
+    assert codes[2].startswith("// gpt2\n")
     common, kernels = sass_audit.split_kernels(b, ["k2", "k1"])
     # each kernel from the blank line before its "// NAME: " line
     assert common == "// tiny\n" and kernels == {

@@ -172,10 +172,10 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // that takes the group's last one adds the group's rows in block order into the group's
 // first row, then takes the groups' ticket; the block that takes the last of those (the last
 // to finish, whichever group it is in) adds the groups' first rows in group order and writes
-// dgamma and dbeta. One block alone adding
-// every row (one level) was the launch's serial tail, and it grew with the grid: 64 rows a
-// launch at 64 blocks; two levels leave it a group's rows and the groups' (at most 9 + 8 at
-// 64 blocks). The sums run in the same order every run: the same bits.
+// dgamma and dbeta. One block alone adding every row (one level) was the launch's serial
+// tail, and it grew with the grid: 64 rows a launch at 64 blocks; two levels leave it a
+// group's rows and the groups' (at most 9 + 8 at 64 blocks). The sums run in the same order
+// every run: the same bits.
 //
 // The ticket counters, `tickets` (1 + kNormMaxGroups of them: the groups' first, then one a
 // group), are a __device__ array of the kernel's own, zero when the module loads.
