@@ -300,8 +300,9 @@ _RMS_NORM_BACKWARD = _norm_backward(96, lambda r: r["width"])
 
 DESIGNS = {
     # ldmatrix from rows padded by kAttentionRowPadding: its conflict ways are read from the
-    # emitted file (sass_audit.attention_ldmatrix_ways: 1 with the padding). In flight: the next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 128 threads.
-    "cgImageAttention": Design(inflight=128,
+    # emitted file (sass_audit.attention_ldmatrix_ways: 1 with the padding). In flight: the
+    # next key tile's K and V (2 x 64 x 64 bfloat16) by cp.async over 64 threads.
+    "cgImageAttention": Design(inflight=256,
                                tile_iterations=lambda r: (_off_diagonal_tiles(r),),
                                l2_bytes=_attention_rereads,
                                inner_trips=_attention_inner_trips,

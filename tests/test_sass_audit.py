@@ -97,8 +97,8 @@ def at_least(blocks: int):
 def tensor_per_tile(*designed: int):
     """Each main loop (outermost loop issuing HMMA) issues one of the designed counts per
     iteration, in order, and the HMMA outside loops (a peeled diagonal tile) add up to a sum
-    of designed counts. Attention forward: per warp and key tile, S = Q K^T (16 x 64 x 64:
-    8 n-tiles x 4 k-steps of m16n8k16) and O += P V (the same), 64 HMMA. Backward: per
+    of designed counts. Attention forward: per warp and key tile, S = Q K^T (32 x 64 x 64:
+    2 row tiles x 8 n-tiles x 4 k-steps of m16n8k16) and O += P V (the same), 128 HMMA. Backward: per
     warp and tile, 4 products in the dK/dV loop (S, dP, dV, dK: 128) and 3 in the dQ loop
     (S, dP, dQ: 96)."""
     def promise(a: KernelAudit) -> bool:
@@ -113,8 +113,8 @@ def exp2_per_logit(logits: int, corrections: int, rescales: int):
     the scale, log2(e) and the row's maximum folded into it (no FMUL a logit, no denormal
     guard around `__expf`). Per warp and iteration: EX2 = logits + corrections (a row's
     rescaling factor each), FFMA at least a logit each, and FMUL only the accumulator's
-    rescaling and the corrections. Forward: 16 rows x 64 keys over 32 lanes = 32 logits a
-    lane, 2 rows a lane, O's 8 accumulators x 4 values rescaled."""
+    rescaling and the corrections. Forward: 32 rows x 64 keys over 32 lanes = 64 logits a
+    lane, 4 rows a lane, O's 2 x 8 accumulators x 4 values rescaled."""
     def promise(a: KernelAudit) -> bool:
         loop = a.tile_loops[0]
         return (loop["ex2"] == logits + corrections and loop["op:FFMA"] >= logits
@@ -127,7 +127,8 @@ def backward_exp2_per_logit(logits: int, row_terms: int):
     """The backward recomputes each probability as one MUFU.EX2 of one FFMA (the scale and
     the row's lse in log2 units folded in) and each dS as one FFMA and one FMUL
     (P (dP scale - delta scale)), in both main loops: per warp and tile pair, 16 rows x 64
-    columns over 32 lanes = 32 logits a lane. EX2 = MUFU = logits (no other special
+    columns (dK/dV: the warp's keys, every query) or 32 x 32 (dQ: the warp's queries, half
+    the keys) over 32 lanes = 32 logits a lane. EX2 = MUFU = logits (no other special
     function), FFMA at least two a logit, FMUL at most one a logit and the rows' terms
     (the dK/dV loop scales each of its 16 queries' lse and delta a lane: 32)."""
     def promise(a: KernelAudit) -> bool:
@@ -153,15 +154,19 @@ def main_loops_read_no_global_memory(a: KernelAudit) -> bool:
                                       for loop in a.tile_loops)
 
 
-def hmma_per_ldmatrix(at_least: Fraction):
-    """HMMA a fragment load in each main loop: each fragment an ldmatrix brings feeds this
-    many products or more (exactly: a Fraction). Forward, 16 query rows a warp: 64 HMMA over
-    36 ldmatrix.x4; backward, 128 over 64 in the dK/dV loop and 96 over 56 in the dQ loop
-    (the least, 12/7)."""
+def hmma_per_ldmatrix(*at_least: Fraction):
+    """HMMA a fragment load in each main loop, in order: each fragment an ldmatrix brings
+    feeds this many products or more (exactly: a Fraction each). Forward, 32 query rows a
+    warp: 128 HMMA over 32 ldmatrix.x4 (4: each K and V fragment feeds both row tiles; 16
+    rows a warp gave 64 over 36). Backward: the dK/dV loop, 16 key rows a warp,
+    128 over 64 (2); the dQ loop, 32 query rows a warp over half of each key tile's keys, 96
+    over 24 (4: each K and V fragment feeds both of the warp's row tiles)."""
     def promise(a: KernelAudit) -> bool:
-        return all(loop["tensor"] * at_least.denominator >= at_least.numerator * loop["ldsm"]
-                   for loop in a.tile_loops)
-    promise.__name__ = f"hmma_per_ldmatrix_{at_least.numerator}_{at_least.denominator}"
+        return len(a.tile_loops) == len(at_least) and all(
+            loop["tensor"] * least.denominator >= least.numerator * loop["ldsm"]
+            for loop, least in zip(a.tile_loops, at_least))
+    promise.__name__ = "hmma_per_ldmatrix_" + "_".join(
+        f"{least.numerator}_{least.denominator}" for least in at_least)
     return promise
 
 
@@ -216,13 +221,13 @@ def _sum_of(total: int, parts: tuple[int, ...]) -> bool:
 EVERY_KERNEL = (no_local_memory, no_generic_accesses, no_atomics, launchable)
 
 PROMISES = {
-    "cgImageAttention": (tensor_per_tile(64), at_least(2), ldmatrix, cp_async,
-                         conflict_free_ldmatrix, exp2_per_logit(32, 2, 32),
-                         mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(16, 9)),
+    "cgImageAttention": (tensor_per_tile(128), at_least(2), ldmatrix, cp_async,
+                         conflict_free_ldmatrix, exp2_per_logit(64, 4, 64),
+                         mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(4)),
                          main_loops_read_no_global_memory),
     "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async,
                                  conflict_free_ldmatrix, backward_exp2_per_logit(32, 32),
-                                 mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(12, 7)),
+                                 mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(2), Fraction(4)),
                                  main_loops_read_no_global_memory),
     # float4 or 16-byte packs (docs/kernels.md)
     "cgImageEmbedding": (wide_global_accesses,),
@@ -417,25 +422,26 @@ def test_audit_reads_the_attention_design(gpt2_audit):
     ldmatrix, streams the next tile by cp.async (16 bytes a thread a copy: 4 wavefronts
     each; the backward's dK/dV loop also its query rows' lse and delta, 4 bytes a thread: 1
     wavefront) and has no generic access; the diagonal tile pair is peeled from every loop
-    (the forward's one tile's 64 HMMA outside its loop, the backward's 128 + 96, one pair of
+    (the forward's one tile's 128 HMMA outside its loop, the backward's 128 + 96, one pair of
     each of its loops)."""
     forward, backward = gpt2_audit["cgImageAttention"], gpt2_audit["cgImageAttentionBackward"]
-    assert forward.tensor_outside_loops == 64 and backward.tensor_outside_loops == 128 + 96
+    assert forward.tensor_outside_loops == 128 and backward.tensor_outside_loops == 128 + 96
     for audit, rows in ((forward, (0,)), (backward, (1, 0))):
         assert len(audit.tile_loops) == len(rows)
         for tile, row_copies in zip(audit.tile_loops, rows):
             assert tile["tensor"] > 0 and tile["ldsm"] > 0 and tile["ldgsts"] > 0
             assert tile["generic"] == 0 and tile["atomic"] == 0
-            # the next two tiles, 64 x 64 bfloat16 each, over 128 threads: 4 copies a thread
-            # each, unrolled in the body (kCopies: a count the shape fixes)
-            tile_copies = 2 * 64 * 64 // 8 // 128
+            # the next two tiles, 64 x 64 bfloat16 each, over the block's threads (forward 64:
+            # 8 copies a thread each; backward 128: 4), unrolled in the body (kCopies: a count
+            # the shape fixes)
+            tile_copies = 2 * 64 * 64 // 8 // audit.threads
             assert tile["ldgsts"] == tile_copies + row_copies
             assert tile["wavefronts:ldgsts"] == 4 * tile_copies + row_copies
         # and no loop inside (the cost model prices none): the copies are unrolled, and q and
         # k arrive turned (a rotary loop put back would add inner loops with STS)
         assert audit.inner_loops == [[]] * len(rows)
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
-    assert forward.counts["tensor"] == 2 * 64 and backward.counts["tensor"] == 2 * 224
+    assert forward.counts["tensor"] == 2 * 128 and backward.counts["tensor"] == 2 * 224
 
 
 def test_every_kernel_of_the_file_is_audited(gpt2_audit):
@@ -621,15 +627,15 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
 # The attention kernels' designs undone, in two builds. "exponential": e^(scale x - m) by
 # __expf of the scaled difference again (an FMUL a logit and __expf's own guard), forward and
 # backward. "mask and fragments": every key tile masked as the diagonal is (forward; the
-# backward's dQ loop), and one K fragment load a product instead of one for two (the
-# forward's S = Q K^T, the backward's dQ = dS K; from another address, or ptxas would drop
-# the load as the same as the last). Numbers wrong on purpose (only the machine code is
-# read).
-_K_FRAGMENT = ("        mma(s[2 * n], query[d], left);\n"
-               "        mma(s[2 * n + 1], query[d], right);")
-_DQ_FRAGMENT = ("          load_b(left, right, k + c * 16 * kStride + n * 16, kStride);\n"
-                "          mma(first_sum[2 * n], ds, left);\n"
-                "          mma(first_sum[2 * n + 1], ds, right);")
+# backward's dQ loop), and a K fragment loaded again where one load fed several products
+# (the forward's S = Q K^T: one load a product instead of one for two; the backward's dQ =
+# dS K: one load a row tile instead of one for the warp's two; from another address, or
+# ptxas would drop the load as the same as the last). Numbers wrong on purpose (only the
+# machine code is read).
+_K_FRAGMENT = ("          mma(s[m][2 * n], query[m][d], left);\n"
+               "          mma(s[m][2 * n + 1], query[m][d], right);")
+_DQ_FRAGMENT = ("            mma(dq[m][2 * n], ds[m], left);\n"
+                "            mma(dq[m][2 * n + 1], ds[m], right);")
 # the backward's lse and delta read from global memory a logit, as before they were staged
 _ROWS_STAGED = "          const float2 pair = tile_rows[c * 16 + n * 8 + 2 * t + e];"
 _ROWS_RELOADED = (
@@ -638,8 +644,8 @@ _ROWS_RELOADED = (
 ATTENTION_MUTATIONS = {
     "exponential and reloads": {
         "attention.cu.j2": (
-            ("          x = cg_exp2_approx(fmaf(x, scale_log2, -shift));",
-             "          x = __expf((x - new_max) * scale);"),),
+            ("            x = cg_exp2_approx(fmaf(x, scale_log2, -shift));",
+             "            x = __expf((x - new_max) * scale);"),),
         "attention_backward.cu.j2": (
             ("            p = cg_exp2_approx(fmaf(p, scale_log2, -lse_log2));",
              "            p = __expf(p * scale - lse_log2 * 0.69314718f);"),
@@ -648,14 +654,14 @@ ATTENTION_MUTATIONS = {
         "attention.cu.j2": (
             ("key_step(key_tile, cg_false{});", "key_step(key_tile, cg_true{});"),
             (_K_FRAGMENT, _K_FRAGMENT.replace(
-                "\n", "\n        load_b_transposed(left, right, k + n * 16 * kStride + d * 16 + 8, "
-                      "kStride);\n"))),
+                "\n", "\n          load_b_transposed(left, right, k + n * 16 * kStride + d * 16 + "
+                      "8 * m + 8, kStride);\n"))),
         "attention_backward.cu.j2": (
             ("    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});",
              "    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
             (_DQ_FRAGMENT, _DQ_FRAGMENT.replace(
-                "left);\n", "left);\n          load_b(left, right, k + c * 16 * kStride + n * 16 + 8, "
-                            "kStride);\n"))),
+                "left);\n", "left);\n            load_b(left, right, k + c * 16 * kStride + n * 16 + "
+                            "8 * m + 8, kStride);\n"))),
     },
 }
 
@@ -691,20 +697,20 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     exponential = _mutated_audits(tmp_path, monkeypatch, "exponential",
                                   ATTENTION_MUTATIONS["exponential and reloads"])
     forward, backward = exponential["cgImageAttention"], exponential["cgImageAttentionBackward"]
-    assert not exp2_per_logit(32, 2, 32)(forward)
+    assert not exp2_per_logit(64, 4, 64)(forward)
     assert not backward_exp2_per_logit(32, 32)(backward)
     assert not main_loops_read_no_global_memory(backward)
     assert main_loops_read_no_global_memory(forward)
-    assert hmma_per_ldmatrix(Fraction(16, 9))(forward)
-    assert hmma_per_ldmatrix(Fraction(12, 7))(backward)
+    assert hmma_per_ldmatrix(Fraction(4))(forward)
+    assert hmma_per_ldmatrix(Fraction(2), Fraction(4))(backward)
     masked = _mutated_audits(tmp_path, monkeypatch, "masked",
                              ATTENTION_MUTATIONS["mask and fragments"])
     forward, backward = masked["cgImageAttention"], masked["cgImageAttentionBackward"]
-    assert exp2_per_logit(32, 2, 32)(forward) and backward_exp2_per_logit(32, 32)(backward)
+    assert exp2_per_logit(64, 4, 64)(forward) and backward_exp2_per_logit(32, 32)(backward)
     assert not mask_on_the_diagonal_only(forward) and not mask_on_the_diagonal_only(backward)
-    assert not hmma_per_ldmatrix(Fraction(16, 9))(forward)
-    assert not hmma_per_ldmatrix(Fraction(12, 7))(backward)
-    assert tensor_per_tile(64)(forward) and tensor_per_tile(128, 96)(backward)
+    assert not hmma_per_ldmatrix(Fraction(4))(forward)
+    assert not hmma_per_ldmatrix(Fraction(2), Fraction(4))(backward)
+    assert tensor_per_tile(128)(forward) and tensor_per_tile(128, 96)(backward)
     assert main_loops_read_no_global_memory(forward)
     assert main_loops_read_no_global_memory(backward)
 

@@ -794,10 +794,11 @@ struct cg_false { static constexpr bool value = false; };
 
 // Padding after each row of the attention's shared tiles (cgc/backends/cuda/emit.py).
 constexpr int kAttentionRowPadding = 8;
-// The attention forward's least blocks an SM (__launch_bounds__'s second argument): left to
-// itself ptxas holds the kernel to 128 registers (4 blocks an SM) and spills 8 bytes in the
-// key-tile loop; at 3 it may take 168 and uses about 152, spill-free (tests/test_emit.py,
-// scripts/sass_audit.py), 3 blocks of 45 KB of shared memory an SM.
+// The attention forwards' least blocks an SM (__launch_bounds__'s second argument). The
+// mma.sync kernel's 64 threads may then take every register a thread may have (it uses
+// about 240 at GPT-2 small, spill-free: scripts/sass_audit.py), 4 blocks of 45 KB of shared
+// memory an SM; with 128 threads of 16 query rows a warp, 3 let it take 168 where ptxas
+// alone held it to 128 and spilled. The Hopper kernel (160 threads) is held by it too.
 constexpr int kAttentionMinBlocks = 3;
 
 // ---- mma.m16n8k16 fragments over low_t ------------------------------------------------
@@ -966,7 +967,8 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
 
 // cgImageAttention: Causal attention, flash style, on q and k the rotary pass turned: one block per tile of query rows (gridX) of one query head (gridY) of one sequence (gridZ); query head h reads key/value head h / (cgHeads / cgKvHeads). A grid short of the context or of the heads would leave rows or heads unwritten: it must cover its outputs.
 // Causal attention, FlashAttention-2 style: a block per (query tile,
-// head, sequence); 4 warps of 16 query rows each. Q, the scores S, the probabilities P and
+// head, sequence); 2 warps of 32 query rows each (two row tiles of 16, so that each K and V
+// fragment an ldmatrix brings feeds two products). Q, the scores S, the probabilities P and
 // the output accumulator O stay in registers (mma.m16n8k16 fragments) across the key tiles,
 // with an online softmax; K and V tiles arrive by cp.async into two stages of shared memory
 // (rows padded: ldmatrix without bank conflicts), the next tile's copy overlapping this one's
@@ -980,10 +982,10 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
 // softmax runs in base 2 on raw scores: one FFMA applies the scale and the row's maximum and
 // ex2.approx.ftz takes it (cg_exp2_approx); the causal mask is applied to the diagonal tile
 // only, peeled from the loop (every earlier key tile is wholly visible).
-extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAttention(__nv_bfloat16* __restrict__ output, float* __restrict__ lse, const __nv_bfloat16* __restrict__ qkv) {
+extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAttention(__nv_bfloat16* __restrict__ output, float* __restrict__ lse, const __nv_bfloat16* __restrict__ qkv) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
-  static_assert(T == 64 && 128 == 128, "4 warps of 16 query rows");
+  static_assert(T == 64 && 64 == 64, "2 warps of 32 query rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
   low_t* q = reinterpret_cast<low_t*>(memory);  // T x kStride
@@ -1000,7 +1002,7 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   if (tile * T >= kContext || head >= kHeads) return;
   const size_t base = static_cast<size_t>(sequence) * kContext;
   const size_t first = base + tile * T;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 32;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
   const float scale_log2 = scale * kLog2e;  // e^(scale x) = 2^(scale log2(e) x)
@@ -1010,22 +1012,41 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
   // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async:
   // kCopies chunks a thread, a count fixed by the shape (as in the backward, whose run-time
   // count from threadIdx.x made ptxas spill at a head of 16).
-  static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
-  constexpr int kCopies = T * (D / kChunk) / 128;
+  static_assert(T * (D / kChunk) % 64 == 0, "whole copies for every thread");
+  constexpr int kCopies = T * (D / kChunk) / 64;
+  // Where the block's threads are a whole number of rows, a thread's chunks are kRowsApart
+  // rows apart in one column: one address each side and constant offsets (each chunk's row
+  // from its index, ptxas held an address a chunk and spilled at 255 registers).
+  constexpr bool kWholeRows = 64 % (D / kChunk) == 0;
+  constexpr int kRowsApart = 64 / (D / kChunk);
   auto copy_tile = [&](low_t* to, size_t row, int part) {
     const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
+    if constexpr (kWholeRows) {
+      const int r = threadIdx.x / (D / kChunk), c = threadIdx.x % (D / kChunk) * kChunk;
+      low_t* into = to + r * kStride + c;
+      const low_t* from = qkv + (row + r) * kQkvWidth + column + c;
 #pragma unroll
-    for (int copy = 0; copy < kCopies; ++copy) {
-      const int index = threadIdx.x + copy * 128;
-      const int r = index / (D / kChunk), c = index % (D / kChunk) * kChunk;
-      cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * kQkvWidth + column + c);
+      for (int copy = 0; copy < kCopies; ++copy)
+        cg_cp_async_16(into + copy * kRowsApart * kStride, from + copy * kRowsApart * kQkvWidth);
+    } else {
+#pragma unroll
+      for (int copy = 0; copy < kCopies; ++copy) {
+        const int index = threadIdx.x + copy * 64;
+        const int r = index / (D / kChunk), c = index % (D / kChunk) * kChunk;
+        cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * kQkvWidth + column + c);
+      }
     }
   };
-  FragmentA<low_t> query[D / 16];  // the warp's 16 rows of q, all of D
-  Accumulator out[D / 8];          // O, 16 rows x D
-  float row_max[2] = {-CG_INFINITY, -CG_INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g, g + 8
+  FragmentA<low_t> query[2][D / 16];  // the warp's 32 rows of q (two row tiles), all of D
+  Accumulator out[2][D / 8];          // O, 2 x 16 rows x D
+  float row_max[2][2], row_sum[2][2];  // rows g, g + 8 of each row tile
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) zero(out[n]);
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) zero(out[m][n]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[m][h] = -CG_INFINITY, row_sum[m][h] = 0.0f;
+  }
 
   copy_tile(q, first, 0);
   copy_tile(keys, base, 1);
@@ -1044,92 +1065,111 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
       copy_tile(values + ((key_tile + 1) % 2) * T * kStride, next, 2);
     }
     cg_cp_async_commit();
-    if (key_tile == 0) {
-#pragma unroll
-      for (int d = 0; d < D / 16; ++d) load_a(query[d], q + top * kStride + d * 16, kStride);
-    }
 
-    Accumulator s[T / 8];  // S = Q K^T: 16 rows x T keys, unscaled
+    Accumulator s[2][T / 8];  // S = Q K^T: 2 x 16 rows x T keys, unscaled
 #pragma unroll
-    for (int n = 0; n < T / 8; ++n) zero(s[n]);
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < T / 8; ++n) zero(s[m][n]);
 #pragma unroll
     for (int d = 0; d < D / 16; ++d) {
 #pragma unroll
       for (int n = 0; n < T / 16; ++n) {
         FragmentB<low_t> left, right;
         load_b_transposed(left, right, k + n * 16 * kStride + d * 16, kStride);
-        mma(s[2 * n], query[d], left);
-        mma(s[2 * n + 1], query[d], right);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma(s[m][2 * n], query[m][d], left);
+          mma(s[m][2 * n + 1], query[m][d], right);
+        }
       }
     }
 
-    // Online softmax over the lane's two rows; a row's 64 keys lie in its 4 lanes (a quad).
+    // Online softmax over the lane's four rows; a row's 64 keys lie in its 4 lanes (a quad).
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = -CG_INFINITY;
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int n = 0; n < T / 8; ++n)
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -CG_INFINITY;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n].x[2 * h + e];
-          if constexpr (decltype(diagonal)::value) {
-            if (n * 8 + 2 * t + e > top + g + 8 * h) x = -CG_INFINITY;  // a key after the query
+        for (int n = 0; n < T / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[m][n].x[2 * h + e];
+            if constexpr (decltype(diagonal)::value) {
+              if (n * 8 + 2 * t + e > top + 16 * m + g + 8 * h) x = -CG_INFINITY;  // a key after the query
+            }
+            tile_max = fmaxf(tile_max, x);
           }
-          tile_max = fmaxf(tile_max, x);
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[m][h], tile_max);  // finite: key 0 is always visible
+        const float shift = new_max * scale_log2;
+        const float correction = cg_exp2_approx(fmaf(row_max[m][h], scale_log2, -shift));
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < T / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[m][n].x[2 * h + e];
+            x = cg_exp2_approx(fmaf(x, scale_log2, -shift));
+            sum += x;
+          }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        row_sum[m][h] = row_sum[m][h] * correction + sum;
+        row_max[m][h] = new_max;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          out[m][n].x[2 * h] *= correction;
+          out[m][n].x[2 * h + 1] *= correction;
         }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[h], tile_max);  // finite: key 0 is always visible
-      const float shift = new_max * scale_log2;
-      const float correction = cg_exp2_approx(fmaf(row_max[h], scale_log2, -shift));
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < T / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n].x[2 * h + e];
-          x = cg_exp2_approx(fmaf(x, scale_log2, -shift));
-          sum += x;
-        }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      row_sum[h] = row_sum[h] * correction + sum;
-      row_max[h] = new_max;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        out[n].x[2 * h] *= correction;
-        out[n].x[2 * h + 1] *= correction;
       }
-    }
 
     // O += P V: P (rounded to low_t) straight from the score registers.
 #pragma unroll
     for (int c = 0; c < T / 16; ++c) {
-      FragmentA<low_t> p;
-      to_a(p, s[2 * c], s[2 * c + 1]);
+      FragmentA<low_t> p[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) to_a(p[m], s[m][2 * c], s[m][2 * c + 1]);
 #pragma unroll
       for (int n = 0; n < D / 16; ++n) {
         FragmentB<low_t> left, right;
         load_b(left, right, v + c * 16 * kStride + n * 16, kStride);
-        mma(out[2 * n], p, left);
-        mma(out[2 * n + 1], p, right);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma(out[m][2 * n], p[m], left);
+          mma(out[m][2 * n + 1], p[m], right);
+        }
       }
     }
   };
+  cg_cp_async_wait<0>();
+  __syncthreads();  // q has landed (with the first key tile): into registers, once
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int d = 0; d < D / 16; ++d)
+      load_a(query[m][d], q + (top + 16 * m) * kStride + d * 16, kStride);
   for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
   key_step(tile, cg_true{});
+  // the output's addresses computed here: held from the start, they spilled at 255 registers
+  const size_t last_first = static_cast<size_t>(cg_opaque(sequence)) * kContext + cg_opaque(tile) * T;
+  low_t* const head_output = output + cg_opaque(head) * D;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const size_t row = first + top + g + 8 * h;
-    const float inverse = 1.0f / row_sum[h];
-    low_t* to = output + row * kWidth + head * D + 2 * t;
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      to[n * 8] = from_float<low_t>(out[n].x[2 * h] * inverse);
-      to[n * 8 + 1] = from_float<low_t>(out[n].x[2 * h + 1] * inverse);
+    for (int h = 0; h < 2; ++h) {
+      const size_t row = last_first + top + 16 * m + g + 8 * h;
+      const float inverse = 1.0f / row_sum[m][h];
+      low_t* to = head_output + row * kWidth + 2 * t;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        to[n * 8] = from_float<low_t>(out[m][n].x[2 * h] * inverse);
+        to[n * 8 + 1] = from_float<low_t>(out[m][n].x[2 * h + 1] * inverse);
+      }
+      if (t == 0) lse[row * kHeads + head] = row_max[m][h] * scale + __logf(row_sum[m][h]);
     }
-    if (t == 0) lse[row * kHeads + head] = row_max[h] * scale + __logf(row_sum[h]);
-  }
 }
 
 // cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), key/value head and sequence: the block sums dk and dv over the query heads its key/value head serves and writes their dq (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
@@ -1137,8 +1177,8 @@ extern "C" __global__ void __launch_bounds__(128, kAttentionMinBlocks) cgImageAt
 // rowsum(dO * O) from the pre-pass (attention_delta). The block of tile j first accumulates
 // dK_j and dV_j over the query tiles i >= j (each warp 16 key rows: S^T = K Q^T and dP^T =
 // V dO^T recomputed, P^T from lse, dS^T = P^T * (dP^T - delta) * scale; dV += P^T dO, dK +=
-// dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 16 query rows: dQ
-// += dS K). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
+// dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 32 query rows and
+// half of each key tile's keys: dQ += dS K, the two halves added at the end). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
 // mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
 // shared memory, a query tile's lse and delta with it (4-byte copies: a row's are kHeads
 // apart), so that the dK/dV loop reads them on chip, never from global memory. q and k
@@ -1173,7 +1213,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   const int kv_head = blockIdx.y, sequence = blockIdx.z;
   if (tile * T >= kContext || kv_head >= kKvHeads) return;
   int head = kv_head * kGroup;  // the query head in hand
-  const size_t base = static_cast<size_t>(sequence) * kContext;
+  size_t base = static_cast<size_t>(sequence) * kContext;  // recomputed for dQ
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
@@ -1188,13 +1228,16 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   // With `rows` (the output's gradient into a stage), its query rows' (lse, delta) pairs after
   // it as well: one 4-byte copy a thread.
   static_assert(2 * T == 128, "a thread a row's lse or delta");
-  auto copy_tile = [&](low_t* to, int index, int part, int query_head, bool rows = false) {
+  // `thread`: threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be
+  // computed at the call, not hoisted out of a loop and held.
+  auto copy_tile = [&](low_t* to, int index, int part, int query_head, bool rows = false,
+                       int thread = threadIdx.x) {
     const size_t row = base + static_cast<size_t>(index) * T;
     const int column =
         part == 0 ? query_head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
 #pragma unroll
     for (int copy = 0; copy < kCopies; ++copy) {
-      const int i = threadIdx.x + copy * 128;
+      const int i = thread + copy * 128;
       const int r = i / (D / kChunk), c = i % (D / kChunk) * kChunk;
       const low_t* from = part < 3 ? qkv + (row + r) * kQkvWidth + column + c
                                    : gradientOutput + (row + r) * kWidth + query_head * D + c;
@@ -1209,10 +1252,10 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
   // gradientQkv (q's: the head in hand's); q's and k's (parts 0 and 1) turned back first. A
   // lane holds both elements of each rotary pair (d, d + D/2): accumulators n and n + D/16.
-  auto store = [&](Accumulator (&values)[D / 8], int part) {
+  auto store = [&](Accumulator (&values)[D / 8], int part, int first_row) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int position = tile * T + top + g + 8 * h;
+      const int position = tile * T + first_row + g + 8 * h;
       const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
       low_t* to = gradientQkv + (base + position) * kQkvWidth + column;
 #pragma unroll
@@ -1233,8 +1276,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   };
 
   // ---- dK and dV of key tile `tile` ----
-  FragmentA<low_t> held_a[D / 16], held_b[D / 16];  // k and v, then q and dO: the warp's 16 rows
-  Accumulator first_sum[D / 8], second_sum[D / 8];  // dK and dV, then dQ
+  FragmentA<low_t> held_a[D / 16], held_b[D / 16];  // k and v: the warp's 16 rows
+  Accumulator first_sum[D / 8], second_sum[D / 8];  // dK and dV
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) zero(first_sum[n]), zero(second_sum[n]);
   copy_tile(held, tile, 1, head);
@@ -1320,30 +1363,51 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
     for (int query_tile = tile + 1; query_tile < kTiles; ++query_tile)
       query_step(query_tile, cg_false{});
   }
-  store(first_sum, 1);
-  store(second_sum, 2);
+  store(first_sum, 1, top);
+  store(second_sum, 2, top);
 
   // ---- dQ of query tile `tile`, for each query head in turn ----
-  // Its addresses computed from here: ptxas would compute them at the start and hold them
-  // through the dK/dV loop (with grouped heads, a spill at 255 registers).
+  // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over half of each
+  // key tile's keys (two chunks of 16): each K and V fragment an ldmatrix brings feeds both
+  // row tiles, twice the products of a load at 16 rows a warp (K and V: 24 ldmatrix a tile,
+  // not 48). The two warps of a row half then add their partial dQ, the earlier keys' first
+  // and the later keys' (handed over through shared memory) second, and the first stores it.
+  // The registers: q's and dO's fragments and dQ for 32 rows, where the dK/dV pass held k's,
+  // v's, dK and dV for 16.
+  // Its addresses, and the values below, computed from here: ptxas would compute them at
+  // the start and hold them through the dK/dV loop (a spill at 255 registers).
   tile = cg_opaque(tile);
+  base = static_cast<size_t>(cg_opaque(sequence)) * kContext;
+  const int half = cg_opaque(warp % 2);
+  const int rows = half * 32, keys = cg_opaque(warp / 2) * 32;  // this warp's halves
+  float4* partner = reinterpret_cast<float4*>(streamed) + half * 8 * D;  // the later keys' dQ
+  static_assert(2 * 32 * D * sizeof(float) <= 2 * kStage * sizeof(low_t), "dQ halves fit");
   for (int member = 0; member < kGroup; ++member) {
     head = kv_head * kGroup + member;
     __syncthreads();  // every warp is done with the shared tiles the copies below replace
+    Accumulator dq[2][D / 8];  // the warp's 32 rows of dQ, over its half of the keys
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) zero(first_sum[n]);
-    copy_tile(held, tile, 0, head);
-    copy_tile(held + T * kStride, tile, 3, head);
-    copy_tile(streamed, 0, 1, head);
-    copy_tile(streamed + T * kStride, 0, 2, head);
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) zero(dq[m][n]);
+    // the copies' addresses computed here: hoisted out of the loop over the query heads
+    // (grouped-query attention), the 8 held through the dQ loop spilled
+    const int thread = cg_opaque(threadIdx.x);
+    copy_tile(held, tile, 0, head, false, thread);
+    copy_tile(held + T * kStride, tile, 3, head, false, thread);
+    copy_tile(streamed, 0, 1, head, false, thread);
+    copy_tile(streamed + T * kStride, 0, 2, head, false, thread);
     cg_cp_async_commit();
-    float lse_log2[2], delta_scaled[2];  // this block's query rows g, g + 8: held for the loop
+    FragmentA<low_t> query[2][D / 16], gradient[2][D / 16];  // q and dO: the warp's 32 rows
+    float lse_log2[2][2], delta_scaled[2][2];  // rows g, g + 8 of each row tile: held
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const size_t at = (base + tile * T + top + g + 8 * h) * kHeads + head;
-      lse_log2[h] = lse[at] * kLog2e;
-      delta_scaled[h] = delta[at] * scale;
-    }
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const size_t at = (base + tile * T + rows + 16 * m + g + 8 * h) * kHeads + head;
+        lse_log2[m][h] = lse[at] * kLog2e;
+        delta_scaled[m][h] = delta[at] * scale;
+      }
     // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
     auto key_step = [&](int key_tile, auto diagonal) {
       const int stage = key_tile % 2;
@@ -1357,54 +1421,97 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
         copy_tile(next + T * kStride, key_tile + 1, 2, head);
       }
       cg_cp_async_commit();
-      if (key_tile == 0) {
 #pragma unroll
-        for (int d = 0; d < D / 16; ++d) {
-          load_a(held_a[d], held + top * kStride + d * 16, kStride);
-          load_a(held_b[d], held + T * kStride + top * kStride + d * 16, kStride);
-        }
-      }
+      for (int c = keys / 16; c < keys / 16 + 2; ++c) {  // 16 keys at a time
+        Accumulator scores[2][2], gradients[2][2];  // S and dP: 2 x 16 queries x 16 keys
 #pragma unroll
-      for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
-        Accumulator scores[2], gradients[2];  // S and dP: 16 queries x 16 keys
-        zero(scores[0]), zero(scores[1]), zero(gradients[0]), zero(gradients[1]);
+        for (int m = 0; m < 2; ++m)
+          zero(scores[m][0]), zero(scores[m][1]), zero(gradients[m][0]), zero(gradients[m][1]);
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragmentB<low_t> left, right;
           load_b_transposed(left, right, k + c * 16 * kStride + d * 16, kStride);
-          mma(scores[0], held_a[d], left);
-          mma(scores[1], held_a[d], right);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma(scores[m][0], query[m][d], left);
+            mma(scores[m][1], query[m][d], right);
+          }
           load_b_transposed(left, right, v + c * 16 * kStride + d * 16, kStride);
-          mma(gradients[0], held_b[d], left);
-          mma(gradients[1], held_b[d], right);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma(gradients[m][0], gradient[m][d], left);
+            mma(gradients[m][1], gradient[m][d], right);
+          }
         }
+        FragmentA<low_t> ds[2];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int m = 0; m < 2; ++m) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+          for (int n = 0; n < 2; ++n)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float p = cg_exp2_approx(fmaf(scores[n].x[2 * h + e], scale_log2, -lse_log2[h]));
-              if constexpr (decltype(diagonal)::value) {
-                if (c * 16 + n * 8 + 2 * t + e > top + g + 8 * h) p = 0.0f;  // a key after the query
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float x = scores[m][n].x[2 * h + e];
+                if constexpr (decltype(diagonal)::value) {
+                  if (c * 16 + n * 8 + 2 * t + e > rows + 16 * m + g + 8 * h)
+                    x = -CG_INFINITY;  // a key after the query: p = 2^-inf = 0
+                  // (masking the score, not p: in the float32 configuration with grouped
+                  // heads ptxas spilled 4 bytes in this peeled step otherwise)
+                }
+                const float p = cg_exp2_approx(fmaf(x, scale_log2, -lse_log2[m][h]));
+                float& ds = gradients[m][n].x[2 * h + e];
+                ds = p * fmaf(ds, scale, -delta_scaled[m][h]);
               }
-              float& ds = gradients[n].x[2 * h + e];
-              ds = p * fmaf(ds, scale, -delta_scaled[h]);
-            }
-        FragmentA<low_t> ds;
-        to_a(ds, gradients[0], gradients[1]);
+          to_a(ds[m], gradients[m][0], gradients[m][1]);
+        }
 #pragma unroll
         for (int n = 0; n < D / 16; ++n) {  // dQ += dS K
           FragmentB<low_t> left, right;
           load_b(left, right, k + c * 16 * kStride + n * 16, kStride);
-          mma(first_sum[2 * n], ds, left);
-          mma(first_sum[2 * n + 1], ds, right);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma(dq[m][2 * n], ds[m], left);
+            mma(dq[m][2 * n + 1], ds[m], right);
+          }
         }
       }
     };
+    cg_cp_async_wait<0>();
+    __syncthreads();  // q and dO have landed (with the first key tile): into registers, once
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        load_a(query[m][d], held + (rows + 16 * m) * kStride + d * 16, kStride);
+        load_a(gradient[m][d], held + T * kStride + (rows + 16 * m) * kStride + d * 16, kStride);
+      }
     for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
     key_step(tile, cg_true{});
-    store(first_sum, 0);
+    // The row half's two partial sums: the later keys' warp hands its own over (lane-major:
+    // each lane's values a float apart from the next lane's, no bank conflict).
+    __syncthreads();  // every warp is done with the last key tile, which the halves replace
+    if (keys) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          partner[(m * D / 8 + n) * 32 + lane] =
+              make_float4(dq[m][n].x[0], dq[m][n].x[1], dq[m][n].x[2], dq[m][n].x[3]);
+    }
+    __syncthreads();  // the later keys' partial sums are in shared memory
+    if (!keys) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          const float4 other = partner[(m * D / 8 + n) * 32 + lane];
+          dq[m][n].x[0] += other.x, dq[m][n].x[1] += other.y;
+          dq[m][n].x[2] += other.z, dq[m][n].x[3] += other.w;
+        }
+        store(dq[m], 0, rows + 16 * m);
+      }
+    }
   }
 }
 
@@ -2396,7 +2503,7 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
     CG_LAUNCHED("launches.cg:215:7 (from forward.cg:25:7) cgImageRotary");
     // library.cg:133:31 (from forward.cg:25:7) cgImageAttention
-    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 15360, stream)(cgAttention, cgAttentionLse, cgQkv);
+    CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(64, 1, 1), 15360, stream)(cgAttention, cgAttentionLse, cgQkv);
     CG_LAUNCHED("library.cg:133:31 (from forward.cg:25:7) cgImageAttention");
     // launches.cg:37:13 (from forward.cg:25:7) cgImageProductResidual
     cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:25:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
@@ -2455,7 +2562,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
   CG_LAUNCHED("launches.cg:215:7 (from backward.cg:27:7) cgImageRotary");
   // library.cg:133:31 (from backward.cg:27:7) cgImageAttention
-  CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(128, 1, 1), 15360, stream)(cgAttention, cgAttentionLse, cgQkv);
+  CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(64, 1, 1), 15360, stream)(cgAttention, cgAttentionLse, cgQkv);
   CG_LAUNCHED("library.cg:133:31 (from backward.cg:27:7) cgImageAttention");
   // launches.cg:37:13 (from backward.cg:27:7) cgImageProductResidual
   cgImageProductResidual(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
