@@ -770,6 +770,42 @@ __device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsign
 #endif
 #endif
 
+// A tile of kRows rows of kColumns low_t, from row `row` and column `column` of a matrix in
+// global memory (rows `stride` elements apart) into shared memory (rows kStride apart), by cp.async over kThreads threads: kCopies chunks
+// of 16 bytes a thread, a count the shape fixes (counted from the thread up to the tile's
+// chunks instead, a thread's trips are a run-time count the compiler cannot see; at a head
+// of 16 ptxas then spilled). kRowsApart: where the threads are a whole number of rows, a
+// thread's chunks are rows apart in one column, one address each side and constant offsets
+// (the attention forward: from each chunk's index ptxas held an address a chunk and spilled
+// at 255 registers); false, each chunk's row and column from its index (the attention
+// backward: rows apart, its TinyLlama and Llama float32 files spilled 6 and 4). `thread`:
+// threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be computed at
+// the call, not hoisted out of a loop and held.
+template <int kThreads, int kRows, int kColumns, int kStride, bool kRowsApart>
+__device__ __forceinline__ void cg_copy_tile(low_t* to, const low_t* matrix, size_t row,
+                                             int column, size_t stride, int thread) {
+  constexpr int kChunk = 16 / sizeof(low_t), kChunks = kColumns / kChunk;  // a row's
+  static_assert(kColumns % kChunk == 0 && kRows * kChunks % kThreads == 0,
+                "whole copies for every thread");
+  constexpr int kCopies = kRows * kChunks / kThreads;
+  if constexpr (kRowsApart && kThreads % kChunks == 0) {
+    constexpr int kApart = kThreads / kChunks;  // rows between a thread's chunks
+    const int r = thread / kChunks, c = thread % kChunks * kChunk;
+    to += r * kStride + c;
+    const low_t* from = matrix + (row + r) * stride + column + c;
+#pragma unroll
+    for (int copy = 0; copy < kCopies; ++copy)
+      cg_cp_async_16(to + copy * kApart * kStride, from + copy * kApart * stride);
+  } else {
+#pragma unroll
+    for (int copy = 0; copy < kCopies; ++copy) {
+      const int i = thread + copy * kThreads;
+      const int r = i / kChunks, c = i % kChunks * kChunk;
+      cg_cp_async_16(to + r * kStride + c, matrix + (row + r) * stride + column + c);
+    }
+  }
+}
+
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2(e))
 
 // SiLU (x times its logistic) and its derivative, for SwiGLU. The logistic is 1 / (1 +
@@ -984,7 +1020,6 @@ extern "C" __global__ void __launch_bounds__(256) cgImageAdamW(float* __restrict
 // only, peeled from the loop (every earlier key tile is wholly visible).
 extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAttention(float* __restrict__ output, float* __restrict__ lse, const float* __restrict__ qkv) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
-  constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
   static_assert(T == 64 && 64 == 64, "2 warps of 32 query rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
@@ -1009,33 +1044,12 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
 
   constexpr int kQkvWidth = (kHeads + 2 * kKvHeads) * D;
   const int kv_head = head / (kHeads / kKvHeads);  // the key/value head this query head reads
-  // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `tile`, by cp.async:
-  // kCopies chunks a thread, a count fixed by the shape (as in the backward, whose run-time
-  // count from threadIdx.x made ptxas spill at a head of 16).
-  static_assert(T * (D / kChunk) % 64 == 0, "whole copies for every thread");
-  constexpr int kCopies = T * (D / kChunk) / 64;
-  // Where the block's threads are a whole number of rows, a thread's chunks are kRowsApart
-  // rows apart in one column: one address each side and constant offsets (each chunk's row
-  // from its index, ptxas held an address a chunk and spilled at 255 registers).
-  constexpr bool kWholeRows = 64 % (D / kChunk) == 0;
-  constexpr int kRowsApart = 64 / (D / kChunk);
+  // Part `part` (0 q, 1 k, 2 v) of the T rows from `row` of this head into `to`, by cp.async
+  // (a thread's chunks rows apart: cg_copy_tile).
   auto copy_tile = [&](low_t* to, size_t row, int part) {
     const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
-    if constexpr (kWholeRows) {
-      const int r = threadIdx.x / (D / kChunk), c = threadIdx.x % (D / kChunk) * kChunk;
-      low_t* into = to + r * kStride + c;
-      const low_t* from = qkv + (row + r) * kQkvWidth + column + c;
-#pragma unroll
-      for (int copy = 0; copy < kCopies; ++copy)
-        cg_cp_async_16(into + copy * kRowsApart * kStride, from + copy * kRowsApart * kQkvWidth);
-    } else {
-#pragma unroll
-      for (int copy = 0; copy < kCopies; ++copy) {
-        const int index = threadIdx.x + copy * 64;
-        const int r = index / (D / kChunk), c = index % (D / kChunk) * kChunk;
-        cg_cp_async_16(to + r * kStride + c, qkv + (row + r) * kQkvWidth + column + c);
-      }
-    }
+    cg_copy_tile<64, T, D, kStride, true>(to, qkv, row, column, kQkvWidth,
+                                                     threadIdx.x);
   };
   FragmentA<low_t> query[2][D / 16];  // the warp's 32 rows of q (two row tiles), all of D
   Accumulator out[2][D / 8];          // O, 2 x 16 rows x D
@@ -1196,7 +1210,6 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
 // dQ_j in turn; no other block writes them, so nothing is added atomically.
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float* __restrict__ gradientQkv, const float* __restrict__ qkv, const float* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
-  constexpr int kChunk = 16 / sizeof(low_t);  // elements a cp.async moves
   constexpr int kTiles = kContext / T;
   static_assert(T == 64 && 128 == 128, "4 warps of 16 rows");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
@@ -1219,12 +1232,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
   const float scale = rsqrtf(static_cast<float>(D));
   const float scale_log2 = scale * kLog2e;  // e^(scale x - lse) = 2^(scale log2(e) x - lse log2(e))
 
-  // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient): kCopies
-  // chunks a thread, a count fixed by the shape. Counted from threadIdx.x up to the tile's
-  // chunks instead, a thread's trips are a run-time count the compiler cannot see; at a head
-  // of 16 (config tiny: one trip each) ptxas then spilled 8 bytes across the dQ loop.
-  static_assert(T * (D / kChunk) % 128 == 0, "whole copies for every thread");
-  constexpr int kCopies = T * (D / kChunk) / 128;
+  // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient), by
+  // cp.async (cg_copy_tile: each chunk from its index).
   // With `rows` (the output's gradient into a stage), its query rows' (lse, delta) pairs after
   // it as well: one 4-byte copy a thread.
   static_assert(2 * T == 128, "a thread a row's lse or delta");
@@ -1235,23 +1244,21 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
     const size_t row = base + static_cast<size_t>(index) * T;
     const int column =
         part == 0 ? query_head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
-#pragma unroll
-    for (int copy = 0; copy < kCopies; ++copy) {
-      const int i = thread + copy * 128;
-      const int r = i / (D / kChunk), c = i % (D / kChunk) * kChunk;
-      const low_t* from = part < 3 ? qkv + (row + r) * kQkvWidth + column + c
-                                   : gradientOutput + (row + r) * kWidth + query_head * D + c;
-      cg_cp_async_16(to + r * kStride + c, from);
-    }
+    if (part < 3)
+      cg_copy_tile<128, T, D, kStride, false>(to, qkv, row, column, kQkvWidth, thread);
+    else
+      cg_copy_tile<128, T, D, kStride, false>(to, gradientOutput, row, query_head * D,
+                                                        kWidth, thread);
     if (rows) {
       const size_t at = (row + threadIdx.x / 2) * kHeads + query_head;
       cg_cp_async_4(reinterpret_cast<float*>(to + T * kStride) + threadIdx.x,
                     threadIdx.x % 2 ? delta + at : lse + at);
     }
   };
-  // Writes the warp's 16 rows of a T x D gradient in registers into part `part` of
-  // gradientQkv (q's: the head in hand's); q's and k's (parts 0 and 1) turned back first. A
-  // lane holds both elements of each rotary pair (d, d + D/2): accumulators n and n + D/16.
+  // Writes 16 rows (from `first_row` of the tile) of a T x D gradient in registers into part
+  // `part` of gradientQkv (q's: the head in hand's); q's and k's (parts 0 and 1) turned back
+  // first. A lane holds both elements of each rotary pair (d, d + D/2): accumulators n and
+  // n + D/16.
   auto store = [&](Accumulator (&values)[D / 8], int part, int first_row) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
