@@ -779,7 +779,8 @@ __device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsign
 // thread's chunks are rows apart in one column, one address each side and constant offsets
 // (the attention forward: from each chunk's index ptxas held an address a chunk and spilled
 // at 255 registers); false, each chunk's row and column from its index (the attention
-// backward: rows apart, its TinyLlama and Llama float32 files spilled 6 and 4). `thread`:
+// backward: rows apart, its TinyLlama and Llama float32 files spilled, 6 and 4 local
+// loads and stores). `thread`:
 // threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be computed at
 // the call, not hoisted out of a loop and held.
 template <int kThreads, int kRows, int kColumns, int kStride, bool kRowsApart>
@@ -831,11 +832,11 @@ struct cg_false { static constexpr bool value = false; };
 
 // Padding after each row of the attention's shared tiles (cgc/backends/cuda/emit.py).
 constexpr int kAttentionRowPadding = 8;
-// The attention forwards' least blocks an SM (__launch_bounds__'s second argument). The
-// mma.sync kernel's 64 threads may then take every register a thread may have (it uses
-// about 240 at GPT-2 small, spill-free: scripts/sass_audit.py), 4 blocks of 45 KB of shared
-// memory an SM; with 128 threads of 16 query rows a warp, 3 let it take 168 where ptxas
-// alone held it to 128 and spilled. The Hopper kernel (160 threads) is held by it too.
+// The attention forwards' least blocks an SM (__launch_bounds__'s second argument). It holds
+// the Hopper kernel (160 threads) to 136 registers; it does not bind the mma.sync kernel at
+// 64 threads (65536 / (3 x 64) is past the 255 a thread may have: it uses 241 at GPT-2
+// small, 4 blocks of 45 KB of shared memory an SM). At 128 threads, 16 query rows a warp,
+// it let that kernel take 168 where ptxas alone held it to 128 and spilled.
 constexpr int kAttentionMinBlocks = 3;
 
 // ---- mma.m16n8k16 fragments over low_t ------------------------------------------------
@@ -1199,7 +1200,8 @@ extern "C" __global__ void __launch_bounds__(160, kAttentionMinBlocks) cgImageAt
 extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kTiles = kContext / T;
-  static_assert(T == 64 && 128 == 128, "4 warps of 16 rows");
+  static_assert(T == 64 && 128 == 128,
+                "4 warps: 16 key rows each (dK, dV), 32 query rows over 32 keys each (dQ)");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
   low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (then q, dO) of tile j
@@ -1364,8 +1366,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   // ---- dQ of query tile `tile`, for each query head in turn ----
   // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over half of each
   // key tile's keys (two chunks of 16): each K and V fragment an ldmatrix brings feeds both
-  // row tiles, twice the products of a load at 16 rows a warp (K and V: 24 ldmatrix a tile,
-  // not 48). The two warps of a row half then add their partial dQ, the earlier keys' first
+  // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 24
+  // ldmatrix a tile, not 48). The two warps of a row half then add their partial dQ, the earlier keys' first
   // and the later keys' (handed over through shared memory) second, and the first stores it.
   // The registers: q's and dO's fragments and dQ for 32 rows, where the dK/dV pass held k's,
   // v's, dK and dV for 16.
@@ -1386,7 +1388,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) zero(dq[m][n]);
     // the copies' addresses computed here: hoisted out of the loop over the query heads
-    // (grouped-query attention), the 8 held through the dQ loop spilled
+    // (grouped-query attention), the 8 chunks' addresses held through the dQ loop spilled
     const int thread = cg_opaque(threadIdx.x);
     copy_tile(held, tile, 0, head, false, thread);
     copy_tile(held + T * kStride, tile, 3, head, false, thread);
@@ -1483,8 +1485,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
       }
     for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
     key_step(tile, cg_true{});
-    // The row half's two partial sums: the later keys' warp hands its own over (lane-major:
-    // each lane's values a float apart from the next lane's, no bank conflict).
+    // The row half's two partial sums: the later keys' warp hands its own over (lane-major
+    // float4: each lane's 16 bytes beside the next lane's, no bank conflict).
     __syncthreads();  // every warp is done with the last key tile, which the halves replace
     if (keys) {
 #pragma unroll
