@@ -772,17 +772,17 @@ __device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsign
 #endif
 
 // A tile of kRows rows of kColumns low_t, from row `row` and column `column` of a matrix in
-// global memory (rows `stride` elements apart) into shared memory (rows kStride apart), by cp.async over kThreads threads: kCopies chunks
-// of 16 bytes a thread, a count the shape fixes (counted from the thread up to the tile's
-// chunks instead, a thread's trips are a run-time count the compiler cannot see; at a head
-// of 16 ptxas then spilled). kRowsApart: where the threads are a whole number of rows, a
-// thread's chunks are rows apart in one column, one address each side and constant offsets
-// (the attention forward: from each chunk's index ptxas held an address a chunk and spilled
-// at 255 registers); false, each chunk's row and column from its index (the attention
-// backward: rows apart, its TinyLlama and Llama float32 files spilled, 6 and 4 local
-// loads and stores). `thread`:
-// threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be computed at
-// the call, not hoisted out of a loop and held.
+// global memory (rows `stride` elements apart) into shared memory (rows kStride apart), by
+// cp.async over kThreads threads: kCopies chunks of 16 bytes a thread, a count the shape
+// fixes (counted from the thread up to the tile's chunks instead, a thread's trips are a
+// run-time count the compiler cannot see; at a head of 16 ptxas then spilled). kRowsApart:
+// where the threads are a whole number of rows, a thread's chunks are rows apart in one
+// column, one address each side and constant offsets (the attention forward: from each
+// chunk's index ptxas held an address a chunk, 11 local loads and stores at 255 registers);
+// false, each chunk's row and column from its index (the attention backward: rows apart,
+// its TinyLlama and Llama float32 files spilled, 6 and 4 local loads and stores).
+// `thread`: threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be
+// computed at the call, not hoisted out of a loop and held.
 template <int kThreads, int kRows, int kColumns, int kStride, bool kRowsApart>
 __device__ __forceinline__ void cg_copy_tile(low_t* to, const low_t* matrix, size_t row,
                                              int column, size_t stride, int thread) {
@@ -1367,8 +1367,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
   // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over half of each
   // key tile's keys (two chunks of 16): each K and V fragment an ldmatrix brings feeds both
   // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 24
-  // ldmatrix a tile, not 48). The two warps of a row half then add their partial dQ, the earlier keys' first
-  // and the later keys' (handed over through shared memory) second, and the first stores it.
+  // ldmatrix a tile, not 48). The two warps of a row half then add their partial dQ, the
+  // earlier keys' first and the later keys' (through shared memory) second; the first stores.
   // The registers: q's and dO's fragments and dQ for 32 rows, where the dK/dV pass held k's,
   // v's, dK and dV for 16.
   // Its addresses, and the values below, computed from here: ptxas would compute them at
@@ -1454,7 +1454,7 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(__nv_
                   if (c * 16 + n * 8 + 2 * t + e > rows + 16 * m + g + 8 * h)
                     x = -CG_INFINITY;  // a key after the query: p = 2^-inf = 0
                   // (masking the score, not p: in the float32 configuration with grouped
-                  // heads ptxas spilled 4 bytes in this peeled step otherwise)
+                  // heads ptxas spilled in this peeled step otherwise: 4 local accesses)
                 }
                 const float p = cg_exp2_approx(fmaf(x, scale_log2, -lse_log2[m][h]));
                 float& ds = gradients[m][n].x[2 * h + e];
