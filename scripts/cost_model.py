@@ -113,9 +113,11 @@ class Model:
     product_tiles: tuple = ((128, 128), (128, 256), (256, 128))
     product_k_step: int = 64
     product_fixed_steps: float = 2.0
-    # Splits of K offered for a product whose tiles do not fill the SMs (split-K: each
-    # part's float32 partial sums written and read back by a reduction launch)
-    product_splits: tuple = (1, 2, 3, 4, 6, 8)
+    # Splits of K a product may run in (split-K: each part's float32 partial sums written
+    # and read back by a reduction launch). One: the program keeps only algorithms that
+    # make one pass over k (program.cu.j2, cg_choose_algorithm: a split sums k in another
+    # order, other bits), so the model prices no split; more are a what-if
+    product_splits: tuple = (1,)
     # What one SM stores a clock when it writes alone (a product's last tile, after every
     # other tile is done)
     sm_store_bytes_per_clock: int = 64

@@ -207,8 +207,9 @@ def test_products_per_shape_by_hand():
     """8192 x 8192 x 8192 on 128 x 256 tiles: 64 x 32 = 2048 tiles, 15.5 waves take 16, each
     tile 128 k-steps + 2 of fill and drain, a k-step 2 x 128 x 256 x 64 flop at an SM's
     share of 790 TFLOP/s; its bytes (a few hundred MB) hide under that. 768 x 768 x 8192
-    (a weight gradient): 36 tiles of 128 x 128 fill 36 of 132 SMs; split in 3, 108 tiles
-    of 43 k-steps, their float32 partial sums written and read back, beat it."""
+    (a weight gradient): 36 tiles of 128 x 128 fill 36 of 132 SMs, in one pass over k, as the
+    program runs it (it keeps no split-K algorithm); split in 3 (a what-if), 108 tiles of 43
+    k-steps, their float32 partial sums written and read back, would beat it."""
     calibrated = cost_model.CALIBRATED
     big = LaunchFacts("p", 0, 0, floor_bytes=3 * 8192 * 8192 * 2, flops=2.0 * 8192**3,
                       library=True, shape=(8192, 8192, 8192), operand_bytes=2 * 8192 * 8192 * 2)
@@ -221,7 +222,9 @@ def test_products_per_shape_by_hand():
     small = LaunchFacts("w", 0, 0, floor_bytes=2 * 768 * 8192 * 2 + 768 * 768 * 4,
                         flops=2.0 * 768 * 768 * 8192, library=True, shape=(768, 768, 8192),
                         operand_bytes=2 * 768 * 8192 * 2)
-    plans = cost_model.product_plans(small, H200, calibrated)
+    assert {split for _, _, split, _ in cost_model.product_plans(small, H200, calibrated)} == {1}
+    what_if = dataclasses.replace(calibrated, product_splits=(1, 2, 3, 4, 6, 8))
+    plans = cost_model.product_plans(small, H200, what_if)
     whole = next(parts for _, tile, split, parts in plans if tile == (128, 128) and split == 1)
     assert whole["tensor"] == pytest.approx((128 + 2) * 2.0 * 128 * 128 * 64 / (790e12 / 132))
     seconds, tile, split, parts = plans[0]
