@@ -820,41 +820,59 @@ def profile_seconds(profile) -> float:
     return sum(segment.seconds for segment in profile)
 
 
-def kernel_profile(facts: LaunchFacts, modelled: Modelled, per_sm: int,
-                   hw: Hardware = H200) -> tuple:
-    """A kernel: its launch overhead (nothing held); its waves, each as long as the model
-    prices one (model_kernel's tail: the last wave takes a whole wave's time), the SMs of
-    a wave those holding one of its blocks (a grid of 64 blocks holds 64 SMs; the last wave
-    of a grid holds as many SMs as it has blocks, up to all), its floor bytes drawn from
-    HBM in proportion to the blocks a wave runs; then a serial last block on one SM."""
-    parts = modelled.parts
-    body = parts["total"] - parts["overhead"] - parts.get("last block", 0.0)
-    per_wave = max(per_sm, 1) * hw.sms
-    if facts.blocks <= per_wave:
-        waves = [(body, min(hw.sms, facts.blocks), facts.blocks)]
+def wave_segments(body: float, blocks: int, per_wave: int, moved: float,
+                  hw: Hardware = H200) -> list:
+    """A grid's waves as segments: each as long as the model prices one (the tail: the last
+    wave takes a whole wave's time), holding the SMs with one of its blocks (a grid of 64
+    blocks holds 64 SMs; the last wave of a grid as many SMs as it has blocks, up to all),
+    drawing `moved` bytes from HBM in proportion to the blocks a wave runs."""
+    if blocks <= per_wave:
+        waves = [(body, min(hw.sms, blocks), blocks)]
     else:
-        count = math.ceil(facts.blocks / per_wave)
-        last = facts.blocks - (count - 1) * per_wave
+        count = math.ceil(blocks / per_wave)
+        last = blocks - (count - 1) * per_wave
         waves = [(body * (count - 1) / count, hw.sms, (count - 1) * per_wave),
                  (body / count, min(hw.sms, last), last)]
+    return [Segment(seconds, sms=sms, hbm=moved * share / max(blocks, 1) / seconds
+                    if seconds else 0.0)
+            for seconds, sms, share in waves]
+
+
+def kernel_profile(facts: LaunchFacts, modelled: Modelled, per_sm: int,
+                   hw: Hardware = H200) -> tuple:
+    """A kernel: its launch overhead (nothing held); its waves (wave_segments, `per_sm`
+    blocks an SM), its floor bytes drawn from HBM; then a serial last block on one SM."""
+    parts = modelled.parts
+    body = parts["total"] - parts["overhead"] - parts.get("last block", 0.0)
     profile = [Segment(parts["overhead"])]
-    for seconds, sms, blocks in waves:
-        share = facts.floor_bytes * blocks / max(facts.blocks, 1)
-        profile.append(Segment(seconds, sms=sms, hbm=share / seconds if seconds else 0.0))
+    profile += wave_segments(body, facts.blocks, max(per_sm, 1) * hw.sms, facts.floor_bytes, hw)
     if parts.get("last block"):
         profile.append(Segment(parts["last block"], sms=1))
     return tuple(s for s in profile if s.seconds > 0)
 
 
-def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200) -> tuple:
-    """A cuBLAS product holds every SM for its whole time: model_library prices it at a
-    fraction of the whole chip's peak, which only the whole chip reaches."""
+def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200,
+                    model: Model = MODEL) -> tuple:
+    """A cuBLAS product. The optimistic bound prices it at a fraction of the whole chip's
+    peak, which only the whole chip reaches: it holds every SM for its whole time. The
+    calibrated model prices its plan's tiles in waves over the SMs, one tile an SM
+    (product_plans): its waves hold the SMs their tiles hold (a 768 x 768 weight gradient's
+    36 tiles hold 36 SMs, and a branch beside it has the other 96), then its last tile's
+    epilogue drains on one SM."""
     parts = modelled.parts
-    body = parts["total"] - parts["overhead"]
     moved = facts.floor_bytes + facts.copies_residual_bytes
-    return tuple(s for s in (Segment(parts["overhead"]),
-                             Segment(body, sms=hw.sms, hbm=moved / body if body else 0.0))
-                 if s.seconds > 0)
+    if not model.calibrated:
+        body = parts["total"] - parts["overhead"]
+        profile = [Segment(parts["overhead"]),
+                   Segment(body, sms=hw.sms, hbm=moved / body if body else 0.0)]
+    else:
+        _, (tm, tn), split, _ = product_plans(facts, hw, model)[0]
+        m, n, _ = facts.shape
+        tiles = -(-m // tm) * -(-n // tn) * split
+        body = parts["total"] - parts["overhead"] - parts["last tile"]
+        profile = [Segment(parts["overhead"])] + wave_segments(body, tiles, hw.sms, moved, hw) \
+            + [Segment(parts["last tile"], sms=1)]
+    return tuple(s for s in profile if s.seconds > 0)
 
 
 def collective_profile(facts: LaunchFacts, ranks: int, model: Model = MODEL) -> tuple:
@@ -1122,7 +1140,7 @@ class Pricer:
         if facts.collective_bytes:
             return collective_profile(facts, self.ranks, self.model)
         if facts.library:
-            return library_profile(facts, modelled, self.hw)
+            return library_profile(facts, modelled, self.hw, self.model)
         return kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
                               self.hw)
 

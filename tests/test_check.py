@@ -118,25 +118,34 @@ def test_checking_does_not_depend_on_the_layer_count():
 
 
 def test_memory_plan_shares_only_slots_never_live_together():
-    frontend, program, _ = checked(SCHEDULES / "train.cg", "gpt2")
-    plan = plan_memory(program)
-    assert plan.arena_bytes < plan.arena_unshared_bytes
-    for i, a in enumerate(plan.arena):
-        for b in plan.arena[i + 1:]:
-            share = a.offset < b.offset + b.bytes and b.offset < a.offset + a.bytes
-            live_together = any(x[0] <= y[1] and y[0] <= x[1] for x in a.live for y in b.live)
-            assert not (share and live_together), (a.name, b.name)
-    # The residual gradient carries across the layer loop: each layer reads it in its first
-    # half and rewrites it whole at its end, so it is live from the final layer norm's
-    # gradient through the loop's first half, and from the loop's last launch to the
-    # scatter; in between its bytes are free, and another slot takes them.
-    (dy0,) = [slot for slot in plan.arena if slot.name == "cgDy0"]
-    (first, last) = dy0.live
-    assert first[1] + 1 < last[0] and last[1] == plan.launches - 5
-    assert any(slot.offset == dy0.offset and slot.name != "cgDy0" for slot in plan.arena)
-    assert plan.total_bytes >= plan.peak_bytes
-    bank = plan.banks["cgBankP"]
-    assert bank[2] == 4 * sum(-(-e.count // 64) * 64 for e in bank[3])
+    for name in ("train.cg", "train_recompute.cg"):
+        frontend, program, _ = checked(SCHEDULES / name, "gpt2")
+        plan = plan_memory(program)
+        for i, a in enumerate(plan.arena):
+            for b in plan.arena[i + 1:]:
+                share = a.offset < b.offset + b.bytes and b.offset < a.offset + a.bytes
+                live_together = any(x[0] <= y[1] and y[0] <= x[1] for x in a.live for y in b.live)
+                assert not (share and live_together), (name, a.name, b.name)
+        assert plan.total_bytes >= plan.peak_bytes
+        bank = plan.banks["cgBankP"]
+        assert bank[2] == 4 * sum(-(-e.count // 64) * 64 for e in bank[3])
+        if name == "train.cg":
+            # The residual gradient is live from the final layer norm's gradient to the
+            # scatter without a gap: each layer's weight-gradient branches (cgConcurrently)
+            # span the launches that read and rewrite it, so nothing may take its bytes
+            (dy0,) = [slot for slot in plan.arena if slot.name == "cgDy0"]
+            assert dy0.live == [[dy0.live[0][0], plan.launches - 5]]
+            assert not any(slot.offset == dy0.offset and slot.name != "cgDy0"
+                           for slot in plan.arena)
+        else:
+            # The recomputing step's layer inside is live in the forward and again in each
+            # layer's backward; in between its bytes are free, and another slot takes them
+            assert plan.arena_bytes < plan.arena_unshared_bytes
+            (pre,) = [slot for slot in plan.arena if slot.name == "cgFcPre"]
+            (first, last) = pre.live
+            assert first[1] + 1 < last[0]
+            assert any(slot.offset < pre.offset + pre.bytes and pre.offset < slot.offset + slot.bytes
+                       and slot.name != "cgFcPre" for slot in plan.arena)
 
 
 def test_c_parameters_come_from_the_declaration():

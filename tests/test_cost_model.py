@@ -235,6 +235,41 @@ def test_products_per_shape_by_hand():
     assert seconds < whole["total"] / 2
 
 
+def test_a_products_waves_hold_the_sms_its_tiles_hold():
+    """The calibrated model prices a product's tiles in waves over the SMs, one tile an SM;
+    its profile holds those SMs, no more: a 768 x 768 weight gradient's 36 tiles hold 36 of
+    132 SMs (a branch beside it has the other 96); 768 x 3072's 144 tiles a wave of 132, then
+    12, each half the tiles' time; the last tile's epilogue on one SM after. The optimistic
+    bound's product (a fraction of the whole chip's peak) holds every SM."""
+    calibrated = cost_model.CALIBRATED
+
+    def weight_gradient(n):
+        return LaunchFacts("w", 0, 0, floor_bytes=(768 + n) * 8192 * 2 + 768 * n * 4,
+                           flops=2.0 * 768 * n * 8192, library=True, shape=(768, n, 8192),
+                           operand_bytes=(768 + n) * 8192 * 2)
+    for n, waves in ((768, [36]), (3072, [132, 12])):
+        facts = weight_gradient(n)
+        modelled = cost_model.model_product(facts, H200, calibrated)
+        profile = library_profile(facts, modelled, H200, calibrated)
+        parts = modelled.parts
+        assert [s.sms for s in profile] == [0] + waves + [1]
+        assert profile_seconds(profile) == pytest.approx(modelled.time)
+        body = parts["total"] - parts["overhead"] - parts["last tile"]
+        assert [s.seconds for s in profile[1:-1]] == pytest.approx([body / len(waves)] * len(waves))
+        assert profile[-1].seconds == pytest.approx(parts["last tile"])
+        optimistic = library_profile(facts, model_library(facts, H200, MODEL), H200, MODEL)
+        assert [s.sms for s in optimistic] == [0, 132]
+    # beside a kernel of 132 blocks, the 36-tile product leaves it 96 SMs: both run at once,
+    # the pair no longer than the product's SM-time and the kernel's together over 132 SMs
+    small = library_profile(weight_gradient(768), cost_model.model_product(
+        weight_gradient(768), H200, calibrated), H200, calibrated)
+    kernel = [Segment(100 * US, sms=132)]
+    pair = profile_seconds(side_by_side([small, kernel], H200_MACHINE))
+    work = (sum(s.seconds * s.sms for s in small) + 100 * US * 132) / 132
+    assert pair < profile_seconds(small) + 100 * US
+    assert pair == pytest.approx(work + small[0].seconds, rel=0.02)
+
+
 def test_imbalance_of_unequal_blocks():
     assert cost_model.imbalance([1] * 8, 4) == 1  # two whole waves
     assert cost_model.imbalance([1] * 6, 4) == pytest.approx(2 / 1.5)  # a half-empty wave

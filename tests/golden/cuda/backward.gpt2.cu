@@ -1797,7 +1797,7 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // before what follows them (cg_join). Under graph capture the same calls make the graph's
 // parallel branches.
 static cudaStream_t cg_streams[2] = {};
-static cudaEvent_t cg_events[8] = {};
+static cudaEvent_t cg_events[4] = {};
 
 static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
   cg_check(cudaEventRecord(event, parent), where);
@@ -1828,7 +1828,7 @@ static char* cg_bank_cgBankP = nullptr;  // 494426112 bytes: bank cgBankP (param
 static char* cg_bank_cgBankHalf = nullptr;  // 247136256 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_buffers = nullptr;  // 1189286144 bytes: 11 step buffers
-static char* cg_arena = nullptr;  // 2472542208 bytes: 21 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 2472542208 bytes: 22 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
@@ -1870,23 +1870,24 @@ static float* cgBoundaries = nullptr;  // float32[6291456] x 13 items: step buff
 static int* cgCorrect = nullptr;  // int32[8192]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[6291456]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[25165824]: arena slot
-static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
 static float* cgLogitsGradientSlot = nullptr;  // float32[412090368]: arena slot
-static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
 static __nv_bfloat16* cgFcPre = nullptr;  // low[25165824]: arena slot
+static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
-static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
-static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgQkv = nullptr;  // low[18874368]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
+static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
+static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
 static float* cgMiddle = nullptr;  // float32[6291456]: arena slot
 static __nv_bfloat16* cgAttention = nullptr;  // low[6291456]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[6291456]: arena slot
+static __nv_bfloat16* cgGradientMiddleLow = nullptr;  // low[6291456]: arena slot
 static __nv_bfloat16* cgNormed1 = nullptr;  // low[6291456]: arena slot
 static __nv_bfloat16* cgNormed2 = nullptr;  // low[6291456]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static float* cgAttentionLse = nullptr;  // float32[98304]: arena slot
+static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static float* cgStatistics1 = nullptr;  // float32[16384]: arena slot
 static float* cgStatistics2 = nullptr;  // float32[16384]: arena slot
 static __nv_bfloat16* cgLogitsGradientHalfSlot = nullptr;  // low[412090368]: arena slot
@@ -1943,25 +1944,26 @@ static void cg_allocate() {
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 1164087552UL);
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 1164120320UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
   cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 37748736UL);
   cgFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 50331648UL);
-  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 62914560UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 62914560UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 75497472UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 88080384UL);
+  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 50331648UL);
+  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 88080384UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 100663296UL);
   cgQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 150994944UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 188743680UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 213909504UL);
-  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 239075328UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 251658240UL);
-  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 264241152UL);
-  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 276824064UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 289406976UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 289800192UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 289865728UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 213909504UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 239075328UL);
+  cgMiddle = reinterpret_cast<float*>(cg_arena + 264241152UL);
+  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 289406976UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 301989888UL);
+  cgGradientMiddleLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 314572800UL);
+  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 327155712UL);
+  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 339738624UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 352321536UL);
+  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 352714752UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 353107968UL);
+  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 353501184UL);
+  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 353566720UL);
   cgLogitsGradientHalfSlot = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1648361472UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 1189286144UL);
@@ -1978,23 +1980,24 @@ static void cg_allocate() {
   CG_REGION(cgCorrect, 32768UL);
   CG_REGION(cgFinalGradient, 25165824UL);
   CG_REGION(cgFcAct, 50331648UL);
-  CG_REGION(cgGradientQkv, 37748736UL);
   CG_REGION(cgLogitsGradientSlot, 1648361472UL);
-  CG_REGION(cgDy1, 25165824UL);
   CG_REGION(cgFcPre, 50331648UL);
+  CG_REGION(cgGradientQkv, 37748736UL);
   CG_REGION(cgGradientAttention, 12582912UL);
-  CG_REGION(cgGradientNormed, 25165824UL);
-  CG_REGION(cgAttentionDelta, 393216UL);
-  CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgQkv, 37748736UL);
   CG_REGION(cgDy0, 25165824UL);
+  CG_REGION(cgDy1, 25165824UL);
+  CG_REGION(cgGradientNormed, 25165824UL);
   CG_REGION(cgMiddle, 25165824UL);
   CG_REGION(cgAttention, 12582912UL);
   CG_REGION(cgGradientLow, 12582912UL);
+  CG_REGION(cgGradientMiddleLow, 12582912UL);
   CG_REGION(cgNormed1, 12582912UL);
   CG_REGION(cgNormed2, 12582912UL);
+  CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgAttentionLse, 393216UL);
+  CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgStatistics1, 65536UL);
   CG_REGION(cgStatistics2, 65536UL);
   CG_REGION(cgLogitsGradientHalfSlot, 824180736UL);
@@ -2292,7 +2295,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 static void cg_prepare() {
   for (int s = 1; s < 2; ++s)
     cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
-  for (int e = 0; e < 8; ++e)
+  for (int e = 0; e < 4; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
   cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 56320), "cgImageAttentionBackward shared memory");
@@ -2304,14 +2307,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
-  // library.cg:354:7 cgImageLoss
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  // library.cg:358:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:354:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:358:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -2355,21 +2358,13 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:27:13 (from backward.cg:68:11) cgImageLayerNorm");
   // launches.cg:37:13 (from backward.cg:68:11) cgImageProductGelu
   cgImageProductGelu(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  // concurrently, library.cg:221:31: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:221:31");
+  // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  // concurrently, library.cg:231:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:231:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  }
-  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:221:31");
-  // concurrently, library.cg:232:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:232:33");
-  {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
   }
@@ -2378,31 +2373,23 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposed
     cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
     // library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientMiddleLow, 8192);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:262:43 (from backward.cg:68:11) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
+    CG_LAUNCHED("library.cg:262:43 (from backward.cg:68:11) cgImageAttentionDelta");
+    // library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 56320, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCHED("library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:232:33");
-  // concurrently, library.cg:252:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:252:35");
+  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:231:33");
+  // concurrently, library.cg:280:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:280:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientLow, 768, 768, 8192);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:263:41 (from backward.cg:68:11) cgImageAttentionDelta
-    CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:263:41 (from backward.cg:68:11) cgImageAttentionDelta");
-    // library.cg:269:41 (from backward.cg:68:11) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 56320, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:269:41 (from backward.cg:68:11) cgImageAttentionBackward");
-  }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:252:35");
-  // concurrently, library.cg:281:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:281:35");
-  {  // branch 0, on this stream
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientMiddleLow, 768, 768, 8192);
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
   }
@@ -2414,7 +2401,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:281:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:280:33");
 }
 
 // phase cgPhaseScatter

@@ -1797,7 +1797,7 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // before what follows them (cg_join). Under graph capture the same calls make the graph's
 // parallel branches.
 static cudaStream_t cg_streams[2] = {};
-static cudaEvent_t cg_events[8] = {};
+static cudaEvent_t cg_events[4] = {};
 
 static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
   cg_check(cudaEventRecord(event, parent), where);
@@ -1828,7 +1828,7 @@ static char* cg_bank_cgBankP = nullptr;  // 461312 bytes: bank cgBankP (paramete
 static char* cg_bank_cgBankHalf = nullptr;  // 458752 bytes: bank cgBankHalf (copies, low), 5 entries
 static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradients, float32), 11 entries
 static char* cg_buffers = nullptr;  // 600320 bytes: 11 step buffers
-static char* cg_arena = nullptr;  // 1384448 bytes: 21 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 1589248 bytes: 22 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -1870,24 +1870,25 @@ static float* cgBoundaries = nullptr;  // float32[16384] x 3 items: step buffer
 static int* cgCorrect = nullptr;  // int32[256]: step buffer
 static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static float* cgFcAct = nullptr;  // low[65536]: arena slot
-static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgLogitsGradientHalfSlot = nullptr;  // low[65536]: arena slot
-static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static float* cgFcPre = nullptr;  // low[65536]: arena slot
-static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
-static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
+static float* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgLogitsGradientSlot = nullptr;  // float32[65536]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
-static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
+static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientFc = nullptr;  // low[65536]: arena slot
 static float* cgQkv = nullptr;  // low[49152]: arena slot
 static float* cgAttention = nullptr;  // low[16384]: arena slot
 static float* cgDy0 = nullptr;  // float32[16384]: arena slot
+static float* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static float* cgGradientLow = nullptr;  // low[16384]: arena slot
+static float* cgGradientMiddleLow = nullptr;  // low[16384]: arena slot
+static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgMiddle = nullptr;  // float32[16384]: arena slot
 static float* cgNormed1 = nullptr;  // low[16384]: arena slot
 static float* cgNormed2 = nullptr;  // low[16384]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
 static float* cgAttentionLse = nullptr;  // float32[1024]: arena slot
+static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgStatistics1 = nullptr;  // float32[512]: arena slot
 static float* cgStatistics2 = nullptr;  // float32[512]: arena slot
 
@@ -1900,8 +1901,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankG, 0, 461312UL), "clearing cg_bank_cgBankG");
   cg_check(cudaMalloc(&cg_buffers, 600320UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 600320UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 1384448UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 1384448UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 1589248UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 1589248UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
   cg_check(cudaMemset(cg_lt_workspace, 0, 67108864UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -1943,29 +1944,30 @@ static void cg_allocate() {
   cgCorrect = reinterpret_cast<int*>(cg_buffers + 533760UL);
   cgFinalGradient = reinterpret_cast<float*>(cg_buffers + 534784UL);
   cgFcAct = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgGradientQkv = reinterpret_cast<float*>(cg_arena + 0UL);
   cgLogitsGradientHalfSlot = reinterpret_cast<float*>(cg_arena + 0UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 196608UL);
   cgFcPre = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 262144UL);
+  cgGradientQkv = reinterpret_cast<float*>(cg_arena + 262144UL);
   cgLogitsGradientSlot = reinterpret_cast<float*>(cg_arena + 262144UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 327680UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 327680UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 458752UL);
   cgGradientFc = reinterpret_cast<float*>(cg_arena + 524288UL);
   cgQkv = reinterpret_cast<float*>(cg_arena + 786432UL);
   cgAttention = reinterpret_cast<float*>(cg_arena + 983040UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 1048576UL);
-  cgGradientLow = reinterpret_cast<float*>(cg_arena + 1114112UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 1179648UL);
-  cgNormed1 = reinterpret_cast<float*>(cg_arena + 1245184UL);
-  cgNormed2 = reinterpret_cast<float*>(cg_arena + 1310720UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 1376256UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1380352UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1382400UL);
+  cgGradientAttention = reinterpret_cast<float*>(cg_arena + 1114112UL);
+  cgGradientLow = reinterpret_cast<float*>(cg_arena + 1179648UL);
+  cgGradientMiddleLow = reinterpret_cast<float*>(cg_arena + 1245184UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 1310720UL);
+  cgMiddle = reinterpret_cast<float*>(cg_arena + 1376256UL);
+  cgNormed1 = reinterpret_cast<float*>(cg_arena + 1441792UL);
+  cgNormed2 = reinterpret_cast<float*>(cg_arena + 1507328UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 1572864UL);
+  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 1576960UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 1581056UL);
+  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 1585152UL);
+  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 1587200UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 600320UL);
-  CG_SHARED_ALLOCATION(cg_arena, 1384448UL);
+  CG_SHARED_ALLOCATION(cg_arena, 1589248UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
@@ -1978,24 +1980,25 @@ static void cg_allocate() {
   CG_REGION(cgCorrect, 1024UL);
   CG_REGION(cgFinalGradient, 65536UL);
   CG_REGION(cgFcAct, 262144UL);
-  CG_REGION(cgGradientQkv, 196608UL);
   CG_REGION(cgLogitsGradientHalfSlot, 262144UL);
-  CG_REGION(cgDy1, 65536UL);
   CG_REGION(cgFcPre, 262144UL);
-  CG_REGION(cgGradientAttention, 65536UL);
-  CG_REGION(cgGradientNormed, 65536UL);
+  CG_REGION(cgGradientQkv, 196608UL);
   CG_REGION(cgLogitsGradientSlot, 262144UL);
-  CG_REGION(cgAttentionDelta, 4096UL);
-  CG_REGION(cgNormPartials, 4096UL);
+  CG_REGION(cgDy1, 65536UL);
   CG_REGION(cgGradientFc, 262144UL);
   CG_REGION(cgQkv, 196608UL);
   CG_REGION(cgAttention, 65536UL);
   CG_REGION(cgDy0, 65536UL);
+  CG_REGION(cgGradientAttention, 65536UL);
   CG_REGION(cgGradientLow, 65536UL);
+  CG_REGION(cgGradientMiddleLow, 65536UL);
+  CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgMiddle, 65536UL);
   CG_REGION(cgNormed1, 65536UL);
   CG_REGION(cgNormed2, 65536UL);
+  CG_REGION(cgAttentionDelta, 4096UL);
   CG_REGION(cgAttentionLse, 4096UL);
+  CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgStatistics1, 2048UL);
   CG_REGION(cgStatistics2, 2048UL);
 }
@@ -2292,7 +2295,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 static void cg_prepare() {
   for (int s = 1; s < 2; ++s)
     cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
-  for (int e = 0; e < 8; ++e)
+  for (int e = 0; e < 4; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
 }
@@ -2303,14 +2306,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:354:7 cgImageLoss
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:358:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:354:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:358:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -2354,21 +2357,13 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:27:13 (from backward.cg:68:11) cgImageLayerNorm");
   // launches.cg:37:13 (from backward.cg:68:11) cgImageProductGelu
   cgImageProductGelu(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  // concurrently, library.cg:221:31: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:221:31");
+  // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  // concurrently, library.cg:231:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:231:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  }
-  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:221:31");
-  // concurrently, library.cg:232:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:232:33");
-  {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   }
@@ -2377,31 +2372,23 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposed
     cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
     // library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientMiddleLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+    // library.cg:262:43 (from backward.cg:68:11) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
+    CG_LAUNCHED("library.cg:262:43 (from backward.cg:68:11) cgImageAttentionDelta");
+    // library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 37888, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCHED("library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:232:33");
-  // concurrently, library.cg:252:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:252:35");
+  cg_join(stream, cg_streams[1], cg_events[1], "library.cg:231:33");
+  // concurrently, library.cg:280:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:280:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:263:41 (from backward.cg:68:11) cgImageAttentionDelta
-    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:263:41 (from backward.cg:68:11) cgImageAttentionDelta");
-    // library.cg:269:41 (from backward.cg:68:11) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 37888, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:269:41 (from backward.cg:68:11) cgImageAttentionBackward");
-  }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:252:35");
-  // concurrently, library.cg:281:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:281:35");
-  {  // branch 0, on this stream
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   }
@@ -2413,7 +2400,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:281:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:280:33");
 }
 
 // phase cgPhaseScatter

@@ -2005,7 +2005,7 @@ static CgTensorMap cg_tensor_map_2d(const void* base, unsigned long long width, 
 // before what follows them (cg_join). Under graph capture the same calls make the graph's
 // parallel branches.
 static cudaStream_t cg_streams[2] = {};
-static cudaEvent_t cg_events[10] = {};
+static cudaEvent_t cg_events[6] = {};
 
 static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
   cg_check(cudaEventRecord(event, parent), where);
@@ -2038,7 +2038,7 @@ static char* cg_bank_cgBankG = nullptr;  // 494426112 bytes: bank cgBankG (gradi
 static char* cg_bank_cgBankM = nullptr;  // 494426112 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 494426112 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 1189286656 bytes: 13 step buffers
-static char* cg_arena = nullptr;  // 2561048576 bytes: 20 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 2624356352 bytes: 21 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[38633472]: cgBankP.cgEmbeddingEntry
@@ -2095,15 +2095,16 @@ static __nv_bfloat16* cgSavedNormed1 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgSavedNormed2 = nullptr;  // low[75497472]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[25165824]: arena slot
 static __nv_bfloat16* cgGradientQkv = nullptr;  // low[18874368]: arena slot
-static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static float* cgDy0 = nullptr;  // float32[6291456]: arena slot
 static float* cgDy1 = nullptr;  // float32[6291456]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[6291456]: arena slot
+static __nv_bfloat16* cgGradientAttention = nullptr;  // low[6291456]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[6291456]: arena slot
+static __nv_bfloat16* cgGradientMiddleLow = nullptr;  // low[6291456]: arena slot
 static float* cgSavedAttentionLse = nullptr;  // float32[1179648]: arena slot
 static float* cgSavedStatistics1 = nullptr;  // float32[196608]: arena slot
 static float* cgSavedStatistics2 = nullptr;  // float32[196608]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[98304]: arena slot
 static float* cgNormPartials = nullptr;  // float32[98304]: arena slot
 static int* cgScatterOrder = nullptr;  // int32[8192]: arena slot
 
@@ -2120,8 +2121,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 494426112UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_buffers, 1189286656UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 1189286656UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 2561048576UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 2561048576UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 2624356352UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 2624356352UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
   cg_check(cudaMemset(cg_lt_workspace, 0, 67108864UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -2177,21 +2178,22 @@ static void cg_allocate() {
   cgSavedNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2113929216UL);
   cgSavedNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2264924160UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
-  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2415919104UL);
-  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2453667840UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2466250752UL);
-  cgDy0 = reinterpret_cast<float*>(cg_arena + 2466250752UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 2491416576UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2516582400UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2541748224UL);
-  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2554331136UL);
-  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2559049728UL);
-  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2559836160UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 2560622592UL);
-  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 2561015808UL);
+  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2466250752UL);
+  cgDy0 = reinterpret_cast<float*>(cg_arena + 2503999488UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 2529165312UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 2554331136UL);
+  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2579496960UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2592079872UL);
+  cgGradientMiddleLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 2604662784UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 2617245696UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 2621964288UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 2622750720UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 2623537152UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 2623930368UL);
+  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 2624323584UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 1189286656UL);
-  CG_SHARED_ALLOCATION(cg_arena, 2561048576UL);
+  CG_SHARED_ALLOCATION(cg_arena, 2624356352UL);
   CG_REGION(cgIds, 32768UL);
   CG_REGION(cgTargets, 32768UL);
   CG_REGION(cgLoss, 32768UL);
@@ -2214,15 +2216,16 @@ static void cg_allocate() {
   CG_REGION(cgSavedNormed2, 150994944UL);
   CG_REGION(cgGradientFc, 50331648UL);
   CG_REGION(cgGradientQkv, 37748736UL);
-  CG_REGION(cgGradientAttention, 12582912UL);
-  CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgDy0, 25165824UL);
   CG_REGION(cgDy1, 25165824UL);
   CG_REGION(cgGradientNormed, 25165824UL);
+  CG_REGION(cgGradientAttention, 12582912UL);
   CG_REGION(cgGradientLow, 12582912UL);
+  CG_REGION(cgGradientMiddleLow, 12582912UL);
   CG_REGION(cgSavedAttentionLse, 4718592UL);
   CG_REGION(cgSavedStatistics1, 786432UL);
   CG_REGION(cgSavedStatistics2, 786432UL);
+  CG_REGION(cgAttentionDelta, 393216UL);
   CG_REGION(cgNormPartials, 393216UL);
   CG_REGION(cgScatterOrder, 32768UL);
 }
@@ -2516,7 +2519,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 static void cg_prepare() {
   for (int s = 1; s < 2; ++s)
     cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
-  for (int e = 0; e < 10; ++e)
+  for (int e = 0; e < 6; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
   cg_check(cudaFuncSetAttribute(cgImageAttentionBackward, cudaFuncAttributeMaxDynamicSharedMemorySize, 56320), "cgImageAttentionBackward shared memory");
@@ -2569,18 +2572,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:371:13 (from backward.cg:11:11) cgImageClassifier
+  // library.cg:375:13 (from backward.cg:11:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:371:13 (from backward.cg:11:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:375:13 (from backward.cg:11:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -2596,21 +2599,13 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // concurrently, library.cg:221:31: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:221:31");
+  // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
+  // concurrently, library.cg:231:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:231:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcAct + 25165824L * (11 - fromTop), cgGradientLow, 3072, 768, 8192);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgSavedFcPre + 25165824L * (11 - fromTop), 8192, 3072, 768);
-  }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:221:31");
-  // concurrently, library.cg:232:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:232:33");
-  {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgSavedNormed2 + 6291456L * (11 - fromTop), cgGradientFc, 768, 3072, 8192);
   }
@@ -2619,31 +2614,23 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
     // library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11 - fromTop), cgSavedStatistics2 + 16384L * (11 - fromTop), cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientMiddleLow, 8192);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:262:43 (from backward.cg:13:7) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
+    CG_LAUNCHED("library.cg:262:43 (from backward.cg:13:7) cgImageAttentionDelta");
+    // library.cg:268:43 (from backward.cg:13:7) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 56320, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
+    CG_LAUNCHED("library.cg:268:43 (from backward.cg:13:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:232:33");
-  // concurrently, library.cg:252:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:252:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
+  // concurrently, library.cg:280:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:280:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientLow, 768, 768, 8192);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:263:41 (from backward.cg:13:7) cgImageAttentionDelta
-    CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:263:41 (from backward.cg:13:7) cgImageAttentionDelta");
-    // library.cg:269:41 (from backward.cg:13:7) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(16, 12, 8), dim3(128, 1, 1), 56320, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (11 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:269:41 (from backward.cg:13:7) cgImageAttentionBackward");
-  }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:252:35");
-  // concurrently, library.cg:281:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:281:35");
-  {  // branch 0, on this stream
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientMiddleLow, 768, 768, 8192);
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
   }
@@ -2655,7 +2642,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:281:35");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:280:33");
 }
 
 // phase cgPhaseScatter

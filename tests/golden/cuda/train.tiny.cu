@@ -1973,7 +1973,7 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // before what follows them (cg_join). Under graph capture the same calls make the graph's
 // parallel branches.
 static cudaStream_t cg_streams[2] = {};
-static cudaEvent_t cg_events[10] = {};
+static cudaEvent_t cg_events[6] = {};
 
 static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
   cg_check(cudaEventRecord(event, parent), where);
@@ -2006,7 +2006,7 @@ static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradient
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 436992 bytes: 13 step buffers
-static char* cg_arena = nullptr;  // 1430528 bytes: 20 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 1598464 bytes: 21 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -2058,18 +2058,19 @@ static __nv_bfloat16* cgSavedFcAct = nullptr;  // low[131072]: arena slot
 static __nv_bfloat16* cgSavedFcPre = nullptr;  // low[131072]: arena slot
 static __nv_bfloat16* cgSavedQkv = nullptr;  // low[98304]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[65536]: arena slot
-static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
-static __nv_bfloat16* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static float* cgSavedMiddle = nullptr;  // float32[32768]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
+static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static float* cgDy0 = nullptr;  // float32[16384]: arena slot
 static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static __nv_bfloat16* cgSavedAttention = nullptr;  // low[32768]: arena slot
 static __nv_bfloat16* cgSavedNormed1 = nullptr;  // low[32768]: arena slot
 static __nv_bfloat16* cgSavedNormed2 = nullptr;  // low[32768]: arena slot
+static __nv_bfloat16* cgGradientAttention = nullptr;  // low[16384]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[16384]: arena slot
+static __nv_bfloat16* cgGradientMiddleLow = nullptr;  // low[16384]: arena slot
 static float* cgSavedAttentionLse = nullptr;  // float32[2048]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
 static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgSavedStatistics1 = nullptr;  // float32[1024]: arena slot
 static float* cgSavedStatistics2 = nullptr;  // float32[1024]: arena slot
@@ -2088,8 +2089,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_buffers, 436992UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 436992UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 1430528UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 1430528UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 1598464UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 1598464UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
   cg_check(cudaMemset(cg_lt_workspace, 0, 67108864UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -2141,25 +2142,26 @@ static void cg_allocate() {
   cgSavedFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 262144UL);
   cgSavedQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 524288UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 720896UL);
-  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 720896UL);
-  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 819200UL);
   cgSavedMiddle = reinterpret_cast<float*>(cg_arena + 851968UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 983040UL);
-  cgDy0 = reinterpret_cast<float*>(cg_arena + 983040UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 1048576UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 1114112UL);
-  cgSavedAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1179648UL);
-  cgSavedNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1245184UL);
-  cgSavedNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1310720UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1376256UL);
-  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 1409024UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 1417216UL);
-  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 1421312UL);
-  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 1425408UL);
-  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 1429504UL);
+  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 983040UL);
+  cgDy0 = reinterpret_cast<float*>(cg_arena + 1081344UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 1146880UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 1212416UL);
+  cgSavedAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1277952UL);
+  cgSavedNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1343488UL);
+  cgSavedNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1409024UL);
+  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1474560UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1507328UL);
+  cgGradientMiddleLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 1540096UL);
+  cgSavedAttentionLse = reinterpret_cast<float*>(cg_arena + 1572864UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 1581056UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 1585152UL);
+  cgSavedStatistics1 = reinterpret_cast<float*>(cg_arena + 1589248UL);
+  cgSavedStatistics2 = reinterpret_cast<float*>(cg_arena + 1593344UL);
+  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 1597440UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 436992UL);
-  CG_SHARED_ALLOCATION(cg_arena, 1430528UL);
+  CG_SHARED_ALLOCATION(cg_arena, 1598464UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
@@ -2177,18 +2179,19 @@ static void cg_allocate() {
   CG_REGION(cgSavedFcPre, 262144UL);
   CG_REGION(cgSavedQkv, 196608UL);
   CG_REGION(cgGradientFc, 131072UL);
-  CG_REGION(cgGradientQkv, 98304UL);
-  CG_REGION(cgGradientAttention, 32768UL);
   CG_REGION(cgSavedMiddle, 131072UL);
-  CG_REGION(cgAttentionDelta, 4096UL);
+  CG_REGION(cgGradientQkv, 98304UL);
   CG_REGION(cgDy0, 65536UL);
   CG_REGION(cgDy1, 65536UL);
   CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgSavedAttention, 65536UL);
   CG_REGION(cgSavedNormed1, 65536UL);
   CG_REGION(cgSavedNormed2, 65536UL);
+  CG_REGION(cgGradientAttention, 32768UL);
   CG_REGION(cgGradientLow, 32768UL);
+  CG_REGION(cgGradientMiddleLow, 32768UL);
   CG_REGION(cgSavedAttentionLse, 8192UL);
+  CG_REGION(cgAttentionDelta, 4096UL);
   CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgSavedStatistics1, 4096UL);
   CG_REGION(cgSavedStatistics2, 4096UL);
@@ -2484,7 +2487,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 static void cg_prepare() {
   for (int s = 1; s < 2; ++s)
     cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
-  for (int e = 0; e < 10; ++e)
+  for (int e = 0; e < 6; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
 }
@@ -2535,18 +2538,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:371:13 (from backward.cg:11:11) cgImageClassifier
+  // library.cg:375:13 (from backward.cg:11:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 512, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:371:13 (from backward.cg:11:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:375:13 (from backward.cg:11:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -2562,21 +2565,13 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // concurrently, library.cg:221:31: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:221:31");
+  // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcPre + 65536L * (1 - fromTop), 256, 256, 64);
+  // concurrently, library.cg:231:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:231:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcPre + 65536L * (1 - fromTop), 256, 256, 64);
-  }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:221:31");
-  // concurrently, library.cg:232:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:232:33");
-  {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
   }
@@ -2585,31 +2580,23 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
     // library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientMiddleLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+    // library.cg:262:43 (from backward.cg:13:7) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
+    CG_LAUNCHED("library.cg:262:43 (from backward.cg:13:7) cgImageAttentionDelta");
+    // library.cg:268:43 (from backward.cg:13:7) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 19456, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
+    CG_LAUNCHED("library.cg:268:43 (from backward.cg:13:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:232:33");
-  // concurrently, library.cg:252:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:252:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
+  // concurrently, library.cg:280:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:280:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientLow, 64, 64, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:263:41 (from backward.cg:13:7) cgImageAttentionDelta
-    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:263:41 (from backward.cg:13:7) cgImageAttentionDelta");
-    // library.cg:269:41 (from backward.cg:13:7) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 19456, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:269:41 (from backward.cg:13:7) cgImageAttentionBackward");
-  }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:252:35");
-  // concurrently, library.cg:281:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:281:35");
-  {  // branch 0, on this stream
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientMiddleLow, 64, 64, 256);
     // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
   }
@@ -2621,7 +2608,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:281:35");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:280:33");
 }
 
 // phase cgPhaseScatter

@@ -1973,7 +1973,7 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // before what follows them (cg_join). Under graph capture the same calls make the graph's
 // parallel branches.
 static cudaStream_t cg_streams[2] = {};
-static cudaEvent_t cg_events[10] = {};
+static cudaEvent_t cg_events[6] = {};
 
 static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
   cg_check(cudaEventRecord(event, parent), where);
@@ -2006,7 +2006,7 @@ static char* cg_bank_cgBankG = nullptr;  // 461312 bytes: bank cgBankG (gradient
 static char* cg_bank_cgBankM = nullptr;  // 461312 bytes: bank cgBankM (state, float32), 11 entries
 static char* cg_bank_cgBankV = nullptr;  // 461312 bytes: bank cgBankV (state, float32), 11 entries
 static char* cg_buffers = nullptr;  // 436992 bytes: 13 step buffers
-static char* cg_arena = nullptr;  // 762880 bytes: 20 arena slots, shared where never live together
+static char* cg_arena = nullptr;  // 934912 bytes: 21 arena slots, shared where never live together
 static char* cg_lt_workspace = nullptr;  // 67108864 bytes: cuBLASLt's workspace, 32 MiB (what NVIDIA recommends for Hopper) for each of 2 streams: products on two streams never share one
 
 static float* cgBankP_cgEmbeddingEntry = nullptr;  // float32[16384]: cgBankP.cgEmbeddingEntry
@@ -2055,22 +2055,23 @@ static float* cgFinalGradient = nullptr;  // float32[16384]: step buffer
 static float* cgGradientNorm = nullptr;  // float32[2]: step buffer
 static int* cgOptimizerStep = nullptr;  // int32[1]: step buffer
 static __nv_bfloat16* cgFcAct = nullptr;  // low[65536]: arena slot
-static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
-static float* cgDy1 = nullptr;  // float32[16384]: arena slot
 static __nv_bfloat16* cgFcPre = nullptr;  // low[65536]: arena slot
+static __nv_bfloat16* cgGradientQkv = nullptr;  // low[49152]: arena slot
 static __nv_bfloat16* cgGradientAttention = nullptr;  // low[16384]: arena slot
-static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
-static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
-static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static __nv_bfloat16* cgGradientFc = nullptr;  // low[65536]: arena slot
 static __nv_bfloat16* cgQkv = nullptr;  // low[49152]: arena slot
 static float* cgDy0 = nullptr;  // float32[16384]: arena slot
+static float* cgDy1 = nullptr;  // float32[16384]: arena slot
+static float* cgGradientNormed = nullptr;  // float32[16384]: arena slot
 static float* cgMiddle = nullptr;  // float32[16384]: arena slot
 static __nv_bfloat16* cgAttention = nullptr;  // low[16384]: arena slot
 static __nv_bfloat16* cgGradientLow = nullptr;  // low[16384]: arena slot
+static __nv_bfloat16* cgGradientMiddleLow = nullptr;  // low[16384]: arena slot
 static __nv_bfloat16* cgNormed1 = nullptr;  // low[16384]: arena slot
 static __nv_bfloat16* cgNormed2 = nullptr;  // low[16384]: arena slot
+static float* cgAttentionDelta = nullptr;  // float32[1024]: arena slot
 static float* cgAttentionLse = nullptr;  // float32[1024]: arena slot
+static float* cgNormPartials = nullptr;  // float32[1024]: arena slot
 static float* cgStatistics1 = nullptr;  // float32[512]: arena slot
 static float* cgStatistics2 = nullptr;  // float32[512]: arena slot
 static int* cgScatterOrder = nullptr;  // int32[256]: arena slot
@@ -2088,8 +2089,8 @@ static void cg_allocate() {
   cg_check(cudaMemset(cg_bank_cgBankV, 0, 461312UL), "clearing cg_bank_cgBankV");
   cg_check(cudaMalloc(&cg_buffers, 436992UL), "allocating cg_buffers");
   cg_check(cudaMemset(cg_buffers, 0, 436992UL), "clearing cg_buffers");
-  cg_check(cudaMalloc(&cg_arena, 762880UL), "allocating cg_arena");
-  cg_check(cudaMemset(cg_arena, 0, 762880UL), "clearing cg_arena");
+  cg_check(cudaMalloc(&cg_arena, 934912UL), "allocating cg_arena");
+  cg_check(cudaMemset(cg_arena, 0, 934912UL), "clearing cg_arena");
   cg_check(cudaMalloc(&cg_lt_workspace, 67108864UL), "allocating cg_lt_workspace");
   cg_check(cudaMemset(cg_lt_workspace, 0, 67108864UL), "clearing cg_lt_workspace");
   cgBankP_cgEmbeddingEntry = reinterpret_cast<float*>(cg_bank_cgBankP + 0UL);
@@ -2138,28 +2139,29 @@ static void cg_allocate() {
   cgGradientNorm = reinterpret_cast<float*>(cg_buffers + 436480UL);
   cgOptimizerStep = reinterpret_cast<int*>(cg_buffers + 436736UL);
   cgFcAct = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 0UL);
-  cgDy1 = reinterpret_cast<float*>(cg_arena + 98304UL);
   cgFcPre = reinterpret_cast<__nv_bfloat16*>(cg_arena + 131072UL);
-  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 163840UL);
-  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 163840UL);
-  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 196608UL);
-  cgNormPartials = reinterpret_cast<float*>(cg_arena + 229376UL);
+  cgGradientQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 131072UL);
+  cgGradientAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 229376UL);
   cgGradientFc = reinterpret_cast<__nv_bfloat16*>(cg_arena + 262144UL);
   cgQkv = reinterpret_cast<__nv_bfloat16*>(cg_arena + 393216UL);
   cgDy0 = reinterpret_cast<float*>(cg_arena + 491520UL);
-  cgMiddle = reinterpret_cast<float*>(cg_arena + 557056UL);
-  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 622592UL);
-  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 655360UL);
-  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 688128UL);
-  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 720896UL);
-  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 753664UL);
-  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 757760UL);
-  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 759808UL);
-  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 761856UL);
+  cgDy1 = reinterpret_cast<float*>(cg_arena + 557056UL);
+  cgGradientNormed = reinterpret_cast<float*>(cg_arena + 622592UL);
+  cgMiddle = reinterpret_cast<float*>(cg_arena + 688128UL);
+  cgAttention = reinterpret_cast<__nv_bfloat16*>(cg_arena + 753664UL);
+  cgGradientLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 786432UL);
+  cgGradientMiddleLow = reinterpret_cast<__nv_bfloat16*>(cg_arena + 819200UL);
+  cgNormed1 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 851968UL);
+  cgNormed2 = reinterpret_cast<__nv_bfloat16*>(cg_arena + 884736UL);
+  cgAttentionDelta = reinterpret_cast<float*>(cg_arena + 917504UL);
+  cgAttentionLse = reinterpret_cast<float*>(cg_arena + 921600UL);
+  cgNormPartials = reinterpret_cast<float*>(cg_arena + 925696UL);
+  cgStatistics1 = reinterpret_cast<float*>(cg_arena + 929792UL);
+  cgStatistics2 = reinterpret_cast<float*>(cg_arena + 931840UL);
+  cgScatterOrder = reinterpret_cast<int*>(cg_arena + 933888UL);
   // The buffers that share an allocation, for a sanitizer build to fence (no code on a GPU).
   CG_SHARED_ALLOCATION(cg_buffers, 436992UL);
-  CG_SHARED_ALLOCATION(cg_arena, 762880UL);
+  CG_SHARED_ALLOCATION(cg_arena, 934912UL);
   CG_REGION(cgIds, 1024UL);
   CG_REGION(cgTargets, 1024UL);
   CG_REGION(cgLoss, 1024UL);
@@ -2174,22 +2176,23 @@ static void cg_allocate() {
   CG_REGION(cgGradientNorm, 8UL);
   CG_REGION(cgOptimizerStep, 4UL);
   CG_REGION(cgFcAct, 131072UL);
-  CG_REGION(cgGradientQkv, 98304UL);
-  CG_REGION(cgDy1, 65536UL);
   CG_REGION(cgFcPre, 131072UL);
+  CG_REGION(cgGradientQkv, 98304UL);
   CG_REGION(cgGradientAttention, 32768UL);
-  CG_REGION(cgGradientNormed, 65536UL);
-  CG_REGION(cgAttentionDelta, 4096UL);
-  CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgGradientFc, 131072UL);
   CG_REGION(cgQkv, 98304UL);
   CG_REGION(cgDy0, 65536UL);
+  CG_REGION(cgDy1, 65536UL);
+  CG_REGION(cgGradientNormed, 65536UL);
   CG_REGION(cgMiddle, 65536UL);
   CG_REGION(cgAttention, 32768UL);
   CG_REGION(cgGradientLow, 32768UL);
+  CG_REGION(cgGradientMiddleLow, 32768UL);
   CG_REGION(cgNormed1, 32768UL);
   CG_REGION(cgNormed2, 32768UL);
+  CG_REGION(cgAttentionDelta, 4096UL);
   CG_REGION(cgAttentionLse, 4096UL);
+  CG_REGION(cgNormPartials, 4096UL);
   CG_REGION(cgStatistics1, 2048UL);
   CG_REGION(cgStatistics2, 2048UL);
   CG_REGION(cgScatterOrder, 1024UL);
@@ -2484,7 +2487,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 static void cg_prepare() {
   for (int s = 1; s < 2; ++s)
     cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
-  for (int e = 0; e < 10; ++e)
+  for (int e = 0; e < 6; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
 }
@@ -2535,18 +2538,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:345:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:348:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:371:13 (from backward.cg:25:11) cgImageClassifier
+  // library.cg:375:13 (from backward.cg:25:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 512, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:371:13 (from backward.cg:25:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:375:13 (from backward.cg:25:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -2580,21 +2583,13 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   CG_LAUNCHED("library.cg:27:13 (from backward.cg:27:7) cgImageLayerNorm");
   // launches.cg:37:13 (from backward.cg:27:7) cgImageProductGelu
   cgImageProductGelu(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  // concurrently, library.cg:221:31: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:221:31");
+  // launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  // concurrently, library.cg:231:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:231:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:221:31");
-  // concurrently, library.cg:232:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:232:33");
-  {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   }
@@ -2603,31 +2598,23 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposed
     cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
     // library.cg:89:21 (from backward.cg:27:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientLow, 256);
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientMiddleLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:27:7) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+    // library.cg:262:43 (from backward.cg:27:7) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
+    CG_LAUNCHED("library.cg:262:43 (from backward.cg:27:7) cgImageAttentionDelta");
+    // library.cg:268:43 (from backward.cg:27:7) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 19456, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCHED("library.cg:268:43 (from backward.cg:27:7) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:232:33");
-  // concurrently, library.cg:252:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:252:35");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
+  // concurrently, library.cg:280:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:280:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientLow, 64, 64, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:263:41 (from backward.cg:27:7) cgImageAttentionDelta
-    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:263:41 (from backward.cg:27:7) cgImageAttentionDelta");
-    // library.cg:269:41 (from backward.cg:27:7) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 19456, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:269:41 (from backward.cg:27:7) cgImageAttentionBackward");
-  }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:252:35");
-  // concurrently, library.cg:281:35: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:281:35");
-  {  // branch 0, on this stream
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   }
@@ -2639,7 +2626,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:27:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:281:35");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:280:33");
 }
 
 // phase cgPhaseScatter
