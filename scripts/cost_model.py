@@ -322,7 +322,7 @@ DESIGNS = {
     # bfloat16 a pair), all loaded before any is turned
     "cgImageRotary": Design(inflight=24),
     "cgImageEmbedding": Design(inflight=24),  # a row of 768 floats over 128 threads
-    "cgImageLayerNorm": Design(inflight=24),
+    "cgImageLayerNorm": Design(inflight=96),  # a row a warp: 6 float4 a lane, loaded first
     "cgImageLayerNormBackward": _LAYER_NORM_BACKWARD,
     "cgImageLayerNormBackwardAdd": _LAYER_NORM_BACKWARD,
     # a row a block, two blocks an SM: each thread copies its 6 or 7 groups of 16 bytes

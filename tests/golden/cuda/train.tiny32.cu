@@ -1678,44 +1678,48 @@ extern "C" __global__ void __launch_bounds__(256) cgImageGradientNorm(float* __r
   }
 }
 
-// cgImageLayerNorm: Layer norm of one row per block, written in the low type, with its statistics.
-// One row per block: the row stays in registers between the two passes (mean, variance).
-extern "C" __global__ void __launch_bounds__(128) cgImageLayerNorm(float* __restrict__ output, float* __restrict__ statistics, const float* __restrict__ input, const float* __restrict__ gamma, const float* __restrict__ beta, float epsilon) {
-  constexpr int kVectors = (kWidth / 4 + 128 - 1) / 128;
-  __shared__ float scratch[32];
-  const int row = blockIdx.x;
+// cgImageLayerNorm: Layer norm of one row per block (one warp), written in the low type, with its statistics.
+// One row per block of one warp: the row stays in registers between the two passes (mean,
+// variance), and both sums are the warp's own shuffles (no shared memory, no barrier: a
+// block of four warps spent more instructions on its two block-wide sums than on its row).
+// At most 64 registers, so that an SM holds its 32 blocks' worth of loads in flight.
+extern "C" __global__ void __launch_bounds__(32, 32) cgImageLayerNorm(float* __restrict__ output, float* __restrict__ statistics, const float* __restrict__ input, const float* __restrict__ gamma, const float* __restrict__ beta, float epsilon) {
+  constexpr int kLanes = 32;
+  static_assert(kLanes == 32, "a row a warp: the image's block is one warp");
+  constexpr int kVectors = (kWidth / 4 + kLanes - 1) / kLanes;
+  const int row = blockIdx.x, lane = threadIdx.x;
   const float* x = input + static_cast<size_t>(row) * kWidth;
   float4 values[kVectors];
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    const int c = (threadIdx.x + i * 128) * 4;
+    const int c = (lane + i * kLanes) * 4;
     values[i] = c < kWidth ? load4(x + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     sum += values[i].x + values[i].y + values[i].z + values[i].w;
   }
-  const float mean = block_sum<128>(sum, scratch) / kWidth;
+  const float mean = warp_sum(sum) / kWidth;
   float squares = 0.0f;
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    const int c = (threadIdx.x + i * 128) * 4;
+    const int c = (lane + i * kLanes) * 4;
     if (c < kWidth) {
       const float a = values[i].x - mean, b = values[i].y - mean;
       const float d = values[i].z - mean, e = values[i].w - mean;
       squares += a * a + b * b + d * d + e * e;
     }
   }
-  const float rstd = rsqrtf(block_sum<128>(squares, scratch) / kWidth + epsilon);
+  const float rstd = rsqrtf(warp_sum(squares) / kWidth + epsilon);
   low_t* y = output + static_cast<size_t>(row) * kWidth;
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    const int c = (threadIdx.x + i * 128) * 4;
+    const int c = (lane + i * kLanes) * 4;
     if (c < kWidth) {
       const float4 g = load4(gamma + c), b = load4(beta + c);
       store4(y + c, (values[i].x - mean) * rstd * g.x + b.x, (values[i].y - mean) * rstd * g.y + b.y,
              (values[i].z - mean) * rstd * g.z + b.z, (values[i].w - mean) * rstd * g.w + b.w);
     }
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     statistics[2 * row] = mean;
     statistics[2 * row + 1] = rstd;
   }
@@ -2507,7 +2511,7 @@ static void cg_phase_0_cgPhaseEmbedding(cudaStream_t stream) {
 static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
   for (int layer = 0; layer < 2; ++layer) {
     // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed1 + 16384L * (layer), cgSavedStatistics1 + 512L * (layer), cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgSavedNormed1 + 16384L * (layer), cgSavedStatistics1 + 512L * (layer), cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
     // launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow
     cgImageProductDataLow(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
@@ -2520,7 +2524,7 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
     cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
-    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgSavedNormed2 + 16384L * (layer), cgSavedStatistics2 + 512L * (layer), cgSavedMiddle + 16384L * (layer), cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
+    CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgSavedNormed2 + 16384L * (layer), cgSavedStatistics2 + 512L * (layer), cgSavedMiddle + 16384L * (layer), cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
     // launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu
     cgImageProductGelu(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 65536L * (layer), cgSavedNormed2 + 16384L * (layer), cgBankHalf_cgFcWeight + 16384L * (layer), cgSavedFcPre + 65536L * (layer), 256, 256, 64);
@@ -2539,7 +2543,7 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
   // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
-  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
+  CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
   CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
   // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
   cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
