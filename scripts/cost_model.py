@@ -224,7 +224,7 @@ def _norm_backward(inflight: int, floats_a_row) -> Design:
                    for rows in _norm_levels(launch)) + 2
 
     return Design(inflight=inflight, last_block_bytes=tail_bytes, last_block_trips=tail_trips,
-                  last_block_inflight=NORM_TAIL_LOADS * 16)
+                  last_block_inflight=NORM_TAIL_LOADS * 16, pipelined=True)
 
 
 def _sort_stages(r) -> int:
@@ -869,6 +869,7 @@ def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200,
         _, (tm, tn), split, _ = product_plans(facts, hw, model)[0]
         m, n, _ = facts.shape
         tiles = -(-m // tm) * -(-n // tn) * split
+        moved += 0 if split == 1 else 2 * split * m * n * 4  # the split's partial sums
         body = parts["total"] - parts["overhead"] - parts["last tile"]
         profile = [Segment(parts["overhead"])] + wave_segments(body, tiles, hw.sms, moved, hw) \
             + [Segment(parts["last tile"], sms=1)]

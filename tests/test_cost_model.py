@@ -259,6 +259,14 @@ def test_a_products_waves_hold_the_sms_its_tiles_hold():
         assert profile[-1].seconds == pytest.approx(parts["last tile"])
         optimistic = library_profile(facts, model_library(facts, H200, MODEL), H200, MODEL)
         assert [s.sms for s in optimistic] == [0, 132]
+    # split in 3 along K (a what-if the program never runs): 108 tiles on 108 SMs, drawing
+    # the split's float32 partial sums (written and read back) as well as the floor's bytes
+    what_if = dataclasses.replace(calibrated, product_splits=(1, 2, 3, 4, 6, 8))
+    facts = weight_gradient(768)
+    split = library_profile(facts, cost_model.model_product(facts, H200, what_if), H200, what_if)
+    assert [s.sms for s in split] == [0, 108, 1]
+    assert split[1].hbm * split[1].seconds == pytest.approx(
+        facts.floor_bytes + 2 * 3 * 768 * 768 * 4)
     # beside a kernel of 132 blocks, the 36-tile product leaves it 96 SMs: both run at once,
     # the pair no longer than the product's SM-time and the kernel's together over 132 SMs
     small = library_profile(weight_gradient(768), cost_model.model_product(

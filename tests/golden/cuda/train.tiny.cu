@@ -296,17 +296,37 @@ __device__ __forceinline__ void layer_norm_backward(
       gamma_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
       beta_sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    // The warp's next row is loaded while it works on this one (its input and output
+    // gradient, a row ahead in registers): the loads of one row hide under the work of the
+    // one before, with one block an SM.
+    float4 next_x[kVectors], next_dy[kVectors];
+    const auto fetch = [&](int row) {
+      const size_t base = static_cast<size_t>(row) * kWidth;
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i) {
+        const int c = (lane + i * 32) * 4;
+        if (c < kWidth) {
+          next_x[i] = load4(input + base + c);
+          next_dy[i] = load4(gradientOutput + base + c);
+        }
+      }
+    };
+    if (first + warp < end) fetch(first + warp);
     for (int row = first + warp; row < end; row += kWarps) {
       const size_t base = static_cast<size_t>(row) * kWidth;
       const float mean = kRms ? 0.0f : statistics[2 * row];
       const float rstd = kRms ? statistics[row] : statistics[2 * row + 1];
+      float4 xs[kVectors], dys[kVectors];
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i) xs[i] = next_x[i], dys[i] = next_dy[i];
+      if (row + kWarps < end) fetch(row + kWarps);
       float4 normed[kVectors], dnormed[kVectors];
       float sum_d = 0.0f, sum_dn = 0.0f;
 #pragma unroll
       for (int i = 0; i < kVectors; ++i) {
         const int c = (lane + i * 32) * 4;
         if (c < kWidth) {
-          const float4 x = load4(input + base + c), dy = load4(gradientOutput + base + c);
+          const float4 x = xs[i], dy = dys[i];
           const float4 g = load4(gamma + c);
           normed[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd,
                                   (x.w - mean) * rstd);
@@ -1682,11 +1702,15 @@ extern "C" __global__ void __launch_bounds__(256) cgImageGradientNorm(float* __r
 // One row per block of one warp: the row stays in registers between the two passes (mean,
 // variance), and both sums are the warp's own shuffles (no shared memory, no barrier: a
 // block of four warps spent more instructions on its two block-wide sums than on its row).
-// At most 64 registers, so that an SM holds its 32 blocks' worth of loads in flight.
-extern "C" __global__ void __launch_bounds__(32, 32) cgImageLayerNorm(__nv_bfloat16* __restrict__ output, float* __restrict__ statistics, const float* __restrict__ input, const float* __restrict__ gamma, const float* __restrict__ beta, float epsilon) {
+// A row of up to 768 floats (6 float4 a lane) in at most 64 registers, so that an SM holds
+// 32 blocks' worth of loads in flight; a wider row gets 128 registers (16 blocks an SM: 16
+// float4 a lane, a row of 2048) or 255 (8): ptxas spilled a row of 1280 into 64.
+constexpr int kLayerNormVectors = (kWidth / 4 + 31) / 32;
+constexpr int kLayerNormMinBlocks = kLayerNormVectors <= 6 ? 32 : kLayerNormVectors <= 16 ? 16 : 8;
+extern "C" __global__ void __launch_bounds__(32, kLayerNormMinBlocks) cgImageLayerNorm(__nv_bfloat16* __restrict__ output, float* __restrict__ statistics, const float* __restrict__ input, const float* __restrict__ gamma, const float* __restrict__ beta, float epsilon) {
   constexpr int kLanes = 32;
   static_assert(kLanes == 32, "a row a warp: the image's block is one warp");
-  constexpr int kVectors = (kWidth / 4 + kLanes - 1) / kLanes;
+  constexpr int kVectors = kLayerNormVectors;
   const int row = blockIdx.x, lane = threadIdx.x;
   const float* x = input + static_cast<size_t>(row) * kWidth;
   float4 values[kVectors];
