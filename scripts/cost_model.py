@@ -415,10 +415,13 @@ def tail(blocks: int, per_wave: int) -> float:
 
 @dataclass
 class Modelled:
-    """One launch's modelled time and its parts (seconds)."""
+    """One launch's modelled time and its parts (seconds); for a product priced per shape
+    (model_product), the tiles its plan runs (tiles x splits of K) and the bytes it moves."""
 
     floor: float
     parts: dict
+    tiles: int = 0
+    moved: float = 0.0
 
     @property
     def time(self) -> float:
@@ -625,7 +628,7 @@ def model_kernel_calibrated(facts: LaunchFacts, audit: KernelAudit, design: Desi
 def product_plans(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBRATED
                   ) -> list:
     """The ways cuBLASLt may run one product (each a tile and a split of K), each priced:
-    (seconds, tile, split, parts). Tiles run one an SM at a time at the SM's share of the
+    (seconds, tile, split, parts, tiles run, bytes moved). Tiles run one an SM at a time at the SM's share of the
     measured ceiling: a tile's time is its k-steps plus product_fixed_steps (filling the
     pipeline, draining the accumulators), the grid's time its waves of tiles over the SMs;
     memory is its operands, its epilogue's bytes (output, residual, aux) and a split's
@@ -644,14 +647,14 @@ def product_plans(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBR
             step_s = 2.0 * tm * tn * model.product_k_step / per_sm
             waves = -(-tiles * split // hw.sms)
             compute = waves * (steps + model.product_fixed_steps) * step_s
-            partials = 0 if split == 1 else 2 * split * m * n * 4
-            memory = (facts.floor_bytes + partials) / hw.measured_hbm_bytes_per_s
+            moved = facts.floor_bytes + (0 if split == 1 else 2 * split * m * n * 4)
+            memory = moved / hw.measured_hbm_bytes_per_s
             last = tm * tn * epilogue / (m * n) / (model.sm_store_bytes_per_clock * hw.clock_hz)
             overhead = model.launch_overhead_s * (2 if split > 1 else 1)
             parts = {"tensor": compute, "hbm": memory, "last tile": last,
                      "overhead": overhead}
             parts["total"] = max(compute, memory) + last + overhead
-            plans.append((parts["total"], (tm, tn), split, parts))
+            plans.append((parts["total"], (tm, tn), split, parts, tiles * split, moved))
     return sorted(plans, key=lambda plan: plan[0])
 
 
@@ -659,8 +662,8 @@ def model_product(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBR
                   ) -> Modelled:
     """A product as cuBLASLt runs it at its fastest plan (product_plans): what timing the
     heuristic's offers at start-up keeps (issue 24, item 5)."""
-    _, _, _, parts = product_plans(facts, hw, model)[0]
-    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), dict(parts))
+    _, _, _, parts, tiles, moved = product_plans(facts, hw, model)[0]
+    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), dict(parts), tiles, moved)
 
 
 # ---- the step ------------------------------------------------------------------------
@@ -851,28 +854,24 @@ def kernel_profile(facts: LaunchFacts, modelled: Modelled, per_sm: int,
     return tuple(s for s in profile if s.seconds > 0)
 
 
-def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200,
-                    model: Model = MODEL) -> tuple:
-    """A cuBLAS product. The optimistic bound prices it at a fraction of the whole chip's
-    peak, which only the whole chip reaches: it holds every SM for its whole time. The
-    calibrated model prices its plan's tiles in waves over the SMs, one tile an SM
-    (product_plans): its waves hold the SMs their tiles hold (a 768 x 768 weight gradient's
-    36 tiles hold 36 SMs, and a branch beside it has the other 96), then its last tile's
-    epilogue drains on one SM."""
+def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200) -> tuple:
+    """A cuBLAS product. Priced per shape (model_product, the calibrated model), its plan's
+    tiles run in waves over the SMs, one tile an SM: its waves hold the SMs their tiles hold
+    (a 768 x 768 weight gradient's 36 tiles hold 36 SMs, and a branch beside it has the
+    other 96), then its last tile's epilogue drains on one SM. Priced at a fraction of the
+    whole chip's peak (model_library, the optimistic bound), which only the whole chip
+    reaches, it holds every SM for its whole time."""
     parts = modelled.parts
-    moved = facts.floor_bytes + facts.copies_residual_bytes
-    if not model.calibrated:
+    if modelled.tiles:
+        body = parts["total"] - parts["overhead"] - parts["last tile"]
+        profile = [Segment(parts["overhead"]),
+                   *wave_segments(body, modelled.tiles, hw.sms, modelled.moved, hw),
+                   Segment(parts["last tile"], sms=1)]
+    else:
         body = parts["total"] - parts["overhead"]
+        moved = facts.floor_bytes + facts.copies_residual_bytes
         profile = [Segment(parts["overhead"]),
                    Segment(body, sms=hw.sms, hbm=moved / body if body else 0.0)]
-    else:
-        _, (tm, tn), split, _ = product_plans(facts, hw, model)[0]
-        m, n, _ = facts.shape
-        tiles = -(-m // tm) * -(-n // tn) * split
-        moved += 0 if split == 1 else 2 * split * m * n * 4  # the split's partial sums
-        body = parts["total"] - parts["overhead"] - parts["last tile"]
-        profile = [Segment(parts["overhead"])] + wave_segments(body, tiles, hw.sms, moved, hw) \
-            + [Segment(parts["last tile"], sms=1)]
     return tuple(s for s in profile if s.seconds > 0)
 
 
@@ -1141,7 +1140,7 @@ class Pricer:
         if facts.collective_bytes:
             return collective_profile(facts, self.ranks, self.model)
         if facts.library:
-            return library_profile(facts, modelled, self.hw, self.model)
+            return library_profile(facts, modelled, self.hw)
         return kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
                               self.hw)
 

@@ -117,35 +117,37 @@ def test_checking_does_not_depend_on_the_layer_count():
     assert len(launches) == 1  # the program is the same size: repeats stay loops
 
 
+def _share_bytes(a, b) -> bool:
+    return a.offset < b.offset + b.bytes and b.offset < a.offset + a.bytes
+
+
 def test_memory_plan_shares_only_slots_never_live_together():
     for name in ("train.cg", "train_recompute.cg"):
         frontend, program, _ = checked(SCHEDULES / name, "gpt2")
         plan = plan_memory(program)
         for i, a in enumerate(plan.arena):
             for b in plan.arena[i + 1:]:
-                share = a.offset < b.offset + b.bytes and b.offset < a.offset + a.bytes
                 live_together = any(x[0] <= y[1] and y[0] <= x[1] for x in a.live for y in b.live)
-                assert not (share and live_together), (name, a.name, b.name)
+                assert not (_share_bytes(a, b) and live_together), (name, a.name, b.name)
         assert plan.total_bytes >= plan.peak_bytes
         bank = plan.banks["cgBankP"]
         assert bank[2] == 4 * sum(-(-e.count // 64) * 64 for e in bank[3])
+        slot = {s.name: s for s in plan.arena}
+        others = [s for s in plan.arena if s.name not in ("cgDy0", "cgFcPre")]
         if name == "train.cg":
             # The residual gradient is live from the final layer norm's gradient to the
             # scatter without a gap: each layer's weight-gradient branches (cgConcurrently)
             # span the launches that read and rewrite it, so nothing may take its bytes
-            (dy0,) = [slot for slot in plan.arena if slot.name == "cgDy0"]
+            dy0 = slot["cgDy0"]
             assert dy0.live == [[dy0.live[0][0], plan.launches - 5]]
-            assert not any(slot.offset == dy0.offset and slot.name != "cgDy0"
-                           for slot in plan.arena)
+            assert not any(_share_bytes(dy0, other) for other in others)
         else:
             # The recomputing step's layer inside is live in the forward and again in each
             # layer's backward; in between its bytes are free, and another slot takes them
             assert plan.arena_bytes < plan.arena_unshared_bytes
-            (pre,) = [slot for slot in plan.arena if slot.name == "cgFcPre"]
-            (first, last) = pre.live
+            (first, last) = slot["cgFcPre"].live
             assert first[1] + 1 < last[0]
-            assert any(slot.offset < pre.offset + pre.bytes and pre.offset < slot.offset + slot.bytes
-                       and slot.name != "cgFcPre" for slot in plan.arena)
+            assert any(_share_bytes(slot["cgFcPre"], other) for other in others)
 
 
 def test_c_parameters_come_from_the_declaration():

@@ -213,7 +213,7 @@ def test_products_per_shape_by_hand():
     calibrated = cost_model.CALIBRATED
     big = LaunchFacts("p", 0, 0, floor_bytes=3 * 8192 * 8192 * 2, flops=2.0 * 8192**3,
                       library=True, shape=(8192, 8192, 8192), operand_bytes=2 * 8192 * 8192 * 2)
-    plans = {(tile, split): parts for _, tile, split, parts in
+    plans = {(tile, split): parts for _, tile, split, parts, _, _ in
              cost_model.product_plans(big, H200, calibrated)}
     step = 2.0 * 128 * 256 * 64 / (790e12 / 132)
     assert plans[((128, 256), 1)]["tensor"] == pytest.approx(16 * 130 * step)
@@ -222,15 +222,17 @@ def test_products_per_shape_by_hand():
     small = LaunchFacts("w", 0, 0, floor_bytes=2 * 768 * 8192 * 2 + 768 * 768 * 4,
                         flops=2.0 * 768 * 768 * 8192, library=True, shape=(768, 768, 8192),
                         operand_bytes=2 * 768 * 8192 * 2)
-    assert {split for _, _, split, _ in cost_model.product_plans(small, H200, calibrated)} == {1}
+    assert {plan[2] for plan in cost_model.product_plans(small, H200, calibrated)} == {1}
     what_if = dataclasses.replace(calibrated, product_splits=(1, 2, 3, 4, 6, 8))
     plans = cost_model.product_plans(small, H200, what_if)
-    whole = next(parts for _, tile, split, parts in plans if tile == (128, 128) and split == 1)
+    whole = next(parts for _, tile, split, parts, _, _ in plans
+                 if tile == (128, 128) and split == 1)
     assert whole["tensor"] == pytest.approx((128 + 2) * 2.0 * 128 * 128 * 64 / (790e12 / 132))
-    seconds, tile, split, parts = plans[0]
-    assert (tile, split) == ((128, 128), 3)
+    seconds, tile, split, parts, tiles, moved = plans[0]
+    assert (tile, split, tiles) == ((128, 128), 3, 108)
+    assert moved == small.floor_bytes + 2 * 3 * 768 * 768 * 4
     assert parts["tensor"] == pytest.approx((43 + 2) * 2.0 * 128 * 128 * 64 / (790e12 / 132))
-    assert parts["hbm"] == pytest.approx((small.floor_bytes + 2 * 3 * 768 * 768 * 4) / 4.3e12)
+    assert parts["hbm"] == pytest.approx(moved / 4.3e12)
     assert parts["overhead"] == 2 * MODEL.launch_overhead_s  # the split's reduction launch
     assert seconds < whole["total"] / 2
 
@@ -250,27 +252,26 @@ def test_a_products_waves_hold_the_sms_its_tiles_hold():
     for n, waves in ((768, [36]), (3072, [132, 12])):
         facts = weight_gradient(n)
         modelled = cost_model.model_product(facts, H200, calibrated)
-        profile = library_profile(facts, modelled, H200, calibrated)
+        profile = library_profile(facts, modelled, H200)
         parts = modelled.parts
         assert [s.sms for s in profile] == [0] + waves + [1]
         assert profile_seconds(profile) == pytest.approx(modelled.time)
         body = parts["total"] - parts["overhead"] - parts["last tile"]
         assert [s.seconds for s in profile[1:-1]] == pytest.approx([body / len(waves)] * len(waves))
         assert profile[-1].seconds == pytest.approx(parts["last tile"])
-        optimistic = library_profile(facts, model_library(facts, H200, MODEL), H200, MODEL)
+        optimistic = library_profile(facts, model_library(facts, H200, MODEL), H200)
         assert [s.sms for s in optimistic] == [0, 132]
     # split in 3 along K (a what-if the program never runs): 108 tiles on 108 SMs, drawing
     # the split's float32 partial sums (written and read back) as well as the floor's bytes
     what_if = dataclasses.replace(calibrated, product_splits=(1, 2, 3, 4, 6, 8))
     facts = weight_gradient(768)
-    split = library_profile(facts, cost_model.model_product(facts, H200, what_if), H200, what_if)
+    split = library_profile(facts, cost_model.model_product(facts, H200, what_if), H200)
     assert [s.sms for s in split] == [0, 108, 1]
     assert split[1].hbm * split[1].seconds == pytest.approx(
         facts.floor_bytes + 2 * 3 * 768 * 768 * 4)
     # beside a kernel of 132 blocks, the 36-tile product leaves it 96 SMs: both run at once,
     # the pair no longer than the product's SM-time and the kernel's together over 132 SMs
-    small = library_profile(weight_gradient(768), cost_model.model_product(
-        weight_gradient(768), H200, calibrated), H200, calibrated)
+    small = library_profile(facts, cost_model.model_product(facts, H200, calibrated), H200)
     kernel = [Segment(100 * US, sms=132)]
     pair = profile_seconds(side_by_side([small, kernel], H200_MACHINE))
     work = (sum(s.seconds * s.sms for s in small) + 100 * US * 132) / 132

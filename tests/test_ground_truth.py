@@ -82,7 +82,8 @@ def test_a_slot_moved_onto_one_live_across_it_keeps_both_values(lane):
     """Every use of cgGradientAttention in a layer's backward moved onto cgSavedFcAct's bytes
     (a stacked slot the backward reads in every later layer): the step computes what it
     computes with a slot each (until the weight gradients' branches were widened, the
-    campaign drew cgSavedQkv for it; the partners are drawn from the slots of its type). The plan that took a write binding a slot's whole view as a
+    campaign drew cgSavedQkv for it; the partners are drawn from the slots of its type).
+    The plan that took a write binding a slot's whole view as a
     whole write let another slot into such a slot's bytes between the partial write and the
     read (with this very slot, then with cgGradientAttention onto cgSavedNormed1, mutants
     the campaign drew before the layer-norm backward wrote the low copy: 304 bytes of the

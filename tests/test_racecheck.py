@@ -20,8 +20,9 @@ run in, with the kernel, the shared-memory offset and both threads.
   common.cuh, which the classifier, square-sum, gradient-norm and layer-norm backward
   kernels call) is removed in turn, from ONE racecheck build (cgcpu::barrier_disabled), and
   the removal is reported as a race naming a kernel that runs that barrier, except for the
-  barriers listed in REDUNDANT, each with the reason the campaign cannot see what it guards. The campaign runs the tiny model with a context of 128
-  (two attention tiles a sequence, so the barriers that guard a tile's reuse guard something)
+  barriers listed in REDUNDANT, each with the reason the campaign cannot see what it
+  guards. The campaign runs the tiny model with a context of 128 (two attention tiles a
+  sequence, so the barriers that guard a tile's reuse guard something)
   on the first two blocks of every launch (CG_CPU_BLOCKS: block sampling), except for the
   barriers of layer_norm_backward (and of its tickets' helpers, sum_partial_rows and
   take_last_ticket), whose last blocks run only when every block of a group has taken its
