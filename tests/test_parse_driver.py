@@ -19,6 +19,7 @@ import pytest
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
+from cgc.core.diagnostics import CompileError
 from cgc.frontend import parse as driver
 from cgc.frontend.parse import (
     LarkInternals, LarkInternalsError, _parser, comment_ranges, lark_internals, parse_text,
@@ -371,16 +372,48 @@ def test_each_parse_keeps_its_state_to_itself():
     text = (SCHEDULES / "forward.cg").read_text(encoding="utf-8")
     parser = _parser()
     before = _shape(parser)
-    first = parse_text(text, "forward.cg")
+    # _parse_module: the parser itself each time, not the cache of parsed files
+    first = driver._parse_module(driver.Source("forward.cg", text))
     comments = comment_ranges(text)
     with pytest.raises(Exception):
         parse_text("def x : Nat = (f 1\n-- a comment\n", "broken.cg")  # fails mid-way
-    second = parse_text(text, "forward.cg")
+    second = driver._parse_module(driver.Source("forward.cg", text))
+    assert first is not second
     assert first == second and repr(first) == repr(second)
     assert [d.doc for d in first.declarations] == [d.doc for d in second.declarations]
     assert comment_ranges(text) == comments and comments
     assert _shape(parser) == before
     assert not {"comments", "docs", "source"} & set(vars(parser))
+
+
+def test_a_file_read_again_unchanged_is_not_parsed_again(monkeypatch):
+    """The parsed-file cache: the same module for the same path and text; a changed text, or
+    the same text under another path, parsed afresh; a file that fails reports its errors
+    every time (failures are not kept); past _PARSED_FILES the oldest goes."""
+    monkeypatch.setattr(driver, "_PARSED", driver.OrderedDict())
+    parses = []
+    parse_module = driver._parse_module
+
+    def counted(source):
+        parses.append(source.path)
+        return parse_module(source)
+    monkeypatch.setattr(driver, "_parse_module", counted)
+    text = (SCHEDULES / "forward.cg").read_text(encoding="utf-8")
+    first = parse_text(text, "forward.cg")
+    assert parse_text(text, "forward.cg") is first and parses == ["forward.cg"]
+    changed = parse_text(text + "\ndef extra : Nat = 1\n", "forward.cg")
+    assert [d.name.text for d in changed.declarations][-1] == "extra"
+    assert parse_text(text, "elsewhere/forward.cg").path == "elsewhere/forward.cg"
+    assert parses == ["forward.cg", "forward.cg", "elsewhere/forward.cg"]
+    for _ in range(2):
+        with pytest.raises(CompileError) as error:
+            parse_text("def x : Nat = (f 1\n", "broken.cg")
+        assert "broken.cg:1:" in str(error.value)
+    assert parses.count("broken.cg") == 2
+    monkeypatch.setattr(driver, "_PARSED_FILES", 2)
+    parse_text("def a : Nat = 1\n", "a.cg")
+    parse_text("def b : Nat = 2\n", "b.cg")
+    assert list(driver._PARSED) == [("a.cg", "def a : Nat = 1\n"), ("b.cg", "def b : Nat = 2\n")]
 
 
 # ---- the cached tables -----------------------------------------------------------------

@@ -22,6 +22,8 @@ import importlib.util
 import os
 import re
 import sys
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -642,8 +644,34 @@ def _parse_range(source: Source, start: int, end: int, report: Reporter):
     return None
 
 
+# Files parsed before, by (path, text): a module is immutable (tuples all through, its spans
+# on the first Source of that text), so a file read again unchanged (each test, each API call,
+# analyses the same library files again) is not parsed again. A file that does not parse is
+# not kept: each call reports its errors afresh.
+_PARSED: OrderedDict[tuple[str, str], Module] = OrderedDict()
+_PARSED_FILES = 64
+_PARSED_TEXT_BYTES = 1024 * 1024  # larger texts (generated schedules) are parsed every time
+_PARSED_LOCK = threading.Lock()
+
+
 def parse_source(source: Source) -> Module:
     """Parses one file; raises CompileError with every broken declaration's error."""
+    key = (source.path, source.text)
+    with _PARSED_LOCK:
+        module = _PARSED.get(key)
+        if module is not None:
+            _PARSED.move_to_end(key)
+            return module
+    module = _parse_module(source)
+    if len(source.text) <= _PARSED_TEXT_BYTES:
+        with _PARSED_LOCK:
+            _PARSED[key] = module
+            while len(_PARSED) > _PARSED_FILES:
+                _PARSED.popitem(last=False)
+    return module
+
+
+def _parse_module(source: Source) -> Module:
     report = Reporter()
     result = _parse_range(source, 0, len(source.text), report)
     if result is None:
