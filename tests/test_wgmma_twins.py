@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import zlib
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +66,21 @@ def _value(token: str, names: dict[str, int]) -> int:
     return (int(count) if count else 1) * (names[name] if name else 1)
 
 
+@lru_cache(maxsize=None)
+def _layout(text: str, names: tuple) -> tuple:
+    """The layout `text`'s (shapes, strides), each a list a mode, with `names` (sorted
+    (name, value) pairs) put in: parsed once, not once an element."""
+    shape_text, stride_text = text.split(":")
+    values = dict(names)
+    shapes = [[_value(s, values) for s in mode] for mode in _modes(shape_text[1:-1])]
+    strides = [[_value(s, values) for s in mode] for mode in _modes(stride_text[1:-1])]
+    return shapes, strides
+
+
 def layout_offset(text: str, names: dict[str, int], mn: int, k: int) -> int:
     """Element offset of (mn, k) in the CuTe layout `text`: each mode's coordinate split
     colexicographically over its shape, dotted with its strides."""
-    shape_text, stride_text = text.split(":")
-    shapes = [[_value(s, names) for s in mode] for mode in _modes(shape_text[1:-1])]
-    strides = [[_value(s, names) for s in mode] for mode in _modes(stride_text[1:-1])]
+    shapes, strides = _layout(text, tuple(sorted(names.items())))
     offset = 0
     for coordinate, shape, stride in zip((mn, k), shapes, strides):
         for size, step in zip(shape, stride):
