@@ -51,6 +51,7 @@ import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -625,10 +626,21 @@ def model_kernel_calibrated(facts: LaunchFacts, audit: KernelAudit, design: Desi
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
 
 
+class Plan(NamedTuple):
+    """One way to run a product (product_plans): its time, tile, split of K, parts, the
+    tiles it runs (tiles x splits) and the bytes it moves (a split's partial sums included)."""
+    seconds: float
+    tile: tuple
+    split: int
+    parts: dict
+    tiles: int
+    moved: float
+
+
 def product_plans(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBRATED
                   ) -> list:
-    """The ways cuBLASLt may run one product (each a tile and a split of K), each priced:
-    (seconds, tile, split, parts, tiles run, bytes moved). Tiles run one an SM at a time at the SM's share of the
+    """The ways cuBLASLt may run one product (each a tile and a split of K), each priced
+    (Plan), fastest first. Tiles run one an SM at a time at the SM's share of the
     measured ceiling: a tile's time is its k-steps plus product_fixed_steps (filling the
     pipeline, draining the accumulators), the grid's time its waves of tiles over the SMs;
     memory is its operands, its epilogue's bytes (output, residual, aux) and a split's
@@ -654,16 +666,17 @@ def product_plans(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBR
             parts = {"tensor": compute, "hbm": memory, "last tile": last,
                      "overhead": overhead}
             parts["total"] = max(compute, memory) + last + overhead
-            plans.append((parts["total"], (tm, tn), split, parts, tiles * split, moved))
-    return sorted(plans, key=lambda plan: plan[0])
+            plans.append(Plan(parts["total"], (tm, tn), split, parts, tiles * split, moved))
+    return sorted(plans, key=lambda plan: plan.seconds)
 
 
 def model_product(facts: LaunchFacts, hw: Hardware = H200, model: Model = CALIBRATED
                   ) -> Modelled:
     """A product as cuBLASLt runs it at its fastest plan (product_plans): what timing the
     heuristic's offers at start-up keeps (issue 24, item 5)."""
-    _, _, _, parts, tiles, moved = product_plans(facts, hw, model)[0]
-    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), dict(parts), tiles, moved)
+    plan = product_plans(facts, hw, model)[0]
+    return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), dict(plan.parts),
+                    plan.tiles, plan.moved)
 
 
 # ---- the step ------------------------------------------------------------------------

@@ -213,8 +213,8 @@ def test_products_per_shape_by_hand():
     calibrated = cost_model.CALIBRATED
     big = LaunchFacts("p", 0, 0, floor_bytes=3 * 8192 * 8192 * 2, flops=2.0 * 8192**3,
                       library=True, shape=(8192, 8192, 8192), operand_bytes=2 * 8192 * 8192 * 2)
-    plans = {(tile, split): parts for _, tile, split, parts, _, _ in
-             cost_model.product_plans(big, H200, calibrated)}
+    plans = {(plan.tile, plan.split): plan.parts
+             for plan in cost_model.product_plans(big, H200, calibrated)}
     step = 2.0 * 128 * 256 * 64 / (790e12 / 132)
     assert plans[((128, 256), 1)]["tensor"] == pytest.approx(16 * 130 * step)
     best = cost_model.model_product(big, H200, calibrated)
@@ -222,11 +222,10 @@ def test_products_per_shape_by_hand():
     small = LaunchFacts("w", 0, 0, floor_bytes=2 * 768 * 8192 * 2 + 768 * 768 * 4,
                         flops=2.0 * 768 * 768 * 8192, library=True, shape=(768, 768, 8192),
                         operand_bytes=2 * 768 * 8192 * 2)
-    assert {plan[2] for plan in cost_model.product_plans(small, H200, calibrated)} == {1}
+    assert {plan.split for plan in cost_model.product_plans(small, H200, calibrated)} == {1}
     what_if = dataclasses.replace(calibrated, product_splits=(1, 2, 3, 4, 6, 8))
     plans = cost_model.product_plans(small, H200, what_if)
-    whole = next(parts for _, tile, split, parts, _, _ in plans
-                 if tile == (128, 128) and split == 1)
+    whole = next(plan.parts for plan in plans if plan.tile == (128, 128) and plan.split == 1)
     assert whole["tensor"] == pytest.approx((128 + 2) * 2.0 * 128 * 128 * 64 / (790e12 / 132))
     seconds, tile, split, parts, tiles, moved = plans[0]
     assert (tile, split, tiles) == ((128, 128), 3, 108)

@@ -650,7 +650,7 @@ def _parse_range(source: Source, start: int, end: int, report: Reporter):
 # not kept: each call reports its errors afresh.
 _PARSED: OrderedDict[tuple[str, str], Module] = OrderedDict()
 _PARSED_FILES = 64
-_PARSED_TEXT_BYTES = 1024 * 1024  # larger texts (generated schedules) are parsed every time
+_PARSED_TEXT_CHARS = 1024 * 1024  # longer texts (generated schedules) are parsed every time
 _PARSED_LOCK = threading.Lock()
 
 
@@ -663,7 +663,7 @@ def parse_source(source: Source) -> Module:
             _PARSED.move_to_end(key)
             return module
     module = _parse_module(source)
-    if len(source.text) <= _PARSED_TEXT_BYTES:
+    if len(source.text) <= _PARSED_TEXT_CHARS:
         with _PARSED_LOCK:
             _PARSED[key] = module
             while len(_PARSED) > _PARSED_FILES:
