@@ -17,9 +17,11 @@ Tolerances, and why:
 
 from __future__ import annotations
 
+import ctypes
 import io
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -271,6 +273,74 @@ def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
     assert build(source + "// changed\n", "probe") != first
     assert HEADERS.is_dir() and COMPILER and "-shared" in FLAGS
 
+
+
+# A program of the runtime's functions: allocation, copies, a stream, a kernel launch.
+_RUNTIME_PROBE = """#include <cuda_runtime.h>
+__global__ void twice(int* x) { x[threadIdx.x] *= 2; }
+extern "C" int probe() {
+  int host[32], *device = nullptr;
+  for (int i = 0; i < 32; ++i) host[i] = i;
+  cudaStream_t stream;
+  if (cudaStreamCreate(&stream) || cudaMalloc(&device, sizeof host)) return -1;
+  cudaMemcpy(device, host, sizeof host, cudaMemcpyHostToDevice);
+  CG_LAUNCH(twice, dim3(1), dim3(32), 0, stream)(device);
+  cudaStreamSynchronize(stream);
+  cudaMemcpy(host, device, sizeof host, cudaMemcpyDeviceToHost);
+  cudaFree(device);
+  cudaStreamDestroy(stream);
+  int sum = 0;
+  for (int i = 0; i < 32; ++i) sum += host[i];
+  return cudaGetLastError() == cudaSuccess ? sum : -2;
+}
+"""
+# Functions of the runtime the probe calls, directly or through CG_LAUNCH's template.
+_RUNTIME_FUNCTIONS = ("cudaMalloc(void**, unsigned long)", "cudaStreamSynchronize(CUstream_st*)",
+                      "cudaStreamCreateWithFlags(", "cgcpu::detail::launch(")
+
+
+def _defined(path: Path) -> dict[str, str]:
+    """The runtime's functions in an object or library, each with nm's letter for it."""
+    listing = subprocess.run(["nm", "-C", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+    found = {}
+    for line in listing.splitlines():
+        letter, name = line[17:18], line[19:]
+        for function in _RUNTIME_FUNCTIONS:
+            if name.startswith(function) and letter in "TWU":  # code, not its statics
+                found[function] = letter
+    return found
+
+
+def test_the_runtime_is_linked_not_compiled_into_each_program(tmp_path):
+    """The emulator's host runtime is compiled once per flag set (runtime_object) and linked
+    into each program (cgcpu/linkage.h): the program's own compile leaves the runtime's
+    functions undefined, where the header-only compile of the same source compiles each (a
+    weak copy, or inlined); the library holds the object's one definition, and runs."""
+    from cgc.backends.cuda.emulated import runtime_object
+    source = tmp_path / "probe.cpp"
+    source.write_text(_RUNTIME_PROBE)
+    objects = {}
+    for mode, define in [("separate", ["-DCGCPU_SEPARATE_RUNTIME"]), ("header-only", [])]:
+        objects[mode] = tmp_path / f"{mode}.o"
+        subprocess.run([COMPILER, *FLAGS, *define, f"-I{HEADERS}", "-c", str(source), "-o",
+                        str(objects[mode])], check=True)
+    assert _defined(objects["separate"]) == dict.fromkeys(_RUNTIME_FUNCTIONS, "U")
+    # header-only: each compiled here, as a weak copy or inlined into its caller
+    assert set(_defined(objects["header-only"]).values()) == {"W"}
+    assert objects["separate"].stat().st_size * 2 < objects["header-only"].stat().st_size
+    assert _defined(runtime_object(FLAGS)) == dict.fromkeys(_RUNTIME_FUNCTIONS, "T")
+    library = build(_RUNTIME_PROBE, "probe")
+    assert _defined(library) == dict.fromkeys(_RUNTIME_FUNCTIONS, "T")
+    assert ctypes.CDLL(str(library)).probe() == 2 * sum(range(32))
+    # The runtime's state stays one per process however many libraries a process loads (each
+    # run loads its own copy), as in the header-only build: its holders are inline functions,
+    # so their statics are STB_GNU_UNIQUE ("u"), never the copy's own.
+    listing = subprocess.run(["nm", "-C", str(library)], capture_output=True, text=True,
+                             check=True).stdout
+    letters = {line[19:]: line[17:18] for line in listing.splitlines()}
+    for holder in ("cgcpu::config()", "cgcpu::detail::pool()", "cgcpu::detail::device()"):
+        assert letters.get(f"{holder}::instance") == "u", holder
 
 def test_the_sorted_scatter_is_right_for_a_block_narrower_than_its_window(tmp_path):
     """cgImageScatterSorted looks a run's rows up 32 at a time; a block of 16 threads (an

@@ -114,40 +114,82 @@ def content_key(*parts: str | bytes) -> str:
     return digest.hexdigest()[:24]
 
 
+# The emulator's host runtime, compiled once for each set of flags (cgcpu/linkage.h): every
+# header that defines CGCPU_RUNTIME functions, reached through the shims.
+RUNTIME_SOURCE = """// cgc's emulated builds: the CUDA-on-CPU runtime, one object for every program built with
+// these flags (cgc/backends/cuda_cpu/include/cgcpu/linkage.h).
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+#include <nccl.h>
+"""
+
+
 def build(source: str, output_name: str, flags=FLAGS, extra: tuple = (),
           link: tuple | None = None) -> Path:
     """Compiles `source` (C++ that includes the emitted file) for the host, once per content:
     the result is cached under the cache folder by a hash of the source, the headers, the
     flags and the compiler's version, with its size and SHA-256 recorded beside it. A cached
     file that does not match its record (cut short, overwritten, the record lost) is built
-    again, never loaded: a truncated library would fail dlopen or end in SIGBUS. With `link`,
-    the source is compiled to an object file with `flags`, then linked with `link` alone (the
-    shadow build: instrumented, but not linked with the sanitizer's runtime)."""
+    again, never loaded: a truncated library would fail dlopen or end in SIGBUS. The
+    emulator's runtime is not compiled with it but linked in, built once for these flags
+    (runtime_object). With `link`, the source is compiled to an object file with `flags`,
+    then linked with `link` alone (the shadow build: instrumented, but not linked with the
+    sanitizer's runtime)."""
+    runtime = runtime_object(flags, extra)
+    shared = "-shared" in flags or (link is not None and "-shared" in link)
+
+    def compile_to(built: str, scratch: Path) -> subprocess.CompletedProcess:
+        path = scratch / f"{output_name}.cpp"
+        path.write_text(source, encoding="utf-8")
+        compiled = str(scratch / f"{output_name}.o") if link is not None else built
+        command = [COMPILER, *flags, *extra, "-DCGCPU_SEPARATE_RUNTIME", f"-I{HEADERS}",
+                   "-x", "c++", str(path)]
+        command += ["-c"] if link is not None else ["-x", "none", str(runtime)]
+        result = subprocess.run([*command, "-o", compiled], capture_output=True, text=True)
+        if result.returncode == 0 and link is not None:
+            result = subprocess.run([COMPILER, compiled, str(runtime), *link, "-o", built],
+                                    capture_output=True, text=True)
+        return result
+
+    return _cached(f"{output_name}-{_key(source, flags, extra, link)}{'.so' if shared else ''}",
+                   compile_to)
+
+
+def runtime_object(flags=FLAGS, extra: tuple = ()) -> Path:
+    """The emulator's runtime (RUNTIME_SOURCE) compiled with `flags` and `extra` into an object
+    file, cached as build's products are: every program built with the same flags links it."""
+    def compile_to(built: str, scratch: Path) -> subprocess.CompletedProcess:
+        path = scratch / "runtime.cpp"
+        path.write_text(RUNTIME_SOURCE, encoding="utf-8")
+        command = [COMPILER, *flags, *extra, "-DCGCPU_RUNTIME_OBJECT", f"-I{HEADERS}",
+                   "-x", "c++", str(path), "-c", "-o", built]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    return _cached(f"runtime-{_key(RUNTIME_SOURCE, flags, extra, None)}.o", compile_to)
+
+
+def _key(source: str, flags, extra, link) -> str:
     headers = b"".join(p.read_bytes() for p in header_files())
-    key = content_key(source, headers, " ".join((*flags, *extra)), _compiler_version(),
-                      " ".join(link) if link is not None else "")
+    return content_key(source, headers, " ".join((*flags, *extra)), _compiler_version(),
+                       " ".join(link) if link is not None else "")
+
+
+def _cached(name: str, compile_to) -> Path:
+    """The cache folder's file `name`, made by compile_to(path, scratch folder) if the cache
+    does not hold it whole: built under a temporary name, then renamed into place."""
     base = cache_dir()
     folder = (base / "emulated") if base is not None else Path(tempfile.gettempdir()) / "cgc-emulated"
     folder.mkdir(parents=True, exist_ok=True)
-    shared = "-shared" in flags or (link is not None and "-shared" in link)
-    target = folder / f"{output_name}-{key}{'.so' if shared else ''}"
+    target = folder / name
     if _intact(target):
         return target
     # Built under a temporary name in the cache folder itself, so that the rename that
     # installs it never crosses file systems (TMPDIR on another one: EXDEV).
-    # (A name only: the linker makes the file, with an executable's mode.)
+    # (A name only: the compiler makes the file, with an executable's mode.)
     built = str(folder / f".{target.name}.{os.getpid()}-{secrets.token_hex(6)}.cgc-tmp")
     try:
         with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
-            path = Path(scratch) / f"{output_name}.cpp"
-            path.write_text(source, encoding="utf-8")
-            compiled = str(Path(scratch) / f"{output_name}.o") if link is not None else built
-            command = [COMPILER, *flags, *extra, f"-I{HEADERS}", "-x", "c++", str(path),
-                       *(["-c"] if link is not None else []), "-o", compiled]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode == 0 and link is not None:
-                result = subprocess.run([COMPILER, compiled, *link, "-o", built],
-                                        capture_output=True, text=True)
+            result = compile_to(built, Path(scratch))
         if result.returncode != 0:
             raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
                               + result.stderr[-20000:])

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "linkage.h"
 #include "stream.h"
 #include "types.h"
 
@@ -77,7 +78,7 @@ inline Captures& captures() {
   return *instance;
 }
 
-inline Capture* capture_of(cudaStream_t stream) {
+CGCPU_RUNTIME Capture* capture_of(cudaStream_t stream) {
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   auto found = c.members.find(stream_index(stream));
@@ -86,13 +87,13 @@ inline Capture* capture_of(cudaStream_t stream) {
 
 inline bool any_capture() { return captures().count.load(std::memory_order_acquire) != 0; }
 
-inline void invalidate(Capture& capture, cudaError_t why) {
+CGCPU_RUNTIME void invalidate(Capture& capture, cudaError_t why) {
   if (capture.invalidated == cudaSuccess) capture.invalidated = why;
 }
 
 // A call CUDA refuses while any stream captures (global mode): every capture is invalidated.
 // Returns the call's error, or cudaSuccess where nothing captures.
-inline cudaError_t capture_forbids(cudaError_t why = cudaErrorStreamCaptureUnsupported) {
+CGCPU_RUNTIME cudaError_t capture_forbids(cudaError_t why = cudaErrorStreamCaptureUnsupported) {
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
   if (c.active.empty()) return cudaSuccess;
@@ -118,7 +119,7 @@ inline bool capture_call(cudaStream_t stream, Issue&& issue) {
 }
 
 // An op issued on a capturing stream that no hook above kept (enqueue's guard): refused.
-inline bool capture_refuses(cudaStream_t stream) {
+CGCPU_RUNTIME bool capture_refuses(cudaStream_t stream) {
   if (!any_capture()) return false;
   if (is_legacy(stream)) return capture_forbids(cudaErrorStreamCaptureImplicit) != cudaSuccess;
   Capture* capture = capture_of(stream);
@@ -129,7 +130,7 @@ inline bool capture_refuses(cudaStream_t stream) {
 }
 
 // CG_LAUNCHED after a captured call: the site goes with the call, for its replays' faults.
-inline bool capture_site(const char* site) {
+CGCPU_RUNTIME bool capture_site(const char* site) {
   if (!any_capture()) return false;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
@@ -140,7 +141,7 @@ inline bool capture_site(const char* site) {
 }
 
 // An event recorded on a capturing stream: a later wait for it joins the waiting stream.
-inline void capture_note_record(cudaStream_t stream, const CUevent_st* event) {
+CGCPU_RUNTIME void capture_note_record(cudaStream_t stream, const CUevent_st* event) {
   if (!any_capture()) return;  // no capture, no captured record (an ended one takes its own)
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
@@ -155,7 +156,7 @@ inline void capture_note_record(cudaStream_t stream, const CUevent_st* event) {
 
 // A wait for an event recorded in a capture: the waiting stream joins that capture, and the
 // recording stream's calls up to the record are joined into the waiting one.
-inline void capture_note_wait(cudaStream_t stream, const CUevent_st* event) {
+CGCPU_RUNTIME void capture_note_wait(cudaStream_t stream, const CUevent_st* event) {
   if (!any_capture()) return;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
@@ -175,7 +176,7 @@ inline void capture_note_wait(cudaStream_t stream, const CUevent_st* event) {
 
 // Whether the event's last record was captured (a node of a graph being made, not an event the
 // host may wait for or time): if so, its capture is invalidated and the call's error left.
-inline bool captured_event(const CUevent_st* event) {
+CGCPU_RUNTIME bool captured_event(const CUevent_st* event) {
   if (!any_capture()) return false;
   Captures& c = captures();
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
@@ -186,7 +187,7 @@ inline bool captured_event(const CUevent_st* event) {
 }
 
 // Whether every call of member `s` is joined, through waits, into the origin.
-inline bool capture_joined(const Capture& capture, unsigned s, std::vector<unsigned>& visiting) {
+CGCPU_RUNTIME bool capture_joined(const Capture& capture, unsigned s, std::vector<unsigned>& visiting) {
   if (s == capture.origin) return true;
   for (unsigned v : visiting)
     if (v == s) return false;

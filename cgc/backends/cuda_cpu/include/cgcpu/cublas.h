@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "linkage.h"
 #include "runtime_api.h"
 #include "types.h"
 
@@ -71,39 +72,39 @@ struct cublasContext {
 };
 typedef struct cublasContext* cublasHandle_t;
 
-inline cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+CGCPU_RUNTIME cublasStatus_t cublasCreate(cublasHandle_t* handle) {
   if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *handle = new cublasContext{nullptr, CUBLAS_DEFAULT_MATH, CUBLAS_POINTER_MODE_HOST};
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+CGCPU_RUNTIME cublasStatus_t cublasDestroy(cublasHandle_t handle) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+CGCPU_RUNTIME cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!cgcpu::detail::stream_valid(stream)) return CUBLAS_STATUS_INVALID_VALUE;
   handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
+CGCPU_RUNTIME cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (stream == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *stream = handle->stream;
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+CGCPU_RUNTIME cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->math = mode;  // recorded; products are float32 whatever the mode
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
+CGCPU_RUNTIME cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->pointer_mode = mode;  // alpha and beta are readable from the host either way
   return CUBLAS_STATUS_SUCCESS;
 }
-inline const char* cublasGetStatusString(cublasStatus_t status) {
+CGCPU_RUNTIME const char* cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
     case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
     case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
@@ -309,7 +310,7 @@ struct GemmWork : Work {
 };
 
 // Issues a product on `stream`; on the legacy stream it has run when this returns.
-inline void issue_gemm(cudaStream_t stream, const char* name, std::unique_ptr<GemmWork> work) {
+CGCPU_RUNTIME void issue_gemm(cudaStream_t stream, const char* name, std::unique_ptr<GemmWork> work) {
   std::lock_guard<std::recursive_mutex> device(device_mutex());
   enqueue(stream, name, std::move(work));
   if (is_legacy(stream)) run_pending();
@@ -317,7 +318,7 @@ inline void issue_gemm(cudaStream_t stream, const char* name, std::unique_ptr<Ge
 
 // Whether a column-major rows x cols matrix with leading dimension ld of `element` bytes lies
 // inside one allocation.
-inline bool gemm_operand_ok(const void* p, int rows, int cols, int ld, std::size_t element) {
+CGCPU_RUNTIME bool gemm_operand_ok(const void* p, int rows, int cols, int ld, std::size_t element) {
   if (rows == 0 || cols == 0) return true;
   const std::size_t last = (static_cast<std::size_t>(cols) - 1) * ld + rows;
   return device_range(p, last * element);
@@ -326,7 +327,7 @@ inline bool gemm_operand_ok(const void* p, int rows, int cols, int ld, std::size
 }  // namespace detail
 }  // namespace cgcpu
 
-inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+CGCPU_RUNTIME cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                    int n, int k, const void* alpha, const void* A, cudaDataType_t Atype, int lda,
                                    const void* B, cudaDataType_t Btype, int ldb, const void* beta, void* C,
                                    cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
@@ -375,7 +376,7 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
   return CUBLAS_STATUS_SUCCESS;
 }
 
-inline cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+CGCPU_RUNTIME cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                   int n, int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                                   const float* beta, float* C, int ldc) {
   return cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C,

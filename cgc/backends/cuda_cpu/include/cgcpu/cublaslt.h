@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cublas.h"
+#include "linkage.h"
 
 typedef enum {
   CUBLASLT_MATMUL_DESC_COMPUTE_TYPE = 0,
@@ -121,25 +122,25 @@ struct cublasLtMatmulPreferenceOpaque_t {
 };
 typedef cublasLtMatmulPreferenceOpaque_t* cublasLtMatmulPreference_t;
 
-inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+CGCPU_RUNTIME cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *handle = new cublasLtContext{0x4c74};
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+CGCPU_RUNTIME cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
 }
 
-inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
                                                cudaDataType_t scale) {
   if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *desc = new cublasLtMatmulDescOpaque_t{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT,
                                          nullptr, 0, -1};
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
   delete desc;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -156,7 +157,7 @@ inline bool lt_attribute(T* into, const void* buf, size_t bytes) {
 }  // namespace detail
 }  // namespace cgcpu
 
-inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                                      const void* buf, size_t bytes) {
   using cgcpu::detail::lt_attribute;
   if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -175,27 +176,27 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, 
   return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
-inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
                                                  uint64_t cols, int64_t ld) {
   if (layout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *layout = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+CGCPU_RUNTIME cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
   delete layout;
   return CUBLAS_STATUS_SUCCESS;
 }
 
-inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* preference) {
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* preference) {
   if (preference == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *preference = new cublasLtMatmulPreferenceOpaque_t{0, {256, 256, 256, 256}};
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
   delete preference;
   return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t preference,
                                                            cublasLtMatmulPreferenceAttributes_t attr,
                                                            const void* buf, size_t bytes) {
   using cgcpu::detail::lt_attribute;
@@ -219,7 +220,7 @@ namespace detail {
 
 // Whether the descriptor and layouts make a product this twin (and cuBLASLt) can run: the
 // status cuBLASLt returns otherwise. A is op(A): m x k; B: k x n; C and D: m x n.
-inline cublasStatus_t lt_validate(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+CGCPU_RUNTIME cublasStatus_t lt_validate(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                   cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d) {
   if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -259,7 +260,7 @@ inline cublasStatus_t lt_validate(cublasLtMatmulDesc_t desc, cublasLtMatrixLayou
 }  // namespace detail
 }  // namespace cgcpu
 
-inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                                      cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                                      cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
                                                      cublasLtMatmulPreference_t preference, int requested,
@@ -286,7 +287,7 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cu
 // An algorithm's configuration as cuBLASLt reports it: the twin's third is split-K in two. Test
 // hook: CG_CPU_SPLIT_K_UNLABELLED=1 reports it as one pass, so that what stands behind the label
 // (the emitted program's comparison of bits) is tested on its own.
-inline cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
                                                            cublasLtMatmulAlgoConfigAttributes_t attribute, void* buffer,
                                                            size_t bytes, size_t* written) {
   if (algo == nullptr || algo->data[0] != 0x4c74) return CUBLAS_STATUS_INVALID_VALUE;
@@ -309,7 +310,7 @@ inline cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulA
   return CUBLAS_STATUS_SUCCESS;
 }
 
-inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+CGCPU_RUNTIME cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
                                      const void* A, cublasLtMatrixLayout_t Adesc, const void* B,
                                      cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C,
                                      cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc,

@@ -27,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "linkage.h"
 #include "runtime_api.h"
 
 #define NCCL_UNIQUE_ID_BYTES 128
@@ -77,13 +78,13 @@ inline std::atomic<nccl_transport>& nccl_transport_slot() {
 }
 }  // namespace detail
 
-inline void set_nccl_transport(nccl_transport transport) {
+CGCPU_RUNTIME void set_nccl_transport(nccl_transport transport) {
   detail::nccl_transport_slot().store(transport);
 }
 
 }  // namespace cgcpu
 
-inline const char* ncclGetErrorString(ncclResult_t result) {
+CGCPU_RUNTIME const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
     case ncclSuccess: return "no error";
     case ncclUnhandledCudaError: return "unhandled cuda error";
@@ -99,38 +100,38 @@ inline const char* ncclGetErrorString(ncclResult_t result) {
 }
 
 // The id only names the communicator: the transport (MPI) knows its ranks.
-inline ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+CGCPU_RUNTIME ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (id == nullptr) return ncclInvalidArgument;
   std::memset(id->internal, 0, sizeof id->internal);
   std::memcpy(id->internal, "cuda_cpu nccl", 13);
   return ncclSuccess;
 }
 
-inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+CGCPU_RUNTIME ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   (void)id;
   if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   *comm = new cgcpuNcclComm{rank, nranks};
   return ncclSuccess;
 }
 
-inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+CGCPU_RUNTIME ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   delete comm;
   return ncclSuccess;
 }
 
-inline ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+CGCPU_RUNTIME ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (comm == nullptr || count == nullptr) return ncclInvalidArgument;
   *count = comm->ranks;
   return ncclSuccess;
 }
 
-inline ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+CGCPU_RUNTIME ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (comm == nullptr || rank == nullptr) return ncclInvalidArgument;
   *rank = comm->rank;
   return ncclSuccess;
 }
 
-inline std::size_t cgcpu_nccl_bytes(ncclDataType_t type) {
+CGCPU_RUNTIME std::size_t cgcpu_nccl_bytes(ncclDataType_t type) {
   switch (type) {
     case ncclInt8: case ncclUint8: return 1;
     case ncclFloat16: case ncclBfloat16: return 2;
@@ -142,7 +143,7 @@ inline std::size_t cgcpu_nccl_bytes(ncclDataType_t type) {
 namespace cgcpu {
 namespace detail {
 
-inline ncclResult_t nccl_carry(void* data, std::size_t count, ncclDataType_t type, int op,
+CGCPU_RUNTIME ncclResult_t nccl_carry(void* data, std::size_t count, ncclDataType_t type, int op,
                                NcclCollective collective) {
   nccl_transport transport = nccl_transport_slot().load();
   if (transport == nullptr) return ncclInvalidUsage;
@@ -150,7 +151,7 @@ inline ncclResult_t nccl_carry(void* data, std::size_t count, ncclDataType_t typ
                                                                                             : ncclRemoteError;
 }
 
-inline ncclResult_t nccl_all_reduce_now(const void* send, void* receive, std::size_t count, ncclDataType_t type,
+CGCPU_RUNTIME ncclResult_t nccl_all_reduce_now(const void* send, void* receive, std::size_t count, ncclDataType_t type,
                                         ncclRedOp_t op, ncclComm_t comm) {
   const std::size_t bytes = count * cgcpu_nccl_bytes(type);
   shadow_range(send, bytes, kShadowRead);
@@ -165,7 +166,7 @@ inline ncclResult_t nccl_all_reduce_now(const void* send, void* receive, std::si
 // The reduce-scatter: NCCL reads the whole send buffer (recvcount elements a rank) and writes
 // this rank's shard into the receive buffer. In place (receive == send + rank * recvcount),
 // the transport reduces the shard where it is; with disjoint buffers, it reduces a copy.
-inline ncclResult_t nccl_reduce_scatter_now(const void* send, void* receive, std::size_t recvcount,
+CGCPU_RUNTIME ncclResult_t nccl_reduce_scatter_now(const void* send, void* receive, std::size_t recvcount,
                                             ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm) {
   const std::size_t bytes = recvcount * cgcpu_nccl_bytes(type);
   const char* const mine = static_cast<const char*>(send) + comm->rank * bytes;
@@ -186,7 +187,7 @@ inline ncclResult_t nccl_reduce_scatter_now(const void* send, void* receive, std
 // The all-gather: NCCL reads this rank's send buffer (sendcount elements) and writes every
 // rank's into the receive buffer, this one's at receive + rank * sendcount (in place: send is
 // that shard already).
-inline ncclResult_t nccl_all_gather_now(const void* send, void* receive, std::size_t sendcount,
+CGCPU_RUNTIME ncclResult_t nccl_all_gather_now(const void* send, void* receive, std::size_t sendcount,
                                         ncclDataType_t type, ncclComm_t comm) {
   const std::size_t bytes = sendcount * cgcpu_nccl_bytes(type);
   shadow_range(send, bytes, kShadowRead);
@@ -218,7 +219,7 @@ struct NcclWork : Work {
 };
 
 // What NCCL checks of every collective's arguments, then the call queued on its stream and run.
-inline ncclResult_t nccl_issue(const char* name, NcclCollective collective, const void* send, void* receive,
+CGCPU_RUNTIME ncclResult_t nccl_issue(const char* name, NcclCollective collective, const void* send, void* receive,
                                std::size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
   if (comm == nullptr || (count > 0 && (send == nullptr || receive == nullptr))) return ncclInvalidArgument;
@@ -244,7 +245,7 @@ inline ncclResult_t nccl_issue(const char* name, NcclCollective collective, cons
 // A reduce-scatter or all-gather whose two buffers overlap must be NCCL's in-place form, the
 // shard at rank * count of the whole buffer: any other overlap is one NCCL leaves undefined
 // (the other ranks' data would land on this rank's input). Reported, and refused.
-inline bool nccl_in_place_or_apart(const char* name, const void* whole, const void* shard, std::size_t shard_bytes,
+CGCPU_RUNTIME bool nccl_in_place_or_apart(const char* name, const void* whole, const void* shard, std::size_t shard_bytes,
                                    ncclComm_t comm, const char* form) {
   const std::uintptr_t w = reinterpret_cast<std::uintptr_t>(whole), s = reinterpret_cast<std::uintptr_t>(shard);
   const std::uintptr_t whole_bytes = shard_bytes * static_cast<std::uintptr_t>(comm->ranks);
@@ -261,7 +262,7 @@ inline bool nccl_in_place_or_apart(const char* name, const void* whole, const vo
 }  // namespace detail
 }  // namespace cgcpu
 
-inline ncclResult_t ncclAllReduce(const void* send, void* receive, std::size_t count,
+CGCPU_RUNTIME ncclResult_t ncclAllReduce(const void* send, void* receive, std::size_t count,
                                   ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream) {
   return cgcpu::detail::nccl_issue("ncclAllReduce", cgcpu::kNcclAllReduce, send, receive, count, type, op, comm,
@@ -269,7 +270,7 @@ inline ncclResult_t ncclAllReduce(const void* send, void* receive, std::size_t c
 }
 
 // sendbuff holds recvcount elements a rank; recvbuff gets this rank's recvcount, reduced.
-inline ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, std::size_t recvcount,
+CGCPU_RUNTIME ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, std::size_t recvcount,
                                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                       cudaStream_t stream) {
   if (comm != nullptr && sendbuff != nullptr && recvbuff != nullptr &&
@@ -282,7 +283,7 @@ inline ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, std:
 }
 
 // sendbuff holds this rank's sendcount elements; recvbuff gets every rank's, rank by rank.
-inline ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, std::size_t sendcount,
+CGCPU_RUNTIME ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, std::size_t sendcount,
                                   ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   if (comm != nullptr && sendbuff != nullptr && recvbuff != nullptr &&
       !cgcpu::detail::nccl_in_place_or_apart("ncclAllGather", recvbuff, sendbuff,

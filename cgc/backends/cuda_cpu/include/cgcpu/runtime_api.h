@@ -15,6 +15,7 @@
 #include <new>
 #include <set>
 
+#include "linkage.h"
 #include "scheduler.h"
 #include "shadow.h"
 #include "state.h"
@@ -38,7 +39,7 @@ inline Registry& registry() {
 }
 
 // Whether [p, p + bytes) lies inside one allocation.
-inline bool device_range(const void* p, std::size_t bytes) {
+CGCPU_RUNTIME bool device_range(const void* p, std::size_t bytes) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -49,7 +50,7 @@ inline bool device_range(const void* p, std::size_t bytes) {
 }
 
 // The allocation holding `at` (the shadow's reports).
-inline bool shadow_find_allocation(std::uintptr_t at, std::uintptr_t* base, std::size_t* size) {
+CGCPU_RUNTIME bool shadow_find_allocation(std::uintptr_t at, std::uintptr_t* base, std::size_t* size) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.allocations.upper_bound(at);
@@ -63,7 +64,7 @@ inline bool shadow_find_allocation(std::uintptr_t at, std::uintptr_t* base, std:
 
 // Whether [p, p + bytes) is page-locked host memory (cudaMallocHost): copies to and from it are
 // asynchronous; other host memory is pageable, and its copies synchronise as CUDA's do.
-inline bool pinned_range(const void* p, std::size_t bytes) {
+CGCPU_RUNTIME bool pinned_range(const void* p, std::size_t bytes) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -73,14 +74,14 @@ inline bool pinned_range(const void* p, std::size_t bytes) {
   return at - it->first <= it->second && bytes <= it->second - (at - it->first);
 }
 
-inline bool stream_valid(cudaStream_t stream) {
+CGCPU_RUNTIME bool stream_valid(cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return true;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.streams.count(stream) != 0;
 }
 
-inline bool event_valid(cudaEvent_t event) {
+CGCPU_RUNTIME bool event_valid(cudaEvent_t event) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return event != nullptr && r.events.count(event) != 0;
@@ -97,18 +98,18 @@ inline bool event_valid(cudaEvent_t event) {
 
 namespace cgcpu {
 namespace detail {
-inline void* allocate_device(std::size_t bytes) {
+CGCPU_RUNTIME void* allocate_device(std::size_t bytes) {
   if (shadow_enabled()) return shadow_allocate(bytes);
   return ::operator new(bytes, std::align_val_t(kAllocationAlignment), std::nothrow);
 }
-inline void free_device(void* pointer, std::size_t bytes) {
+CGCPU_RUNTIME void free_device(void* pointer, std::size_t bytes) {
   if (shadow_enabled())
     shadow_release(pointer, bytes);
   else
     ::operator delete(pointer, std::align_val_t(kAllocationAlignment));
 }
 // A stream's entry, once the stream is destroyed (its queue has run).
-inline void retire_stream(unsigned index) {
+CGCPU_RUNTIME void retire_stream(unsigned index) {
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mutex);
   if (index < d.streams.size()) d.streams[index].alive = false;
@@ -117,7 +118,7 @@ inline void retire_stream(unsigned index) {
 }  // namespace cgcpu
 
 // ---- errors -------------------------------------------------------------------------------
-inline const char* cudaGetErrorString(cudaError_t error) {
+CGCPU_RUNTIME const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
@@ -146,7 +147,7 @@ inline const char* cudaGetErrorString(cudaError_t error) {
   }
 }
 
-inline const char* cudaGetErrorName(cudaError_t error) {
+CGCPU_RUNTIME const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
@@ -175,33 +176,33 @@ inline const char* cudaGetErrorName(cudaError_t error) {
   }
 }
 
-inline cudaError_t cudaGetLastError() {
+CGCPU_RUNTIME cudaError_t cudaGetLastError() {
   const cudaError_t last = cgcpu::detail::tls_last_error;
   cgcpu::detail::tls_last_error = cudaSuccess;
   const cudaError_t sticky = cgcpu::detail::sticky();
   return sticky != cudaSuccess ? sticky : last;
 }
 
-inline cudaError_t cudaPeekAtLastError() {
+CGCPU_RUNTIME cudaError_t cudaPeekAtLastError() {
   const cudaError_t sticky = cgcpu::detail::sticky();
   return sticky != cudaSuccess ? sticky : cgcpu::detail::tls_last_error;
 }
 
 // ---- devices ------------------------------------------------------------------------------
-inline cudaError_t cudaGetDeviceCount(int* count) {
+CGCPU_RUNTIME cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *count = 1;
   return cudaSuccess;
 }
-inline cudaError_t cudaSetDevice(int device) {
+CGCPU_RUNTIME cudaError_t cudaSetDevice(int device) {
   return device == 0 ? cudaSuccess : cgcpu::detail::record(cudaErrorInvalidDevice);
 }
-inline cudaError_t cudaGetDevice(int* device) {
+CGCPU_RUNTIME cudaError_t cudaGetDevice(int* device) {
   if (device == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *device = 0;
   return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() {
+CGCPU_RUNTIME cudaError_t cudaDeviceSynchronize() {
   if (cgcpu::detail::capture_forbids() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
   cgcpu::detail::wait_device();
   CGCPU_STICKY_GUARD();
@@ -209,7 +210,7 @@ inline cudaError_t cudaDeviceSynchronize() {
 }
 // Ends the "context": frees every allocation, stream and event, forgets kernel attributes,
 // and clears a sticky error (as a GPU does after cudaDeviceReset).
-inline cudaError_t cudaDeviceReset() {
+CGCPU_RUNTIME cudaError_t cudaDeviceReset() {
   std::lock_guard<std::recursive_mutex> device(cgcpu::detail::device_mutex());
   cgcpu::detail::wait_device();
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
@@ -236,7 +237,7 @@ inline cudaError_t cudaDeviceReset() {
 
 // ---- memory -------------------------------------------------------------------------------
 
-inline cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
+CGCPU_RUNTIME cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   if (pointer == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *pointer = nullptr;
   CGCPU_STICKY_GUARD();
@@ -258,7 +259,7 @@ inline cudaError_t cudaMalloc(T** pointer, std::size_t bytes) {
 }
 
 // As on a GPU, freeing waits for the device: no queued op may still use the memory.
-inline cudaError_t cudaFree(void* pointer) {
+CGCPU_RUNTIME cudaError_t cudaFree(void* pointer) {
   if (cgcpu::detail::capture_forbids() != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
   cgcpu::detail::wait_device();
   CGCPU_STICKY_GUARD();
@@ -276,7 +277,7 @@ inline cudaError_t cudaFree(void* pointer) {
   return cudaSuccess;
 }
 
-inline cudaError_t cudaMallocHost(void** pointer, std::size_t bytes) {
+CGCPU_RUNTIME cudaError_t cudaMallocHost(void** pointer, std::size_t bytes) {
   if (pointer == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   *pointer = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(cgcpu::detail::kAllocationAlignment), std::nothrow);
   if (*pointer == nullptr) return cgcpu::detail::record(cudaErrorMemoryAllocation);
@@ -289,10 +290,10 @@ template <class T>
 inline cudaError_t cudaMallocHost(T** pointer, std::size_t bytes) {
   return cudaMallocHost(reinterpret_cast<void**>(pointer), bytes);
 }
-inline cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int) {
+CGCPU_RUNTIME cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int) {
   return cudaMallocHost(pointer, bytes);
 }
-inline cudaError_t cudaFreeHost(void* pointer) {
+CGCPU_RUNTIME cudaError_t cudaFreeHost(void* pointer) {
   cgcpu::detail::wait_device();
   {
     cgcpu::detail::Registry& r = cgcpu::detail::registry();
@@ -340,7 +341,7 @@ inline bool is_device(const void* p, std::size_t bytes) { return device_range(p,
 // source staged before the call returns (the copy into device memory may finish later); to
 // pageable host memory, the call returns once the copy is done; with page-locked host memory
 // (cudaMallocHost) both directions are asynchronous; host to host is synchronous.
-inline cudaError_t copy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
+CGCPU_RUNTIME cudaError_t copy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
                         cudaStream_t stream, const char* name) {
   CGCPU_STICKY_GUARD();
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return record(cudaErrorInvalidMemcpyDirection);
@@ -387,7 +388,7 @@ inline cudaError_t copy(void* destination, const void* source, std::size_t bytes
   return sticky() != cudaSuccess ? record(sticky()) : cudaSuccess;
 }
 
-inline cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_t stream, const char* name) {
+CGCPU_RUNTIME cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_t stream, const char* name) {
   CGCPU_STICKY_GUARD();
   if (bytes == 0) return cudaSuccess;
   if (!device_range(pointer, bytes)) return record(cudaErrorInvalidValue);
@@ -406,26 +407,26 @@ inline cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_
 }  // namespace cgcpu
 
 // cudaMemcpy is the legacy stream's copy, with cudaMemcpyAsync's rules for pageable memory.
-inline cudaError_t cudaMemcpy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind) {
+CGCPU_RUNTIME cudaError_t cudaMemcpy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind) {
   return cgcpu::detail::copy(destination, source, bytes, kind, nullptr, "cudaMemcpy");
 }
-inline cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
+CGCPU_RUNTIME cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
                                    cudaStream_t stream = nullptr) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   return cgcpu::detail::copy(destination, source, bytes, kind, stream, "cudaMemcpyAsync");
 }
 
 // cudaMemset is asynchronous with respect to the host for device memory, on the legacy stream.
-inline cudaError_t cudaMemset(void* pointer, int value, std::size_t bytes) {
+CGCPU_RUNTIME cudaError_t cudaMemset(void* pointer, int value, std::size_t bytes) {
   return cgcpu::detail::fill(pointer, value, bytes, nullptr, "cudaMemset");
 }
-inline cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t stream = nullptr) {
+CGCPU_RUNTIME cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t stream = nullptr) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   return cgcpu::detail::fill(pointer, value, bytes, stream, "cudaMemsetAsync");
 }
 
 // ---- streams and events (stream.h) ---------------------------------------------------------
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+CGCPU_RUNTIME cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (stream == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   CGCPU_STICKY_GUARD();
   const unsigned index = cgcpu::detail::add_stream((flags & cudaStreamNonBlocking) == 0);
@@ -438,7 +439,7 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int 
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 // The stream's work is run first (CUDA lets it finish after the call returns).
-inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+CGCPU_RUNTIME cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr || cgcpu::detail::is_legacy(stream) || !cgcpu::detail::stream_valid(stream))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   cgcpu::detail::run_pending();
@@ -451,7 +452,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+CGCPU_RUNTIME cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!cgcpu::detail::stream_valid(stream)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   if (cgcpu::detail::any_capture()) {  // the legacy stream, or a stream that captures: refused
     if (cgcpu::detail::is_legacy(stream)) return cgcpu::detail::capture_forbids(cudaErrorStreamCaptureImplicit);
@@ -468,7 +469,7 @@ inline cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynch
 
 // `stream`'s later work waits for the work before the event's last record (in host order; an
 // event never recorded: nothing).
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0) {
+CGCPU_RUNTIME cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0) {
   if (!cgcpu::detail::event_valid(event) || !cgcpu::detail::stream_valid(stream))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   if (flags != 0) return cgcpu::detail::record(cudaErrorInvalidValue);
@@ -482,7 +483,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
   return cudaSuccess;
 }
 
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+CGCPU_RUNTIME cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   if (event == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   CUevent_st* e = new CUevent_st{std::chrono::steady_clock::now(), false, false, 0, 0, {}};
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
@@ -492,7 +493,7 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   return cudaSuccess;
 }
 inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
-inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
+CGCPU_RUNTIME cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
   if (!cgcpu::detail::event_valid(event) || !cgcpu::detail::stream_valid(stream))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   CGCPU_STICKY_GUARD();
@@ -504,7 +505,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (cgcpu::detail::is_legacy(stream)) cgcpu::detail::run_pending();
   return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+CGCPU_RUNTIME cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!cgcpu::detail::event_valid(event)) return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
   if (cgcpu::detail::captured_event(event)) return cgcpu::detail::record(cudaErrorStreamCaptureUnsupported);
   cgcpu::detail::run_pending();
@@ -519,7 +520,7 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return cudaSuccess;
 }
 inline cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
-inline cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, cudaEvent_t end) {
+CGCPU_RUNTIME cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, cudaEvent_t end) {
   if (milliseconds == nullptr) return cgcpu::detail::record(cudaErrorInvalidValue);
   if (!cgcpu::detail::event_valid(start) || !cgcpu::detail::event_valid(end))
     return cgcpu::detail::record(cudaErrorInvalidResourceHandle);
@@ -530,7 +531,7 @@ inline cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, 
   *milliseconds = std::chrono::duration<float, std::milli>(end->time - start->time).count();
   return cudaSuccess;
 }
-inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+CGCPU_RUNTIME cudaError_t cudaEventDestroy(cudaEvent_t event) {
   cgcpu::detail::run_pending();  // a queued record still refers to it
   cgcpu::detail::Registry& r = cgcpu::detail::registry();
   {
@@ -542,7 +543,7 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 // ---- kernel attributes ----------------------------------------------------------------------
-inline cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value) {
+CGCPU_RUNTIME cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   CGCPU_STICKY_GUARD();
   if (kernel == nullptr) return cgcpu::detail::record(cudaErrorInvalidDeviceFunction);
   switch (attribute) {
@@ -596,7 +597,7 @@ enum cudaStreamCaptureMode {
 };
 
 // Every mode is held to the global mode's rules (the strictest; the one the emitted programs use).
-inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+CGCPU_RUNTIME cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   using namespace cgcpu::detail;
   if (!stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
   CGCPU_STICKY_GUARD();
@@ -615,7 +616,7 @@ inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCapture
   return cudaSuccess;
 }
 
-inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+CGCPU_RUNTIME cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   using namespace cgcpu::detail;
   if (status == nullptr) return record(cudaErrorInvalidValue);
   if (!stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
@@ -628,7 +629,7 @@ inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureS
 
 // Ends the capture `stream` began: its graph, unless a refused call invalidated it or a stream it
 // forked has work the origin never waited for.
-inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+CGCPU_RUNTIME cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   using namespace cgcpu::detail;
   if (graph == nullptr) return record(cudaErrorInvalidValue);
   *graph = nullptr;
@@ -659,7 +660,7 @@ inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)
   return cudaSuccess;
 }
 
-inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0) {
+CGCPU_RUNTIME cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0) {
   if (exec == nullptr || graph == nullptr || flags != 0) return cgcpu::detail::record(cudaErrorInvalidValue);
   *exec = new CUgraphExec_st{graph->calls, graph->origin};
   return cudaSuccess;
@@ -667,7 +668,7 @@ inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph
 
 // The graph's calls again, in capture order, on the streams they were captured on; ordered after
 // `stream`'s earlier work, and `stream`'s later work after them (through the capture's origin).
-inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+CGCPU_RUNTIME cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   using namespace cgcpu::detail;
   if (exec == nullptr) return record(cudaErrorInvalidValue);
   if (!stream_valid(stream) || !stream_valid(exec->origin)) return record(cudaErrorInvalidResourceHandle);
@@ -694,11 +695,11 @@ inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+CGCPU_RUNTIME cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   delete exec;
   return cudaSuccess;
 }
-inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+CGCPU_RUNTIME cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   delete graph;
   return cudaSuccess;
 }

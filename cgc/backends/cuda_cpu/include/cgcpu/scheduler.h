@@ -22,6 +22,7 @@
 #include <pthread.h>
 
 #include "fiber.h"
+#include "linkage.h"
 #include "state.h"
 #include "stream.h"
 #include "vector_types.h"
@@ -242,12 +243,12 @@ CGCPU_SHADOW_SKIP inline Worker& this_worker() {
 // own SIGSEGV handler (ASan has one, and reports the overflow itself), a handler on an
 // alternate signal stack names the kernel and CG_CPU_STACK_KIB, then lets the signal kill the
 // process as before.
-inline void append_text(char* buffer, std::size_t size, std::size_t& used, const char* text) {
+CGCPU_RUNTIME void append_text(char* buffer, std::size_t size, std::size_t& used, const char* text) {
   while (*text != '\0' && used + 1 < size) buffer[used++] = *text++;
   buffer[used] = '\0';
 }
 
-inline void overflow_handler(int signal_number, siginfo_t* info, void*) {
+CGCPU_RUNTIME void overflow_handler(int signal_number, siginfo_t* info, void*) {
   Worker* w = tls_worker;
   if (w != nullptr && info != nullptr && w->stacks.in_guard(info->si_addr)) {
     char digits[24];
@@ -303,8 +304,8 @@ inline void prepare_overflow_report() {
 }
 
 // ---- messages ------------------------------------------------------------------------------
-inline std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-inline std::string strformat(const char* fmt, ...) {
+CGCPU_RUNTIME std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+CGCPU_RUNTIME std::string strformat(const char* fmt, ...) {
   char buffer[1024];
   va_list args;
   va_start(args, fmt);
@@ -313,7 +314,7 @@ inline std::string strformat(const char* fmt, ...) {
   return buffer;
 }
 
-inline std::string thread_text(const Worker& w, unsigned linear) {
+CGCPU_RUNTIME std::string thread_text(const Worker& w, unsigned linear) {
   const dim3 b = w.launch->block;
   const unsigned x = linear % b.x, y = linear / b.x % b.y, z = linear / (b.x * b.y);
   if (b.y == 1 && b.z == 1) return strformat("%u", x);
@@ -321,7 +322,7 @@ inline std::string thread_text(const Worker& w, unsigned linear) {
 }
 
 // "threads 0-31, 64" from a sorted list of linear indices.
-inline std::string thread_list(const Worker& w, const std::vector<unsigned>& linear) {
+CGCPU_RUNTIME std::string thread_list(const Worker& w, const std::vector<unsigned>& linear) {
   std::string text = linear.size() == 1 ? "thread " : "threads ";
   for (std::size_t i = 0; i < linear.size();) {
     std::size_t j = i;
@@ -334,7 +335,7 @@ inline std::string thread_list(const Worker& w, const std::vector<unsigned>& lin
   return text;
 }
 
-inline std::string block_text(const Worker& w) {
+CGCPU_RUNTIME std::string block_text(const Worker& w) {
   const LaunchInfo& l = *w.launch;
   return strformat("kernel %s, block (%u,%u,%u) of grid (%u,%u,%u), blockDim (%u,%u,%u)", l.name,
                 tls_block_idx.x, tls_block_idx.y, tls_block_idx.z, l.grid.x, l.grid.y, l.grid.z,
@@ -589,7 +590,7 @@ CGCPU_SHADOW_SKIP inline void require_whole_warp(Worker& w, const WarpState& war
   context_leave(self->context, w.scheduler, w.scheduler_stack, w.scheduler_stack_size);
 }
 
-CGCPU_NO_TSAN inline void fiber_main(void* argument) {
+CGCPU_NO_TSAN CGCPU_RUNTIME void fiber_main(void* argument) {
   fiber_started();
   Worker& w = *static_cast<Worker*>(argument);
   tsan_acquire(&w.tsan_block_start);  // block start: what the host did before the launch
@@ -602,7 +603,7 @@ CGCPU_NO_TSAN inline void fiber_main(void* argument) {
   fiber_finish(w);
 }
 
-inline std::string deadlock_text(Worker& w) {
+CGCPU_RUNTIME std::string deadlock_text(Worker& w) {
   struct Group {
     std::string what;
     std::vector<unsigned> threads;
@@ -659,7 +660,7 @@ inline std::string deadlock_text(Worker& w) {
 // Ends an abandoned TSan fiber's `ignores` (TSan dies when a fiber ends ignoring), destroys it
 // and creates a fresh one in its place; `self` is the calling OS thread's own context.
 // What it did before it was abandoned is released to `end` (the block end), as at its exit.
-CGCPU_NO_TSAN inline void tsan_replace_fiber(void*& fiber, int ignores, void* self, void* end) {
+CGCPU_NO_TSAN CGCPU_RUNTIME void tsan_replace_fiber(void*& fiber, int ignores, void* self, void* end) {
   __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
   __tsan_release(end);
   for (int i = 0; i < ignores; ++i) __tsan_ignore_thread_end();
@@ -670,7 +671,7 @@ CGCPU_NO_TSAN inline void tsan_replace_fiber(void*& fiber, int ignores, void* se
 #endif
 
 // Runs block `linear_block` of `launch` on this OS thread, to completion (or a fault).
-CGCPU_SHADOW_SKIP inline void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
+CGCPU_SHADOW_SKIP CGCPU_RUNTIME void run_block(const LaunchInfo& launch, std::uint64_t linear_block) {
   TsanIgnore ignore;
   Worker& w = this_worker();
   tls_worker = &w;
@@ -787,13 +788,13 @@ inline std::unordered_map<const void*, std::size_t>& shared_limits() {
   static std::unordered_map<const void*, std::size_t> limits;
   return limits;
 }
-inline std::size_t shared_limit(const void* kernel) {
+CGCPU_RUNTIME std::size_t shared_limit(const void* kernel) {
   std::lock_guard<std::mutex> lock(attribute_mutex());
   auto found = shared_limits().find(kernel);
   return found == shared_limits().end() ? kDefaultSharedLimit : found->second;
 }
 
-inline bool stream_valid(cudaStream_t stream);  // runtime_api.h
+CGCPU_RUNTIME bool stream_valid(cudaStream_t stream);  // runtime_api.h
 
 // A launch as an op of its stream (stream.h): its blocks are its items. The fault reported is
 // the lowest-numbered block's that faulted: a launch's blocks are handed out in order and a
@@ -851,7 +852,7 @@ inline std::atomic<std::uint64_t>& launch_serial() {
 // Checks a launch as the CUDA runtime does, then issues it on `stream`. Returns the launch's own
 // error (the configuration); a fault while running sets the sticky cudaErrorLaunchFailure (and,
 // on the legacy stream, where the launch has run when this returns, is returned too).
-inline cudaError_t launch(std::unique_ptr<KernelWork> work, const void* kernel, cudaStream_t stream) {
+CGCPU_RUNTIME cudaError_t launch(std::unique_ptr<KernelWork> work, const void* kernel, cudaStream_t stream) {
   LaunchInfo& info = work->info;
   if (tls_worker != nullptr) {
     std::fprintf(stderr, "cuda_cpu: kernel %s launched from device code (not supported)\n", info.name);

@@ -38,6 +38,8 @@
 // reported, since the emitted kernels' ticket counters rely on one launch at a time).
 #pragma once
 
+#include "linkage.h"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -171,7 +173,7 @@ inline CGCPU_HIDDEN ShadowCell* g_shadow_cells = nullptr;
 inline CGCPU_HIDDEN ShadowState* g_shadow = nullptr;  // set with the region, before any op runs
 inline thread_local const ShadowOp* tls_shadow_op = nullptr;
 
-CGCPU_SHADOW_RT inline bool shadow_find_allocation(std::uintptr_t at, std::uintptr_t* base, std::size_t* size);  // runtime_api.h
+CGCPU_SHADOW_RT CGCPU_RUNTIME bool shadow_find_allocation(std::uintptr_t at, std::uintptr_t* base, std::size_t* size);  // runtime_api.h
 
 CGCPU_SHADOW_RT inline int shadow_module_segment(struct dl_phdr_info* info, std::size_t, void* data) {
   ShadowState& s = *static_cast<ShadowState*>(data);

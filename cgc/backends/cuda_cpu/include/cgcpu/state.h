@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "linkage.h"
 #include "types.h"
 
 namespace cgcpu {
@@ -57,7 +58,7 @@ struct Config {
 };
 
 namespace detail {
-inline long env_long(const char* name, long fallback) {
+CGCPU_RUNTIME long env_long(const char* name, long fallback) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
@@ -121,7 +122,7 @@ inline void set_schedule_seed(std::uint64_t seed) { config().seed.store(seed); }
 
 // Emulator extension: every later launch runs only these linear block indices (negative: from
 // the end of the grid; indices outside the grid are skipped); count 0 runs every block again.
-inline void set_block_sample(const long long* blocks, std::size_t count) {
+CGCPU_RUNTIME void set_block_sample(const long long* blocks, std::size_t count) {
   Config& c = config();
   std::lock_guard<std::mutex> lock(c.blocks_mutex);
   c.blocks.assign(blocks, blocks + count);
@@ -136,12 +137,12 @@ inline bool barrier_disabled(long site) {
 
 // Emulator extension, the concurrency campaign's hook: the n-th cudaStreamWaitEvent of the
 // process (from 0) waits for nothing; -1: none.
-inline void set_skipped_wait(long n) {
+CGCPU_RUNTIME void set_skipped_wait(long n) {
   config().skipped_wait.store(n);
   config().waits.store(0);
 }
 namespace detail {
-inline bool skip_this_wait() {
+CGCPU_RUNTIME bool skip_this_wait() {
   const long n = config().waits.fetch_add(1);
   return n == config().skipped_wait.load(std::memory_order_relaxed);
 }

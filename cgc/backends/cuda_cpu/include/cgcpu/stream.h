@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "fiber.h"
+#include "linkage.h"
 #include "shadow.h"
 #include "state.h"
 #include "types.h"
@@ -52,7 +53,7 @@ namespace detail {
 
 typedef std::vector<std::uint64_t> Clock;
 
-inline void clock_join(Clock& into, const Clock& from) {
+CGCPU_RUNTIME void clock_join(Clock& into, const Clock& from) {
   if (into.size() < from.size()) into.resize(from.size(), 0);
   for (std::size_t i = 0; i < from.size(); ++i)
     if (from[i] > into[i]) into[i] = from[i];
@@ -135,16 +136,16 @@ inline thread_local bool tls_runs_queue = false;
 
 // capture.h: an op issued on a capturing stream that no capture hook kept is refused there;
 // CG_LAUNCHED after a captured call names the call.
-inline bool capture_refuses(cudaStream_t stream);
-inline bool capture_site(const char* site);
+CGCPU_RUNTIME bool capture_refuses(cudaStream_t stream);
+CGCPU_RUNTIME bool capture_site(const char* site);
 
-inline bool is_legacy(cudaStream_t stream) {
+CGCPU_RUNTIME bool is_legacy(cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
 }
 inline unsigned stream_index(cudaStream_t stream) { return is_legacy(stream) ? 0 : stream->index; }
 
 // A new stream's entry (d.mutex not held).
-inline unsigned add_stream(bool blocking) {
+CGCPU_RUNTIME unsigned add_stream(bool blocking) {
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mutex);
   d.streams.emplace_back();
@@ -155,7 +156,7 @@ inline unsigned add_stream(bool blocking) {
 }
 
 // Issues an op on `stream`; `wait_on` makes it an event wait, `record` an event record.
-inline std::shared_ptr<Op> enqueue(cudaStream_t stream, const char* name, std::unique_ptr<Work> work,
+CGCPU_RUNTIME std::shared_ptr<Op> enqueue(cudaStream_t stream, const char* name, std::unique_ptr<Work> work,
                                    const CUevent_st* wait_on = nullptr, CUevent_st* record = nullptr) {
   if (capture_refuses(stream)) {  // never queued: the capture is invalidated, the call's error left
     std::shared_ptr<Op> refused = std::make_shared<Op>();
@@ -216,14 +217,14 @@ struct ShadowScope {  // the op this OS thread is running, for the shadow
   ~ShadowScope() { tls_shadow_op = nullptr; }
 };
 
-inline bool op_ready(const Device& d, const Op& op) {
+CGCPU_RUNTIME bool op_ready(const Device& d, const Op& op) {
   if (op.state != Op::Queued) return false;
   for (const auto& prerequisite : op.after)
     if (d.streams[prerequisite.first].retired < prerequisite.second) return false;
   return true;
 }
 
-CGCPU_SHADOW_SKIP inline void retire(Device& d, Op& op) {  // d.mutex held
+CGCPU_SHADOW_SKIP CGCPU_RUNTIME void retire(Device& d, Op& op) {  // d.mutex held
   op.work->finish(op);
   op.state = Op::Done;
   if (op.records != nullptr) {
@@ -239,7 +240,7 @@ CGCPU_SHADOW_SKIP inline void retire(Device& d, Op& op) {  // d.mutex held
 
 // The next item to run: an op among the active ones that has items left, round robin or drawn
 // from the interleaving seed.
-CGCPU_SHADOW_SKIP inline Op* pick(Device& d) {
+CGCPU_SHADOW_SKIP CGCPU_RUNTIME Op* pick(Device& d) {
   Op* candidates[64];
   std::size_t count = 0;
   for (Op* op : d.active)
@@ -255,7 +256,7 @@ CGCPU_SHADOW_SKIP inline Op* pick(Device& d) {
 }
 
 // One worker's part in running the queue: start what may start, run items, until every op has run.
-CGCPU_SHADOW_SKIP inline void participate(void*, std::uint64_t) {
+CGCPU_SHADOW_SKIP CGCPU_RUNTIME void participate(void*, std::uint64_t) {
   Device& d = device();
   std::unique_lock<std::mutex> lock(d.mutex);
   for (;;) {
@@ -314,7 +315,7 @@ CGCPU_SHADOW_SKIP inline void participate(void*, std::uint64_t) {
 
 // Runs every queued op, on this thread and the pool's helpers. `publish`: print the shadow's
 // reports at the end (a launch on the legacy stream leaves them for CG_LAUNCHED to name it).
-inline void run_pending(bool publish = true) {
+CGCPU_RUNTIME void run_pending(bool publish = true) {
   if (tls_worker_active()) return;  // device code does not wait for the device
   std::lock_guard<std::recursive_mutex> serial(device_mutex());
   shadow_publish();
@@ -338,7 +339,7 @@ inline void run_pending(bool publish = true) {
 
 // The host has waited for `clock`: later ops are ordered after it, and ops it covers no
 // longer need the shadow's bookkeeping.
-inline void host_waited(const Clock& clock) {
+CGCPU_RUNTIME void host_waited(const Clock& clock) {
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mutex);
   clock_join(d.host, clock);
@@ -352,7 +353,7 @@ inline void host_waited(const Clock& clock) {
   shadow_set_base(base);
 }
 
-inline void wait_stream(cudaStream_t stream) {
+CGCPU_RUNTIME void wait_stream(cudaStream_t stream) {
   run_pending();
   Clock clock;
   {
@@ -363,7 +364,7 @@ inline void wait_stream(cudaStream_t stream) {
   host_waited(clock);
 }
 
-inline void wait_device() {
+CGCPU_RUNTIME void wait_device() {
   run_pending();
   Clock clock;
   {
@@ -375,7 +376,7 @@ inline void wait_device() {
 }
 
 // CG_LAUNCHED(where): names the op this thread issued last (its site, in faults and reports).
-inline const char* intern_site(const char* where) {
+CGCPU_RUNTIME const char* intern_site(const char* where) {
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mutex);
   return d.sites.insert(where).first->c_str();
@@ -383,7 +384,7 @@ inline const char* intern_site(const char* where) {
 
 }  // namespace detail
 
-inline void launch_site(const char* where) {
+CGCPU_RUNTIME void launch_site(const char* where) {
   if (where != nullptr && detail::capture_site(where)) return;
   std::shared_ptr<detail::Op> op = detail::tls_last_op;
   if (op != nullptr && where != nullptr) {
@@ -398,7 +399,7 @@ inline void launch_site(const char* where) {
 
 // Emulator extension: the order in which the items of ops runnable at the same time are handed
 // out (0: round robin; else pseudo-random from the seed). Also CG_CPU_INTERLEAVE_SEED.
-inline void set_interleave_seed(std::uint64_t seed) {
+CGCPU_RUNTIME void set_interleave_seed(std::uint64_t seed) {
   config().interleave_seed.store(seed);
   detail::Device& d = detail::device();
   std::lock_guard<std::mutex> lock(d.mutex);
