@@ -21,6 +21,7 @@ import ctypes
 import io
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -274,6 +275,35 @@ def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
     assert HEADERS.is_dir() and COMPILER and "-shared" in FLAGS
 
 
+
+
+def test_one_builder_at_a_time_makes_a_file_of_the_cache(tmp_path, monkeypatch):
+    """Threads (or processes: the lock is a file's) that want the same new file of the cache at
+    once: one compiles it, the others wait and load it; a file of another name is built beside
+    them, not after them."""
+    import threading
+    from cgc.backends.cuda import emulated
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiles, running, overlapped = [], [], []
+
+    def compile_to(built, scratch):
+        running.append(built)
+        overlapped.append(len(running))
+        time.sleep(0.3)
+        Path(built).write_bytes(b"built")
+        compiles.append(built)
+        running.remove(built)
+        return subprocess.CompletedProcess([], 0, "", "")
+
+    found = []
+    threads = [threading.Thread(target=lambda name=name: found.append(
+        emulated._cached(name, compile_to))) for name in ["a.o"] * 4 + ["b.o"]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(compiles) == 2 and max(overlapped) == 2  # a.o once, b.o beside it
+    assert sorted(path.name for path in set(found)) == ["a.o", "b.o"] and len(found) == 5
 
 # A program of the runtime's functions: allocation, copies, a stream, a kernel launch.
 _RUNTIME_PROBE = """#include <cuda_runtime.h>

@@ -18,6 +18,7 @@ any element two unordered launches touch where one writes: `Conflict` values, an
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -176,33 +178,57 @@ def _key(source: str, flags, extra, link) -> str:
 
 def _cached(name: str, compile_to) -> Path:
     """The cache folder's file `name`, made by compile_to(path, scratch folder) if the cache
-    does not hold it whole: built under a temporary name, then renamed into place."""
+    does not hold it whole: built under a temporary name, then renamed into place, by one
+    builder at a time (another process or thread that wants it waits, then finds it built)."""
     base = cache_dir()
     folder = (base / "emulated") if base is not None else Path(tempfile.gettempdir()) / "cgc-emulated"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
     if _intact(target):
         return target
-    # Built under a temporary name in the cache folder itself, so that the rename that
-    # installs it never crosses file systems (TMPDIR on another one: EXDEV).
-    # (A name only: the compiler makes the file, with an executable's mode.)
-    built = str(folder / f".{target.name}.{os.getpid()}-{secrets.token_hex(6)}.cgc-tmp")
-    try:
-        with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
-            result = compile_to(built, Path(scratch))
-        if result.returncode != 0:
-            raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
-                              + result.stderr[-20000:])
-        record = _record(built)
-        os.replace(built, target)  # atomic: a half-written library is never found
-    finally:
-        if os.path.exists(built):
-            os.unlink(built)
-    # The record second: a reader that finds the file without it (or with another build's)
-    # builds again rather than trust it.
-    from ...outputs import write_file
-    write_file(_record_path(target), record)
+    with _one_builder(folder / f".{name}.lock"):
+        if _intact(target):  # built while this one waited
+            return target
+        # Built under a temporary name in the cache folder itself, so that the rename that
+        # installs it never crosses file systems (TMPDIR on another one: EXDEV).
+        # (A name only: the compiler makes the file, with an executable's mode.)
+        built = str(folder / f".{target.name}.{os.getpid()}-{secrets.token_hex(6)}.cgc-tmp")
+        try:
+            with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
+                result = compile_to(built, Path(scratch))
+            if result.returncode != 0:
+                raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
+                                  + result.stderr[-20000:])
+            record = _record(built)
+            os.replace(built, target)  # atomic: a half-written library is never found
+        finally:
+            if os.path.exists(built):
+                os.unlink(built)
+        # The record second: a reader that finds the file without it (or with another build's)
+        # builds again rather than trust it.
+        from ...outputs import write_file
+        write_file(_record_path(target), record)
     return target
+
+
+@contextmanager
+def _one_builder(lock: Path):
+    """Held while one file of the cache is built: an exclusive flock on `lock` (created empty;
+    never followed if it is a link). Where the file system refuses the lock, the build goes on
+    without it: two builders then make the same file twice, and the rename keeps one."""
+    try:
+        handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(handle)  # and with it the lock
 
 
 _RECORD_BYTES = 128  # "SIZE SHA256\n": a record longer than this is not one
