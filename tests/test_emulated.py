@@ -18,7 +18,9 @@ Tolerances, and why:
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import io
+import os
 import re
 import subprocess
 import time
@@ -280,30 +282,43 @@ def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
 def test_one_builder_at_a_time_makes_a_file_of_the_cache(tmp_path, monkeypatch):
     """Threads (or processes: the lock is a file's) that want the same new file of the cache at
     once: one compiles it, the others wait and load it; a file of another name is built beside
-    them, not after them."""
+    them, not after them; a builder that holds the lock too long is not waited for forever."""
     import threading
     from cgc.backends.cuda import emulated
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    compiles, running, overlapped = [], [], []
+    compiles, b_started, started = [], threading.Event(), threading.Barrier(5)
 
     def compile_to(built, scratch):
-        running.append(built)
-        overlapped.append(len(running))
-        time.sleep(0.3)
+        if "/.b.o." in built:
+            b_started.set()
+        else:  # a.o's build lasts until b.o's has begun
+            assert b_started.wait(timeout=60)
+            time.sleep(0.2)
         Path(built).write_bytes(b"built")
         compiles.append(built)
-        running.remove(built)
         return subprocess.CompletedProcess([], 0, "", "")
 
+    def want(name):
+        started.wait()
+        found.append(emulated._cached(name, compile_to))
+
     found = []
-    threads = [threading.Thread(target=lambda name=name: found.append(
-        emulated._cached(name, compile_to))) for name in ["a.o"] * 4 + ["b.o"]]
+    threads = [threading.Thread(target=want, args=(name,)) for name in ["a.o"] * 4 + ["b.o"]]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(compiles) == 2 and max(overlapped) == 2  # a.o once, b.o beside it
+    assert len(compiles) == 2  # a.o once, b.o beside it (a.o's build waited for b.o's)
     assert sorted(path.name for path in set(found)) == ["a.o", "b.o"] and len(found) == 5
+    # a lock held by a stuck builder: the wait gives up after its patience, and builds
+    lock = tmp_path / "held.lock"
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    began = time.monotonic()
+    with emulated._one_builder(lock, patience=0.5):
+        waited = time.monotonic() - began
+    os.close(holder)
+    assert 0.5 <= waited < 5
 
 # A program of the runtime's functions: allocation, copies, a stream, a kernel launch.
 _RUNTIME_PROBE = """#include <cuda_runtime.h>
@@ -368,9 +383,11 @@ def test_the_runtime_is_linked_not_compiled_into_each_program(tmp_path):
     # so their statics are STB_GNU_UNIQUE ("u"), never the copy's own.
     listing = subprocess.run(["nm", "-C", str(library)], capture_output=True, text=True,
                              check=True).stdout
-    letters = {line[19:]: line[17:18] for line in listing.splitlines()}
-    for holder in ("cgcpu::config()", "cgcpu::detail::pool()", "cgcpu::detail::device()"):
-        assert letters.get(f"{holder}::instance") == "u", holder
+    statics = {line[19:]: line[17:18] for line in listing.splitlines()
+               if re.match(r"(guard variable for )?cgcpu::.*\)::\w+$", line[19:])
+               and line[17:18] not in "TtWwU"}  # data, not a lambda's code
+    assert "cgcpu::detail::pool()::instance" in statics and len(statics) >= 20
+    assert all(letter == "u" for letter in statics.values()), statics
 
 def test_the_sorted_scatter_is_right_for_a_block_narrower_than_its_window(tmp_path):
     """cgImageScatterSorted looks a run's rows up 32 at a time; a block of 16 threads (an

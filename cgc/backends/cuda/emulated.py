@@ -137,10 +137,10 @@ def build(source: str, output_name: str, flags=FLAGS, extra: tuple = (),
     (runtime_object). With `link`, the source is compiled to an object file with `flags`,
     then linked with `link` alone (the shadow build: instrumented, but not linked with the
     sanitizer's runtime)."""
-    runtime = runtime_object(flags, extra)
     shared = "-shared" in flags or (link is not None and "-shared" in link)
 
     def compile_to(built: str, scratch: Path) -> subprocess.CompletedProcess:
+        runtime = runtime_object(flags, extra)
         path = scratch / f"{output_name}.cpp"
         path.write_text(source, encoding="utf-8")
         compiled = str(scratch / f"{output_name}.o") if link is not None else built
@@ -211,21 +211,35 @@ def _cached(name: str, compile_to) -> Path:
     return target
 
 
+# How long a builder waits for another that builds the same file before it builds its own
+# copy: the other may be stopped (Ctrl-Z) or stuck. The largest builds take about a minute.
+LOCK_PATIENCE_SECONDS = 600.0
+
+
 @contextmanager
-def _one_builder(lock: Path):
+def _one_builder(lock: Path, patience: float = LOCK_PATIENCE_SECONDS):
     """Held while one file of the cache is built: an exclusive flock on `lock` (created empty;
-    never followed if it is a link). Where the file system refuses the lock, the build goes on
-    without it: two builders then make the same file twice, and the rename keeps one."""
+    never followed if it is a link), waited for `patience` seconds at most. Where the file
+    system refuses the lock, or the wait runs out, the build goes on without it: two builders
+    then make the same file twice, and the rename keeps one."""
     try:
         handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError:
         yield
         return
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:
-            pass
+        deadline, pause = time.monotonic() + patience, 0.01
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another builder holds it
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+            except OSError:  # no locks on this file system
+                break
         yield
     finally:
         os.close(handle)  # and with it the lock

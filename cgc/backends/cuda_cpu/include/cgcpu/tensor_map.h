@@ -98,12 +98,12 @@ struct TensorMapFields {
   cuuint32_t box[5];
 };
 
-CGCPU_RUNTIME unsigned tensor_element_bytes(CUtensorMapDataType type) {
+inline unsigned tensor_element_bytes(CUtensorMapDataType type) {
   static const unsigned bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
   return static_cast<unsigned>(type) < 13 ? bytes[type] : 0;
 }
 
-CGCPU_RUNTIME void pack_tensor_map(CUtensorMap* map, const TensorMapFields& f) {
+inline void pack_tensor_map(CUtensorMap* map, const TensorMapFields& f) {
   for (cuuint64_t& word : map->opaque) word = 0;
   map->opaque[0] = kTensorMapMagic;
   map->opaque[1] = reinterpret_cast<std::uintptr_t>(f.address);
@@ -114,7 +114,7 @@ CGCPU_RUNTIME void pack_tensor_map(CUtensorMap* map, const TensorMapFields& f) {
   }
 }
 
-CGCPU_RUNTIME bool unpack_tensor_map(const CUtensorMap* map, TensorMapFields& f) {
+inline bool unpack_tensor_map(const CUtensorMap* map, TensorMapFields& f) {
   if (map->opaque[0] != kTensorMapMagic) return false;
   f.address = reinterpret_cast<const unsigned char*>(static_cast<std::uintptr_t>(map->opaque[1]));
   const cuuint64_t word = map->opaque[2];
