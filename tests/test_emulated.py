@@ -300,7 +300,7 @@ def test_one_builder_at_a_time_makes_a_file_of_the_cache(tmp_path, monkeypatch):
 
     def want(name):
         started.wait()
-        found.append(emulated._cached(name, compile_to))
+        found.append(emulated._cached(name, compile_to, "a test file"))
 
     found = []
     threads = [threading.Thread(target=want, args=(name,)) for name in ["a.o"] * 4 + ["b.o"]]

@@ -154,7 +154,7 @@ def build(source: str, output_name: str, flags=FLAGS, extra: tuple = (),
         return result
 
     return _cached(f"{output_name}-{_key(source, flags, extra, link)}{'.so' if shared else ''}",
-                   compile_to)
+                   compile_to, "the emitted file")
 
 
 def runtime_object(flags=FLAGS, extra: tuple = ()) -> Path:
@@ -167,7 +167,8 @@ def runtime_object(flags=FLAGS, extra: tuple = ()) -> Path:
                    "-x", "c++", str(path), "-c", "-o", built]
         return subprocess.run(command, capture_output=True, text=True)
 
-    return _cached(f"runtime-{_key(RUNTIME_SOURCE, flags, extra, None)}.o", compile_to)
+    return _cached(f"runtime-{_key(RUNTIME_SOURCE, flags, extra, None)}.o", compile_to,
+                   "the CUDA-on-CPU runtime")
 
 
 def _key(source: str, flags, extra, link) -> str:
@@ -176,8 +177,9 @@ def _key(source: str, flags, extra, link) -> str:
                        " ".join(link) if link is not None else "")
 
 
-def _cached(name: str, compile_to) -> Path:
-    """The cache folder's file `name`, made by compile_to(path, scratch folder) if the cache
+def _cached(name: str, compile_to, what: str) -> Path:
+    """The cache folder's file `name` (`what` it is built from, for a failure's message), made
+    by compile_to(path, scratch folder) if the cache
     does not hold it whole: built under a temporary name, then renamed into place, by one
     builder at a time (another process or thread that wants it waits, then finds it built)."""
     base = cache_dir()
@@ -197,7 +199,7 @@ def _cached(name: str, compile_to) -> Path:
             with tempfile.TemporaryDirectory(prefix="cgc-build-") as scratch:
                 result = compile_to(built, Path(scratch))
             if result.returncode != 0:
-                raise BuildFailed(f"{COMPILER} could not build the emitted file for the host:\n"
+                raise BuildFailed(f"{COMPILER} could not build {what} for the host:\n"
                                   + result.stderr[-20000:])
             record = _record(built)
             os.replace(built, target)  # atomic: a half-written library is never found
