@@ -20,6 +20,21 @@ HOPPER = {"cgAttentionHopper": 1}
 HOPPER_THREE_TILES = {**HOPPER, "cgContext": 192, "cgBatch": 2}
 
 
+def seeded_build_cache(cache_home: Path, monkeypatch) -> Path:
+    """A build cache of the test's own under `cache_home` (XDG_CACHE_HOME from here on), seeded
+    with the emulator's runtime object that build() links into every program at its default
+    flags (compiled once, in the session's cache): a test of how build() caches its own file
+    need not compile the runtime as well (4-5 s each). Returns the folder of built files."""
+    from cgc.backends.cuda.emulated import _record_path, cache_folder, runtime_object
+    runtime = runtime_object()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    folder = cache_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (runtime, Path(_record_path(runtime))):
+        shutil.copyfile(path, folder / path.name)
+    return folder
+
+
 def probe_sass(probe: str, kernel: str, architecture: str | None = None, preamble: str = ""):
     """The parsed SASS of `kernel`, a kernel of `probe` compiled by nvcc after the emitted file's
     device code (the tiny step's) and its primitives, for sm_90 or `architecture`; skips the

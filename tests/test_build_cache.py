@@ -13,6 +13,8 @@ import pytest
 
 from cgc.backends.cuda.emulated import build, compiler_missing
 
+from conftest import seeded_build_cache
+
 pytestmark = pytest.mark.skipif(compiler_missing() is not None, reason=str(compiler_missing()))
 
 SOURCE = 'extern "C" int answer() { return 42; }\n'
@@ -20,8 +22,9 @@ SOURCE = 'extern "C" int answer() { return 42; }\n'
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return tmp_path / "cache" / "cgc" / "emulated"
+    folder = seeded_build_cache(tmp_path / "cache", monkeypatch)
+    assert folder == tmp_path / "cache" / "cgc" / "emulated"
+    return folder
 
 
 def _answer(path) -> int:

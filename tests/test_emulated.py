@@ -38,7 +38,7 @@ from cgc.checking.memory import storage_home
 from cgc.core.elements import element_bytes
 from cgc.pipeline import analyse, open_run
 
-from conftest import HOPPER, SCHEDULES
+from conftest import HOPPER, SCHEDULES, seeded_build_cache
 from test_reference import BFLOAT16_TOLERANCES, relative
 
 PATH = str(SCHEDULES / "train.cg")
@@ -269,7 +269,7 @@ def test_the_standalone_program_replays_a_dump(config, tolerance, tmp_path):
 
 
 def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seeded_build_cache(tmp_path, monkeypatch)
     source = '#include <cuda_runtime.h>\nextern "C" int answer() { return 42; }\n'
     first = build(source, "probe")
     assert build(source, "probe") == first

@@ -177,13 +177,19 @@ def _key(source: str, flags, extra, link) -> str:
                        " ".join(link) if link is not None else "")
 
 
+def cache_folder() -> Path:
+    """Where built programs are kept: cgc's cache folder's `emulated`, else (no cache folder to
+    be had) the temporary folder's `cgc-emulated`."""
+    base = cache_dir()
+    return (base / "emulated") if base is not None else Path(tempfile.gettempdir()) / "cgc-emulated"
+
+
 def _cached(name: str, compile_to, what: str) -> Path:
     """The cache folder's file `name` (`what` it is built from, for a failure's message), made
     by compile_to(path, scratch folder) if the cache
     does not hold it whole: built under a temporary name, then renamed into place, by one
     builder at a time (another process or thread that wants it waits, then finds it built)."""
-    base = cache_dir()
-    folder = (base / "emulated") if base is not None else Path(tempfile.gettempdir()) / "cgc-emulated"
+    folder = cache_folder()
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
     if _intact(target):
