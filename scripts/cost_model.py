@@ -62,7 +62,7 @@ from cgc.backends.numpy.reference import norm_group  # noqa: E402
 from cgc.core.ir import Concurrent, Launch, PhaseRegion, Repeat  # noqa: E402
 from cgc.checking.memory import element_bytes  # noqa: E402
 from cgc.frontend.api import analyse, evaluate  # noqa: E402
-from sass_audit import H200, DATA_PATH_KINDS, Hardware, KernelAudit  # noqa: E402
+from sass_audit import H200, DATA_PATH_KINDS, Hardware, KernelAudit, occupancy  # noqa: E402
 
 FLOP_PER_HMMA = 2 * 16 * 8 * 16  # one m16n8k16 product: 4096 flop
 TRAIN = os.path.join(ROOT, "schedules", "train.cg")
@@ -1466,6 +1466,23 @@ def parse_ranks(text: str) -> list:
     return ranks
 
 
+def parse_registers(text: str) -> tuple[str, int]:
+    """IMAGE=N of --registers."""
+    image, _, number = text.partition("=")
+    if not image or not number.isdigit() or not 1 <= int(number) <= 255:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not IMAGE=N with N registers a thread from 1 to 255")
+    return image, int(number)
+
+
+def with_registers(audit: KernelAudit, registers: int, hw: Hardware = H200) -> KernelAudit:
+    """The audit of a kernel as if ptxas had given it `registers` a thread: its occupancy
+    recomputed, its instruction mix unchanged (a what-if: fewer registers than the code
+    needs would spill, which the mix does not show)."""
+    return dataclasses.replace(audit, registers=registers, occupancy=occupancy(
+        audit.threads, registers, audit.static_shared + audit.dynamic_shared, hw))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1479,6 +1496,11 @@ def main() -> int:
     parser.add_argument("--ranks", type=parse_ranks, metavar="N,N,...",
                         help="also the data-parallel step at these numbers of ranks, e.g. "
                         "1,2,4,8: the all-reduce after the backward against --parallel's")
+    parser.add_argument("--registers", type=parse_registers, action="append", default=[],
+                        metavar="IMAGE=N",
+                        help="a what-if: price IMAGE's kernel as if it held N registers a "
+                        "thread (its blocks an SM recomputed; its machine code otherwise as "
+                        "built); may be given again for other images")
     parser.add_argument("--parallel", default=os.path.join(ROOT, "schedules",
                                                            "train_parallel.cg"),
                         help="the data-parallel schedule (default schedules/train_parallel.cg)")
@@ -1486,6 +1508,7 @@ def main() -> int:
     from cgc.core.diagnostics import CompileError, render_all
     from sass_audit import ToolchainMissing, audit_file
     path = os.path.abspath(args.file)
+    name = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
     try:
         program = evaluate(analyse([path]), path, config=args.config)
         parallel = None
@@ -1505,13 +1528,23 @@ def main() -> int:
     except CompileError as error:  # the schedule itself: cgc's own diagnostics
         print(render_all(error.diagnostics), file=sys.stderr)
         return 1
+    if args.registers and audits is None:
+        parser.error("--registers needs the audit (not --floor)")
+    for image, registers in args.registers:
+        if image not in audits:
+            parser.error(f"--registers: {image} is not a kernel of {name} "
+                         f"(its kernels: {', '.join(sorted(audits))})")
+        built = audits[image]
+        audits[image] = with_registers(built, registers, H200)
+        print(f"WHAT-IF, not the kernel as built: {image} priced at {registers} registers a "
+              f"thread, {audits[image].occupancy.blocks} blocks an SM (built: "
+              f"{built.registers}, {built.occupancy.blocks})")
     if args.parts and audits:
         print_parts(program, audits, model=CALIBRATED)
         print()
         print_parts(program, audits, model=MODEL)
         return 0
     hw = H200
-    name = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
     schedules = os.path.join(ROOT, "schedules")
     shown = os.path.relpath(path, schedules) if path.startswith(schedules + os.sep) else name
     print_step(shown, args.config, program, audits, hw)

@@ -740,3 +740,34 @@ def test_scaling_prints_in_one_run_without_a_compiler():
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), "--floor",
                           "--ranks", "0,2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "at least 1" in bad.stderr
+
+
+# ---- --registers: the occupancy what-if -----------------------------------------------------
+
+def test_fewer_registers_give_more_blocks_and_a_faster_backward_only_in_the_what_if(audits, train):
+    """The attention backward as built (252 registers, 2 blocks an SM) against the same machine
+    code at 168 and 128 registers (3 and 4 blocks): each more warps a scheduler hide more of the
+    pipes under its busiest, so the step's estimate falls; the audit itself is left as built."""
+    built = audits["cgImageAttentionBackward"]
+    steps = []
+    for registers, blocks in ((None, 2), (168, 3), (128, 4)):
+        what_if = dict(audits)
+        if registers is not None:
+            what_if[built.name] = cost_model.with_registers(built, registers)
+            assert what_if[built.name].counts == built.counts
+        assert what_if[built.name].occupancy.blocks == blocks
+        steps.append(cost_model.step_times(train, what_if, 1, H200, cost_model.CALIBRATED).shared)
+    assert steps[0] > steps[1] > steps[2]
+    assert built.registers > 168 and built.occupancy.blocks == 2
+
+
+@pytest.mark.parametrize("argument, message", [
+    ("cgImageNope=128", "cgImageNope is not a kernel of"),
+    ("cgImageAttention", "is not IMAGE=N"),
+    ("cgImageAttention=0", "is not IMAGE=N"),
+    ("cgImageAttention=256", "is not IMAGE=N")])
+def test_a_bad_registers_what_if_is_a_usage_error(argument, message):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"),
+                             "--registers", argument], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
