@@ -39,6 +39,7 @@ each figure.
     python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
     python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
     python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
+    python3 scripts/cost_model.py --registers cgImageAttentionBackward=128   # a what-if
 """
 
 from __future__ import annotations
@@ -1469,7 +1470,7 @@ def parse_ranks(text: str) -> list:
 def parse_registers(text: str) -> tuple[str, int]:
     """IMAGE=N of --registers."""
     image, _, number = text.partition("=")
-    if not image or not number.isdigit() or not 1 <= int(number) <= 255:
+    if not image or not (number.isascii() and number.isdigit()) or not 1 <= int(number) <= 255:
         raise argparse.ArgumentTypeError(
             f"'{text}' is not IMAGE=N with N registers a thread from 1 to 255")
     return image, int(number)
@@ -1500,17 +1501,27 @@ def main() -> int:
                         metavar="IMAGE=N",
                         help="a what-if: price IMAGE's kernel as if it held N registers a "
                         "thread (its blocks an SM recomputed; its machine code otherwise as "
-                        "built); may be given again for other images")
+                        "built; N from 1 to 255; not with --floor); may be given again "
+                        "for other images")
     parser.add_argument("--parallel", default=os.path.join(ROOT, "schedules",
                                                            "train_parallel.cg"),
                         help="the data-parallel schedule (default schedules/train_parallel.cg)")
     args = parser.parse_args()
+    if args.registers and args.floor:
+        parser.error("--registers prices a kernel as built: it needs the audit, not --floor")
+    what_if = dict(args.registers)
+    if len(what_if) < len(args.registers):
+        parser.error("--registers: an image given twice")
     from cgc.core.diagnostics import CompileError, render_all
     from sass_audit import ToolchainMissing, audit_file
     path = os.path.abspath(args.file)
     name = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
     try:
         program = evaluate(analyse([path]), path, config=args.config)
+        unknown = sorted(set(what_if) - kernel_images(program))
+        if unknown:
+            parser.error(f"--registers: {', '.join(unknown)}: not a kernel of {name} (its "
+                         f"kernels: {', '.join(sorted(kernel_images(program)))})")
         parallel = None
         if args.ranks:
             parallel_path = os.path.abspath(args.parallel)
@@ -1528,12 +1539,7 @@ def main() -> int:
     except CompileError as error:  # the schedule itself: cgc's own diagnostics
         print(render_all(error.diagnostics), file=sys.stderr)
         return 1
-    if args.registers and audits is None:
-        parser.error("--registers needs the audit (not --floor)")
-    for image, registers in args.registers:
-        if image not in audits:
-            parser.error(f"--registers: {image} is not a kernel of {name} "
-                         f"(its kernels: {', '.join(sorted(audits))})")
+    for image, registers in what_if.items():
         built = audits[image]
         audits[image] = with_registers(built, registers, H200)
         print(f"WHAT-IF, not the kernel as built: {image} priced at {registers} registers a "

@@ -761,13 +761,42 @@ def test_fewer_registers_give_more_blocks_and_a_faster_backward_only_in_the_what
     assert built.registers > 168 and built.occupancy.blocks == 2
 
 
-@pytest.mark.parametrize("argument, message", [
-    ("cgImageNope=128", "cgImageNope is not a kernel of"),
-    ("cgImageAttention", "is not IMAGE=N"),
-    ("cgImageAttention=0", "is not IMAGE=N"),
-    ("cgImageAttention=256", "is not IMAGE=N")])
-def test_a_bad_registers_what_if_is_a_usage_error(argument, message):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"),
-                             "--registers", argument], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("arguments, message", [
+    (["--registers", "cgImageNope=128"], "cgImageNope: not a kernel of schedules/train.cg"),
+    (["--registers", "cgImageAttention"], "is not IMAGE=N"),
+    (["--registers", "cgImageAttention=0"], "is not IMAGE=N"),
+    (["--registers", "cgImageAttention=256"], "is not IMAGE=N"),
+    (["--registers", "cgImageAttention=\u0661\u0662\u0668"], "is not IMAGE=N"),
+    (["--registers", "cgImageAttention=128", "--registers", "cgImageAttention=168"],
+     "an image given twice"),
+    (["--floor", "--registers", "cgImageAttention=128"], "not --floor")])
+def test_a_bad_registers_what_if_is_a_usage_error(arguments, message):
+    """Refused before the audit, so without a CUDA toolchain too, and before anything is
+    printed."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), *arguments],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_the_registers_what_if_from_the_command_line(audits):
+    """The script's own what-if says it is one, and prices the step as with_registers does."""
+    def step(*arguments):
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"),
+                                 *arguments], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        shared = [line for line in result.stdout.splitlines()
+                  if line.startswith("| side by side, the machine shared")]
+        return result.stdout, float(shared[0].split("|")[2])
+    built_text, built = step()
+    text, what_if = step("--registers", "cgImageAttentionBackward=128")
+    assert "WHAT-IF" not in built_text
+    assert text.startswith("WHAT-IF, not the kernel as built: cgImageAttentionBackward priced "
+                           "at 128 registers a thread, 4 blocks an SM (built: ")
+    assert what_if < built
+    program = _program(ROOT / "schedules" / "train.cg")
+    expected = cost_model.step_times(program, {**audits, "cgImageAttentionBackward":
+                                               cost_model.with_registers(
+                                                   audits["cgImageAttentionBackward"], 128)},
+                                     1, H200, cost_model.CALIBRATED).shared
+    assert what_if == pytest.approx(expected * 1e3, abs=5e-4)
