@@ -272,7 +272,10 @@ def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
     seeded_build_cache(tmp_path, monkeypatch)
     source = '#include <cuda_runtime.h>\nextern "C" int answer() { return 42; }\n'
     first = build(source, "probe")
+    built = first.stat()
     assert build(source, "probe") == first
+    again = first.stat()  # the same file, not a copy built again and renamed over it
+    assert (again.st_ino, again.st_mtime_ns) == (built.st_ino, built.st_mtime_ns)
     assert build(source + "// changed\n", "probe") != first
     assert HEADERS.is_dir() and COMPILER and "-shared" in FLAGS
 
