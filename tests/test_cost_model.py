@@ -388,9 +388,14 @@ def test_model_assumptions_are_one_table():
     assert cost_model.H200 is H200
 
 
+def _script(*arguments, script="cost_model.py") -> subprocess.CompletedProcess:
+    """scripts/`script` run as a user runs it, with `arguments`."""
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *arguments],
+                          capture_output=True, text=True, timeout=300)
+
+
 def test_floor_prints_without_a_compiler():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), "--floor"],
-                            capture_output=True, text=True, timeout=300)
+    result = _script("--floor")
     assert result.returncode == 0, result.stderr
     assert "MODELLED" in result.stdout and "floor: " in result.stdout
     assert "modelled as built" not in result.stdout
@@ -398,8 +403,7 @@ def test_floor_prints_without_a_compiler():
 
 @pytest.mark.parametrize("script", ["cost_model.py", "sass_audit.py"])
 def test_an_unknown_config_is_a_diagnostic(script):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--config", "nope"],
-                            capture_output=True, text=True, timeout=300)
+    result = _script("--config", "nope", script=script)
     assert result.returncode == 1
     assert "cgc: error: unknown config 'nope'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -732,13 +736,11 @@ def test_grouping_a_branchs_collectives_pays_one_latency(audits, bucketed):
 
 
 def test_scaling_prints_in_one_run_without_a_compiler():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), "--floor",
-                             "--ranks", "1,2,4,8"], capture_output=True, text=True, timeout=300)
+    result = _script("--floor", "--ranks", "1,2,4,8")
     assert result.returncode == 0, result.stderr
     assert "Data parallel" in result.stdout and "MODELLED" in result.stdout
     assert "| 8 |" in result.stdout and "one all-reduce after the backward" in result.stdout
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), "--floor",
-                          "--ranks", "0,2"], capture_output=True, text=True, timeout=300)
+    bad = _script("--floor", "--ranks", "0,2")
     assert bad.returncode == 2 and "at least 1" in bad.stderr
 
 
@@ -773,30 +775,24 @@ def test_fewer_registers_give_more_blocks_and_a_faster_backward_only_in_the_what
 def test_a_bad_registers_what_if_is_a_usage_error(arguments, message):
     """Refused before the audit, so without a CUDA toolchain too, and before anything is
     printed."""
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"), *arguments],
-                            capture_output=True, text=True, timeout=300)
+    result = _script(*arguments)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 
-def test_the_registers_what_if_from_the_command_line(audits):
-    """The script's own what-if says it is one, and prices the step as with_registers does."""
-    def step(*arguments):
-        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "cost_model.py"),
-                                 *arguments], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        shared = [line for line in result.stdout.splitlines()
-                  if line.startswith("| side by side, the machine shared")]
-        return result.stdout, float(shared[0].split("|")[2])
-    built_text, built = step()
-    text, what_if = step("--registers", "cgImageAttentionBackward=128")
-    assert "WHAT-IF" not in built_text
-    assert text.startswith("WHAT-IF, not the kernel as built: cgImageAttentionBackward priced "
-                           "at 128 registers a thread, 4 blocks an SM (built: ")
-    assert what_if < built
-    program = _program(ROOT / "schedules" / "train.cg")
-    expected = cost_model.step_times(program, {**audits, "cgImageAttentionBackward":
-                                               cost_model.with_registers(
-                                                   audits["cgImageAttentionBackward"], 128)},
-                                     1, H200, cost_model.CALIBRATED).shared
-    assert what_if == pytest.approx(expected * 1e3, abs=5e-4)
+def test_the_registers_what_if_from_the_command_line(audits, train):
+    """The script's own what-if says it is one, and prices the step as with_registers does:
+    faster than the kernel as built."""
+    result = _script("--registers", "cgImageAttentionBackward=128")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("WHAT-IF, not the kernel as built: cgImageAttentionBackward "
+                                    "priced at 128 registers a thread, 4 blocks an SM (built: ")
+    shared = [line for line in result.stdout.splitlines()
+              if line.startswith("| side by side, the machine shared")]
+    printed_ms = float(shared[0].split("|")[2])
+
+    def step_ms(what_if):
+        return cost_model.step_times(train, what_if, 1, H200, cost_model.CALIBRATED).shared * 1e3
+    backward = audits["cgImageAttentionBackward"]
+    expected = step_ms({**audits, backward.name: cost_model.with_registers(backward, 128)})
+    assert printed_ms == pytest.approx(expected, abs=5e-4) and printed_ms < step_ms(audits)

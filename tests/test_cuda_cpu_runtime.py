@@ -347,7 +347,6 @@ def test_results_do_not_depend_on_threads_or_fiber_order(builds):
     assert len(outputs) == 1, outputs
 
 
-
 def test_the_separate_runtime_prints_the_header_only_builds_bits(builds):
     """cgc's emulated builds link the runtime, compiled once per flag set, instead of compiling
     it into each program (cgcpu/linkage.h): the tiny step built that way (the emulated
@@ -360,6 +359,7 @@ def test_the_separate_runtime_prints_the_header_only_builds_bits(builds):
     theirs, _ = _run_step(builds.program("train", "tiny"), dump, 2)
     assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr, theirs.stderr)
     assert len(_losses(ours.stdout)) == 2 and ours.stdout == theirs.stdout
+
 
 @pytest.mark.slow
 def test_sanitizer_build_of_the_tiny_step_is_clean(builds):

@@ -280,8 +280,6 @@ def test_the_build_is_cached_by_content(tmp_path, monkeypatch):
     assert HEADERS.is_dir() and COMPILER and "-shared" in FLAGS
 
 
-
-
 def test_one_builder_at_a_time_makes_a_file_of_the_cache(tmp_path, monkeypatch):
     """Threads (or processes: the lock is a file's) that want the same new file of the cache at
     once: one compiles it, the others wait and load it; a file of another name is built beside
@@ -391,6 +389,7 @@ def test_the_runtime_is_linked_not_compiled_into_each_program(tmp_path):
                and line[17:18] not in "TtWwU"}  # data, not a lambda's code
     assert "cgcpu::detail::pool()::instance" in statics and len(statics) >= 20
     assert all(letter == "u" for letter in statics.values()), statics
+
 
 def test_the_sorted_scatter_is_right_for_a_block_narrower_than_its_window(tmp_path):
     """cgImageScatterSorted looks a run's rows up 32 at a time; a block of 16 threads (an
