@@ -1334,7 +1334,8 @@ def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardw
     program = program_for(most)  # the calls and bytes it prints: at the most ranks
     tokens = int(program.roles["batch"]) * int(program.roles["context"])
     name = os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
-    kind = "floor" if audits is None else "modelled as built"
+    kind = "floor" if audits is None else \
+        "calibrated estimate" if model.calibrated else "optimistic bound of the kernels as built"
     print()
     print(f"Data parallel, config {config}, {hw.name} x N on one node's NVLink 4, weak "
           f"scaling ({tokens} tokens a rank a step), {kind}. MODELLED figures, not "

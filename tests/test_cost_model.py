@@ -284,7 +284,8 @@ def test_imbalance_of_unequal_blocks():
     # the longest last: 1, 2, 3 on 2 slots: 1 | 2, then 3 after 1: 4 against 3
     assert cost_model.imbalance([1, 2, 3], 2) == pytest.approx(4 / 3)
     assert cost_model.imbalance([3, 2, 1], 2) == pytest.approx(1)  # longest first: 3 | 2 + 1
-    # GPT-2 small's forward, blocks in dispatch order on 132 SMs x 3: longest first, within
+    # GPT-2 small's forward, blocks in dispatch order on 396 slots (132 SMs x 3, a hand case:
+    # the forward as built holds 4 an SM): longest first, within
     # 4% of even; shortest first (the order before) 21% over, and one pair's tiles after
     # another's (blockIdx.x alone reversed) 30%
     roles = {"context": 1024, "attentionTile": 64, "batch": 8, "heads": 12}
