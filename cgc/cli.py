@@ -16,7 +16,7 @@ import traceback
 from . import __version__, api
 from .backends import REGISTRY
 from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
-from .outputs import Refused, WriteFailed
+from .outputs import Refused, WriteFailed, silence_broken_pipes
 from .resources import install_hint
 from .pipeline import Frontend, analyse, check, evaluate
 
@@ -718,9 +718,6 @@ def _train(args, training) -> int:
     except CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    except OSError as error:  # the dump's files (checkpoints and the log say their own)
-        raise WriteFailed(f"cannot write the dump {args.dump}: {error.strerror or error}") \
-            from None
     except DataError as error:
         print(f"cgc: error: the training data does not fit the model: {error}",
               file=sys.stderr)
@@ -963,15 +960,19 @@ def _main(argv: list[str] | None) -> int:
         print(_command_list(parser), file=sys.stderr)
         return EXIT_USAGE
     args.argv = argv  # what `cgc run --ranks N` passes on to each rank
+    standard_output = sys.stdout
+    sys.stdout = _StandardOutput(standard_output)
     try:
-        return _COMMANDS[args.command](args)
+        status = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a refused write is told below, not lost in the interpreter's exit
+        return status
     except CompileError as error:
         status = EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
             else EXIT_OK
         try:
             print(render_all(error.diagnostics), file=sys.stderr)
         except BrokenPipeError:  # the reader went away (`| head`): the status still holds
-            _silence_broken_pipes()
+            silence_broken_pipes()
         return status
     except RunError as error:  # a run that cannot start or go on: one line
         print(f"cgc: error: {error}", file=sys.stderr)
@@ -988,7 +989,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
     except BrokenPipeError:
-        _silence_broken_pipes()
+        silence_broken_pipes()
         return EXIT_OK
     except Exception as error:  # a bug in cgc, never a user error
         if os.environ.get("CGC_DEBUG"):
@@ -996,17 +997,40 @@ def _main(argv: list[str] | None) -> int:
         print(f"cgc: internal error: {type(error).__name__}: {error}\n"
               "cgc: this is a bug in cgc; set CGC_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        sys.stdout = standard_output
 
 
-def _silence_broken_pipes() -> None:
-    """After the reader of our output went away, later writes (and the interpreter's own
-    flush at exit) go nowhere rather than failing again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
+class _StandardOutput:
+    """The standard output during a command: a write the device refuses (`> /dev/full`)
+    is told as the standard output's (WriteFailed: one line, exit 1), not as whatever was
+    printing; a reader that left (`| head`) stays a BrokenPipeError (a quiet end)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    @staticmethod
+    def _refused(error: OSError) -> WriteFailed:
+        return WriteFailed(f"cannot write the standard output: {error.strerror or error}")
+
+    def write(self, text: str) -> int:
         try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError):
-            pass
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise self._refused(error) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise self._refused(error) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 _COMMANDS = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,

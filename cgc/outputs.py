@@ -24,6 +24,7 @@ import errno
 import os
 import re
 import stat
+import sys
 import tempfile
 from typing import Iterable
 
@@ -290,6 +291,31 @@ def write_file(path: str, data: str | bytes, what: str | None = None) -> None:
         raise
     except OSError as error:
         raise WriteFailed(f"cannot write {_where(path, what)}: {_reason(error)}") from None
+
+
+def silence_broken_pipes() -> None:
+    """After the reader of our output went away, later writes (and the interpreter's own
+    flush at exit) go nowhere rather than failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+
+def script_status(main) -> int:
+    """`main()`'s exit status, its output flushed: a reader that went away (`| head`) ends
+    the program quietly with 0, as cgc itself does, not with a traceback (the scripts'
+    `__main__`)."""
+    try:
+        try:
+            return main()
+        finally:  # --help's exit too: flushed here, not at the interpreter's exit, where
+            sys.stdout.flush()  # nothing can catch it
+    except BrokenPipeError:
+        silence_broken_pipes()
+        return 0
 
 
 class Stream:

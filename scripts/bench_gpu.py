@@ -156,4 +156,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cgc.outputs import script_status
+    sys.exit(script_status(main))

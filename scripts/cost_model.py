@@ -1468,6 +1468,10 @@ def parse_ranks(text: str) -> list:
     return ranks
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def parse_registers(text: str) -> tuple[str, int]:
     """IMAGE=N of --registers."""
     image, _, number = text.partition("=")
@@ -1535,7 +1539,9 @@ def main() -> int:
             if parallel is not None and not kernel_images(parallel) <= set(audits):
                 audits = {**audit_file(os.path.abspath(args.parallel), args.config), **audits}
     except ToolchainMissing as error:
-        print(f"cost_model: error: {error} (or --floor for the floor alone)", file=sys.stderr)
+        # --floor needs no compiler, but prices no kernel as built: no what-if with it
+        hint = "" if what_if else " (or --floor for the floor alone)"
+        print(f"cost_model: error: {error}{hint}", file=sys.stderr)
         return 1
     except CompileError as error:  # the schedule itself: cgc's own diagnostics
         print(render_all(error.diagnostics), file=sys.stderr)
@@ -1543,8 +1549,8 @@ def main() -> int:
     for image, registers in what_if.items():
         built = audits[image]
         audits[image] = with_registers(built, registers, H200)
-        print(f"WHAT-IF, not the kernel as built: {image} priced at {registers} registers a "
-              f"thread, {audits[image].occupancy.blocks} blocks an SM (built: "
+        print(f"WHAT-IF, not the kernel as built: {image} priced at {_count(registers, 'register')} "
+              f"a thread, {_count(audits[image].occupancy.blocks, 'block')} an SM (built: "
               f"{built.registers}, {built.occupancy.blocks})")
     if args.parts and audits:
         print_parts(program, audits, model=CALIBRATED)
@@ -1566,4 +1572,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cgc.outputs import script_status
+    sys.exit(script_status(main))

@@ -417,3 +417,59 @@ def test_an_output_that_cannot_be_written_whole_leaves_the_old_file(tmp_path, mo
     assert "No space left on device" in capsys.readouterr().err
     assert output.read_text() == "the old file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step.cu"]  # no temporary left
+
+
+# ---- a reader that leaves, a standard output that refuses -----------------------------------
+
+def _closed_stdout(*command) -> subprocess.CompletedProcess:
+    """`command` with its standard output a pipe whose reader left before it wrote (`| head`
+    that has its lines): every write to it fails with EPIPE."""
+    process = subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    error = process.stderr.read()
+    return subprocess.CompletedProcess(command, process.wait(), "", error)
+
+
+@pytest.mark.parametrize("command", [
+    ("-m", "cgc", "run", "schedules/train.cg", "--config", "tiny", "--backend", "numpy",
+     "--steps", "2"),
+    ("-m", "cgc", "ir", "schedules/train.cg"),
+    ("scripts/cost_model.py", "--floor"),  # the scripts' tables, through script_status
+], ids=["cgc run", "cgc ir", "cost_model.py"])
+def test_a_reader_that_left_ends_the_command_quietly(command):
+    """`cgc run` once said 'cannot write the dump None: Broken pipe' (exit 1) and the scripts
+    printed a traceback: each now ends at once, exit 0, nothing on stderr but its own lines."""
+    result = _closed_stdout(*command)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ("run", "schedules/train.cg", "--config", "tiny", "--backend", "numpy", "--steps", "2"),
+    ("check", "schedules/train.cg"), ("check", "--memory", "schedules/train.cg"),
+    ("ir", "schedules/train.cg"),
+], ids=["run", "check", "check --memory", "ir"])
+def test_a_standard_output_that_refuses_is_one_line_exit_1(command):
+    """A full device as the standard output (`> /dev/full`): once an internal error (check,
+    ir) or 'cannot write the dump None' (run); now said as the standard output's, exit 1."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "cgc", *command], cwd=ROOT,
+                                stdout=full, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == \
+        "cgc: error: cannot write the standard output: No space left on device"
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+def test_a_dump_the_disk_refuses_is_said_as_the_dumps(tmp_path, monkeypatch, capsys):
+    from cgc.training import loop
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(loop, "write_dump", full)
+    folder = tmp_path / "dump"
+    assert main(["run", str(SCHEDULES / "train.cg"), "--backend", "numpy", "--steps", "1",
+                 "--dump", str(folder)]) == 1
+    assert f"cgc: error: cannot write the dump {folder}: No space left on device" in \
+        capsys.readouterr().err

@@ -183,6 +183,29 @@ def test_functions_are_float64s_correctly_rounded_to_float32(name):
     assert set(got[~number].view(np.uint32).tolist()) <= {0x7FC00000}
 
 
+@pytest.mark.parametrize("name", ["exp", "exp2", "log", "tanh", "power_of_10000",
+                                  "cos_sin_pi"])
+def test_functions_in_pieces_give_the_whole_arrays_bits(name, monkeypatch):
+    """The functions run PIECE elements at a time (portable._elementwise): on a 2-D array
+    of 2.5 pieces with special values, the same shape, dtype and bits as with the whole
+    array in one piece."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(5 * portable.PIECE // 2) * 30).astype(F32)
+    if name in ("power_of_10000", "cos_sin_pi"):  # finite arguments (rotary's)
+        x = np.clip(x, -60, 60) / F32(32)
+    else:
+        x[::997], x[1::1009], x[2::1013], x[3::331] = np.nan, np.inf, -np.inf, 0
+    x = x.reshape(-1, 5)
+    function = getattr(portable, name)
+    with np.errstate(all="ignore"):
+        pieces = function(x)
+        monkeypatch.setattr(portable, "PIECE", x.size)
+        whole = function(x)
+    for got, expected in zip(*(r if isinstance(r, tuple) else (r,) for r in (pieces, whole))):
+        assert got.shape == expected.shape == x.shape and got.dtype == expected.dtype == F32
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
 def test_cos_and_sin_of_half_turns_are_correctly_rounded():
     rng = np.random.default_rng(8)
     turns = np.concatenate([(rng.random(300) * 700 - 350), [0, 0.5, 1, -0.25, 0.75, 1e-7]])

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
-from ..outputs import new_file
+from ..outputs import WriteFailed, new_file
 from ..resources import sync_to_disk
 from ..backends.base import Run
 
@@ -280,10 +280,14 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         result.checkpoint = write_checkpoint(run, checkpointing, step, batches, result.losses,
                                              validation)
     if dump and len(result.losses) > len(history or []):
-        write_dump(dump, run, result.losses[len(history or []):], np.stack(all_ids),
-                   np.stack(all_targets), before, *first, run.bank_values("parameters"),
-                   corpus_sha256=_corpus_sha256(batches), learning_rates=rates,
-                   learning_rate=learning_rate)
+        try:
+            write_dump(dump, run, result.losses[len(history or []):], np.stack(all_ids),
+                       np.stack(all_targets), before, *first, run.bank_values("parameters"),
+                       corpus_sha256=_corpus_sha256(batches), learning_rates=rates,
+                       learning_rate=learning_rate)
+        except OSError as error:  # a full disk, a folder taken away: told as the dump's
+            raise WriteFailed(f"cannot write the dump {dump}: {error.strerror or error}") \
+                from None
     return result
 
 

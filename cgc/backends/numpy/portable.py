@@ -145,6 +145,31 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- functions ---------------------------------------------------------------------------
 
+# Elements a function evaluates at a time. Each is computed alone (no element's value depends
+# on another's), so the pieces change no bit; but a whole array's float64 temporaries, a dozen
+# of them each eight bytes an element, are fresh memory the kernel must fault in and zero at
+# every step of the series: on 8 million elements, 0.88 s for exp whole against 0.08 s in
+# pieces that stay in the cache (measured 2026-12-07, tests/test_portable.py checks the bits).
+PIECE = 1 << 16
+
+
+def _elementwise(function):
+    """`function` of float32-convertible values (one array in; an array, or a tuple of them,
+    out, each of the input's shape), evaluated PIECE elements at a time."""
+    def pieces(x):
+        x = np.asarray(x)
+        if x.size <= PIECE:
+            return function(x)
+        flat = x.reshape(-1)
+        parts = [function(flat[i:i + PIECE]) for i in range(0, flat.size, PIECE)]
+        if isinstance(parts[0], tuple):
+            return tuple(np.concatenate(column).reshape(x.shape) for column in zip(*parts))
+        return np.concatenate(parts).reshape(x.shape)
+    pieces.__doc__, pieces.__name__, pieces.__wrapped__ = \
+        function.__doc__, function.__name__, function
+    return pieces
+
+
 def _horner(x: np.ndarray, coefficients) -> np.ndarray:
     result = np.full_like(x, coefficients[-1])
     for c in reversed(coefficients[:-1]):
@@ -179,6 +204,7 @@ def _inputs(x) -> tuple[np.ndarray, np.ndarray]:
     return np.where(nan, 0, x), nan
 
 
+@_elementwise
 def exp(x) -> np.ndarray:
     """e^x of float32 values, as float32."""
     x, nan = _inputs(x)
@@ -187,6 +213,7 @@ def exp(x) -> np.ndarray:
     return np.where(nan, F32(np.nan), result)
 
 
+@_elementwise
 def exp2(x) -> np.ndarray:
     """2^x of float32 values, as float32: 2^n exactly times e^(f ln 2), f = x - n exact."""
     x, nan = _inputs(x)
@@ -209,6 +236,7 @@ def _log64(x: np.ndarray) -> np.ndarray:
     return (e * LN2_LO + 2 * s * series) + e * LN2_HI
 
 
+@_elementwise
 def log(x) -> np.ndarray:
     """ln x of float32 values, as float32 (0: -Inf, below 0: NaN, Inf: Inf)."""
     x, nan = _inputs(x)
@@ -219,6 +247,7 @@ def log(x) -> np.ndarray:
     return np.where(nan | (x < 0), F32(np.nan), result)
 
 
+@_elementwise
 def tanh(x) -> np.ndarray:
     """tanh x of float32 values, as float32: t / (t + 2), t = e^(2|x|) - 1, with x's sign.
     Past |x| = 10 tanh is 1 in float32 (1 - 4e-9)."""
@@ -234,6 +263,7 @@ def power_of_10000(y) -> np.ndarray:
     return exp_of_64(np.asarray(y, dtype=F64) * LN_10000)
 
 
+@_elementwise
 def exp_of_64(x: np.ndarray) -> np.ndarray:
     """e^x of finite float64 values, as float32."""
     with np.errstate(over="ignore"):
@@ -250,6 +280,7 @@ def power(base, exponent: int) -> F32:
     return F32(-magnitude if base < 0 and exponent % 2 else magnitude)
 
 
+@_elementwise
 def cos_sin_pi(turns) -> tuple[np.ndarray, np.ndarray]:
     """cos(pi t) and sin(pi t) of float32 half-turns t, as float32: t = n / 2 + r, |r| <= 1/4
     (exact), the quadrant n mod 4 chosen, cos and sin of pi r by their series (to r^20)."""
