@@ -797,3 +797,23 @@ def test_the_registers_what_if_from_the_command_line(audits, train):
     backward = audits["cgImageAttentionBackward"]
     expected = step_ms({**audits, backward.name: cost_model.with_registers(backward, 128)})
     assert printed_ms == pytest.approx(expected, abs=5e-4) and printed_ms < step_ms(audits)
+
+
+@pytest.mark.parametrize("arguments,hint", [((), True),
+                                            (("--registers", "cgImageAttention=128"), False)])
+def test_a_missing_compiler_is_one_line_with_the_way_out_that_fits(arguments, hint, monkeypatch,
+                                                                   capsys):
+    """Without CUDA's compiler the audit cannot be built: one line, exit 1, and --floor
+    offered only where it would answer (a what-if prices a kernel as built: not with it)."""
+    import sass_audit
+
+    def missing(*args, **kwargs):
+        raise sass_audit.ToolchainMissing("nvcc is not installed: pip install ...")
+    monkeypatch.setattr(sass_audit, "audit_file", missing)
+    monkeypatch.setattr(sys, "argv", ["cost_model.py", *arguments])
+    assert cost_model.main() == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "cost_model: error: nvcc is not installed: pip install ..."
+        + (" (or --floor for the floor alone)" if hint else "")]
+    assert captured.out == ""
