@@ -210,3 +210,30 @@ def test_the_dump_holds_what_its_format_promises(runs):
     for part in ("before", "gradients", "after", "final"):
         for name, entry in manifest["entries"].items():
             assert dump.parts[part][name].shape == (entry["count"],), (part, name)
+
+
+@pytest.mark.parametrize("count,blocks,threads", [(100_003, 7, 32), (4 * 32 * 7 * 64, 7, 32),
+                                                  (5, 3, 128), (1_000_000, 132, 128)])
+def test_the_square_sums_are_each_blocks_share(count, blocks, threads):
+    """Block b's partial sums the squares of the runs of 4 x threads elements whose run
+    index is b modulo the grid (the kernel's grid-stride loop), in float64, rounded once: the
+    same bits as a bincount over each element's owner, at sizes a whole number of the
+    reference's pieces and not, and with a grid larger than the input. (Both add in index
+    order; rounded to float32, another order would seldom show, a wrong owner does.)"""
+    from cgc.backends.numpy.machine import Kernel, Pointer
+    from cgc.backends.numpy.reference import square_sum
+
+    rng = np.random.default_rng(count)
+    values = (rng.standard_normal(count) * rng.choice([1e-20, 1e-3, 1, 1e3, 1e12], count)) \
+        .astype(np.float32)
+    values[::1001] = 0
+    memory = {"input": values, "partials": np.full(blocks, np.nan, np.float32)}
+    access = {"input": "read", "partials": "write"}
+    pointers = {name: Pointer("squareSum", i, name, access[name], "float32", "bfloat16",
+                              memory[name], None, name, 0, 4)
+                for i, name in enumerate(memory)}
+    square_sum(Kernel(pointers, {"count": count}, (blocks, 1, 1), (threads, 1, 1), {}))
+    wide = values.astype(np.float64)
+    owner = (np.arange(count) // (4 * threads)) % blocks
+    expected = np.bincount(owner, weights=wide * wide, minlength=blocks).astype(np.float32)
+    assert np.array_equal(memory["partials"].view(np.uint32), expected.view(np.uint32))

@@ -539,12 +539,25 @@ def zero(k: Kernel) -> None:
 
 
 def square_sum(k: Kernel) -> None:
+    """A block's share, as the kernel's: a grid-stride loop of four elements a thread, so
+    block b owns the runs of 4 x threads elements whose index over the run is b modulo the
+    grid. Each block's squares are summed in float64 in index order (one addition after
+    another: cumsum, never a pairwise sum), a few rounds of the grid at a time."""
     count, blocks, threads = int(k.scalars["count"]), k.grid[0], k.block[0]
-    values = k.pointers["input"].read(0, count).astype(np.float64)
-    # a grid-stride loop of four elements a thread: a block's share, as the kernel's
-    owner = (np.arange(count) // (4 * threads)) % blocks
-    partials = np.bincount(owner, weights=values * values, minlength=blocks)
-    k.pointers["partials"].write(0, partials.astype(F32))
+    values = k.pointers["input"].read(0, count)
+    run, sums = 4 * threads, np.zeros(blocks)
+    # a piece: whole rounds of the grid's runs, about a million elements (8 MB in float64,
+    # not the input's hundreds), fewer if the input is smaller
+    rounds = max(1, min((1 << 20) // (run * blocks), -(-count // (run * blocks))))
+    piece = run * blocks * rounds
+    for start in range(0, count, piece):
+        squares = np.zeros(piece)  # past the input: squares of 0, which add nothing
+        part = values[start:start + piece]
+        squares[:part.size] = part
+        squares *= squares
+        by_block = squares.reshape(rounds, blocks, run).transpose(1, 0, 2).reshape(blocks, -1)
+        sums = np.cumsum(np.concatenate([sums[:, None], by_block], axis=1), axis=1)[:, -1]
+    k.pointers["partials"].write(0, sums.astype(F32))
 
 
 def gradient_norm(k: Kernel) -> None:
