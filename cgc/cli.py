@@ -16,7 +16,8 @@ import traceback
 from . import __version__, api
 from .backends import REGISTRY
 from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
-from .outputs import Refused, WriteFailed, silence_broken_pipes
+from .outputs import (Refused, WriteFailed, finish_output, silence_broken_pipes,
+                      standard_output_told)
 from .resources import install_hint
 from .pipeline import Frontend, analyse, check, evaluate
 
@@ -776,7 +777,8 @@ def _training_status(training, result) -> int:
                   "it stopped there and wrote no checkpoint of it (learning rate "
                   f"{rate:.4g}: a lower --lr or a --warmup may help)", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    return _stopped_status() if result.stopped else EXIT_OK
+    # a run whose reader left (`| head`) stopped as a stop request stops, quietly: exit 0
+    return _stopped_status() if result.stopped and not result.reader_left else EXIT_OK
 
 
 def _sample(args) -> int:
@@ -847,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     # the thread stopped while it still runs (threading's bpo-45274 handler releases the
     # lock the running thread holds), and the run would end with no summary, exit 3.
     worker = threading.Thread(target=work, daemon=True)
+    stream = sys.stdout  # the command's own (standard_output_told) until it ends
     stop_requested, forwarded = 0.0, False
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
@@ -873,6 +876,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
                       file=sys.stderr)
     finally:
+        sys.stdout = stream  # stopped now (Ctrl-C twice): not left to the worker still running
         sys.setrecursionlimit(previous)
         for number, handler in (previous_term or {}).items():
             signal.signal(number, handler)
@@ -960,12 +964,14 @@ def _main(argv: list[str] | None) -> int:
         print(_command_list(parser), file=sys.stderr)
         return EXIT_USAGE
     args.argv = argv  # what `cgc run --ranks N` passes on to each rank
-    standard_output = sys.stdout
-    sys.stdout = _StandardOutput(standard_output)
+    with standard_output_told():  # cgc/outputs.py: a reader that left, a device that refuses
+        return finish_output(_command_status(parser, args), "cgc")
+
+
+def _command_status(parser, args) -> int:
+    """The command's exit status; its errors told, each as its kind is."""
     try:
-        status = _COMMANDS[args.command](args)
-        sys.stdout.flush()  # a refused write is told below, not lost in the interpreter's exit
-        return status
+        return _COMMANDS[args.command](args)
     except CompileError as error:
         status = EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
             else EXIT_OK
@@ -997,40 +1003,6 @@ def _main(argv: list[str] | None) -> int:
         print(f"cgc: internal error: {type(error).__name__}: {error}\n"
               "cgc: this is a bug in cgc; set CGC_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_INTERNAL
-    finally:
-        sys.stdout = standard_output
-
-
-class _StandardOutput:
-    """The standard output during a command: a write the device refuses (`> /dev/full`)
-    is told as the standard output's (WriteFailed: one line, exit 1), not as whatever was
-    printing; a reader that left (`| head`) stays a BrokenPipeError (a quiet end)."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    @staticmethod
-    def _refused(error: OSError) -> WriteFailed:
-        return WriteFailed(f"cannot write the standard output: {error.strerror or error}")
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise self._refused(error) from None
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise self._refused(error) from None
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
 
 
 _COMMANDS = {"check": _check, "ir": _ir, "compile": _compile, "run": _run, "fmt": _fmt,

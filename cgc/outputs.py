@@ -20,6 +20,7 @@ not have named) and `WriteFailed` (a write that the disk or device refused: exit
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -293,29 +294,122 @@ def write_file(path: str, data: str | bytes, what: str | None = None) -> None:
         raise WriteFailed(f"cannot write {_where(path, what)}: {_reason(error)}") from None
 
 
-def silence_broken_pipes() -> None:
-    """After the reader of our output went away, later writes (and the interpreter's own
-    flush at exit) go nowhere rather than failing again."""
+# ---- the standard output -------------------------------------------------------------------
+# A reader that left (`cgc ... | head`, EPIPE) is no error: the command goes on quietly to its
+# own status (a run stops after the step under way); a write the device refuses (`> /dev/full`,
+# ENOSPC) is one line and exit 1, whatever was printing. The same for cgc's commands (cli.py)
+# and the scripts (script_status).
+
+def discard(stream) -> None:
+    """Later writes to `stream`, and what its buffer still holds (which the interpreter
+    flushes at exit), go to the null device: its reader left or its device refused."""
     devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):  # not a descriptor (a StringIO): left be
+        pass
+    finally:
+        os.close(devnull)
+
+
+def silence_broken_pipes() -> None:
+    """After the reader of our output went away, nothing more is tried on either stream."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError):
-            pass
+        if stream is not None:
+            discard(stream)
+
+
+class StandardOutput:
+    """sys.stdout during a command (standard_output_told). A reader that left (EPIPE): the
+    stream is discarded and `reader_left` set, and the command goes on to its own end and
+    status, printing into nothing (a run's loop reads the flag and stops after its step).
+    A write or flush the device refuses: WriteFailed, naming the standard output, and what
+    is left discarded (the interpreter's own flush at exit would fail again)."""
+
+    reader_left = False
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _left(self) -> None:
+        self.reader_left = True
+        discard(self._stream)
+
+    def _refused(self, error: OSError) -> WriteFailed:
+        discard(self._stream)
+        return WriteFailed(f"cannot write the standard output: {_reason(error)}")
+
+    def write(self, text: str) -> int:
+        if not self.reader_left:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._left()
+            except OSError as error:
+                raise self._refused(error) from None
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_left:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._left()
+            except OSError as error:
+                raise self._refused(error) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def standard_output_told():
+    """sys.stdout as a StandardOutput for the block (over the null device where the process
+    has no standard output at all: Python's None), the stream itself again after it."""
+    stream = sys.stdout
+    nothing = open(os.devnull, "w") if stream is None else None  # no standard output: `>&-`
+    sys.stdout = StandardOutput(stream if nothing is None else nothing)
+    try:
+        yield
+    finally:
+        sys.stdout = stream
+        if nothing is not None:
+            nothing.close()
+
+
+def finish_output(status: int, program: str) -> int:
+    """The status of a command that returned `status`, once what it printed is flushed: a
+    reader that left changes nothing (the status is the command's); a refused write is one
+    line (`program: error: ...`) and 1 if the command had succeeded."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        silence_broken_pipes()
+    except WriteFailed as error:
+        print(f"{program}: error: {error}", file=sys.stderr)
+        return status or 1
+    return status
 
 
 def script_status(main) -> int:
-    """`main()`'s exit status, its output flushed: a reader that went away (`| head`) ends
-    the program quietly with 0, as cgc itself does, not with a traceback (the scripts'
-    `__main__`)."""
-    try:
+    """A script's `main()` under the rules above (the scripts' `__main__`): a reader that
+    left changes nothing but what is printed, a refused write is one line and 1, never a
+    traceback; its status otherwise, and its own exceptions and exits as they are."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
+    with standard_output_told():
         try:
-            return main()
-        finally:  # --help's exit too: flushed here, not at the interpreter's exit, where
-            sys.stdout.flush()  # nothing can catch it
-    except BrokenPipeError:
-        silence_broken_pipes()
-        return 0
+            status = main()
+        except WriteFailed as error:  # the standard output's, or another output cgc wrote
+            print(f"{program}: error: {error}", file=sys.stderr)
+            return 1
+        except (Exception, KeyboardInterrupt, SystemExit):  # the script's own ending: kept,
+            try:  # what it printed flushed first (a reader that left: into nothing)
+                sys.stdout.flush()
+            except WriteFailed:
+                pass
+            raise
+        return finish_output(status, program)
 
 
 class Stream:
@@ -354,6 +448,8 @@ class Stream:
     def write(self, text: str) -> None:
         try:
             _write_descriptor(self.descriptor, text.encode("utf-8"))
+        except BrokenPipeError:  # a pipe's reader left (`--log /dev/stdout | head`)
+            raise
         except OSError as error:
             raise WriteFailed(f"cannot write {_where(self.path, self.what)}: "
                               f"{_reason(error)}") from None

@@ -4,6 +4,7 @@ axes, right plurals, and Ctrl-C that stops `cgc run` cleanly."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -420,46 +421,127 @@ def test_an_output_that_cannot_be_written_whole_leaves_the_old_file(tmp_path, mo
 
 
 # ---- a reader that leaves, a standard output that refuses -----------------------------------
+# Each both ways: Python's standard output buffered (as on most machines) and not
+# (PYTHONUNBUFFERED set, as on this one): a buffered write fails only when flushed, an
+# unbuffered one at the print.
 
-def _closed_stdout(*command) -> subprocess.CompletedProcess:
+BUFFERING = {"buffered": {}, "unbuffered": {"PYTHONUNBUFFERED": "1"}}
+
+
+def _environment(buffering: str) -> dict:
+    """This checkout's cgc (from any folder), its output buffered or not."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path, **BUFFERING[buffering]}
+
+
+def _closed_stdout(command, buffering: str, cwd=ROOT) -> subprocess.CompletedProcess:
     """`command` with its standard output a pipe whose reader left before it wrote (`| head`
     that has its lines): every write to it fails with EPIPE."""
-    process = subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, *command], cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=_environment(buffering))
     process.stdout.close()
     error = process.stderr.read()
     return subprocess.CompletedProcess(command, process.wait(), "", error)
 
 
+@pytest.mark.parametrize("buffering", BUFFERING)
+@pytest.mark.parametrize("command,status", [
+    (("-m", "cgc", "run", "schedules/train.cg", "--config", "tiny", "--backend", "numpy",
+      "--steps", "2"), 0),
+    (("-m", "cgc", "ir", "schedules/train.cg"), 0),
+    (("-m", "cgc", "check", "schedules/train.cg"), 0),
+    (("-m", "cgc", "fmt", "--check", "{unformatted}"), 1),  # its own status, not 0
+    (("scripts/cost_model.py", "--floor"), 0),  # the scripts, through script_status
+], ids=["cgc run", "cgc ir", "cgc check", "cgc fmt --check", "cost_model.py"])
+def test_a_reader_that_left_is_no_error(command, status, buffering, tmp_path):
+    """`cgc run` once said 'cannot write the dump None: Broken pipe' (exit 1), the scripts
+    printed a traceback, and `fmt --check` said 0 for a file it would reformat: now each
+    ends with its own status and nothing on stderr but its own lines."""
+    unformatted = tmp_path / "x.cg"
+    unformatted.write_text("def cgX : Nat =    1\n")
+    result = _closed_stdout([c.format(unformatted=unformatted) for c in command], buffering)
+    assert result.returncode == status, result.stderr
+    assert "Traceback" not in result.stderr and "error" not in result.stderr \
+        and "Exception" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("buffering", BUFFERING)
+def test_a_run_whose_reader_left_stops_as_on_ctrl_c_and_resumes_exactly(buffering, tmp_path):
+    """The run stops after the step under way, writes its checkpoint and dump and says so
+    on stderr, exit 0; its log has that step and no later one, so the resumed run logs each
+    step once (it once stopped between the log and the checkpoint: steps 1, 2, 2, 3)."""
+    run = ["-m", "cgc", "run", str(SCHEDULES / "train.cg"), "--config", "tiny", "--backend",
+           "numpy", "--checkpoint-dir", "ck", "--log", "log.jsonl"]
+    result = _closed_stdout([*run, "--steps", "5", "--checkpoint-every", "1", "--dump", "d"],
+                            buffering, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "wrote the checkpoint ck/step-00000001.safetensors" in result.stderr
+    assert "dumped the run to d" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000001.safetensors"]
+    assert len(json.loads((tmp_path / "d" / "run.json").read_text())["losses"]) == 1
+    resumed = subprocess.run([sys.executable, *run, "--steps", "3", "--resume", "ck"],
+                             cwd=tmp_path, capture_output=True, text=True,
+                             env=_environment(buffering))
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text()
+             .splitlines()]
+    assert steps == [1, 2, 3]
+
+
+@pytest.mark.parametrize("buffering", BUFFERING)
 @pytest.mark.parametrize("command", [
     ("-m", "cgc", "run", "schedules/train.cg", "--config", "tiny", "--backend", "numpy",
      "--steps", "2"),
+    ("-m", "cgc", "check", "schedules/train.cg"),
+    ("-m", "cgc", "check", "--memory", "schedules/train.cg"),
     ("-m", "cgc", "ir", "schedules/train.cg"),
-    ("scripts/cost_model.py", "--floor"),  # the scripts' tables, through script_status
-], ids=["cgc run", "cgc ir", "cost_model.py"])
-def test_a_reader_that_left_ends_the_command_quietly(command):
-    """`cgc run` once said 'cannot write the dump None: Broken pipe' (exit 1) and the scripts
-    printed a traceback: each now ends at once, exit 0, nothing on stderr but its own lines."""
-    result = _closed_stdout(*command)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
-
-
-@pytest.mark.parametrize("command", [
-    ("run", "schedules/train.cg", "--config", "tiny", "--backend", "numpy", "--steps", "2"),
-    ("check", "schedules/train.cg"), ("check", "--memory", "schedules/train.cg"),
-    ("ir", "schedules/train.cg"),
-], ids=["run", "check", "check --memory", "ir"])
-def test_a_standard_output_that_refuses_is_one_line_exit_1(command):
+    ("scripts/cost_model.py", "--floor"),
+], ids=["run", "check", "check --memory", "ir", "cost_model.py"])
+def test_a_standard_output_that_refuses_is_one_line_exit_1(command, buffering):
     """A full device as the standard output (`> /dev/full`): once an internal error (check,
-    ir) or 'cannot write the dump None' (run); now said as the standard output's, exit 1."""
+    ir), 'cannot write the dump None' (run) or a traceback (the scripts); now said as the
+    standard output's, exit 1, and nothing after it (what is left unwritten is not tried
+    again at the interpreter's exit, which said 'Exception ignored', exit 120)."""
     with open("/dev/full", "w") as full:
-        result = subprocess.run([sys.executable, "-m", "cgc", *command], cwd=ROOT,
-                                stdout=full, stderr=subprocess.PIPE, text=True)
+        result = subprocess.run([sys.executable, *command], cwd=ROOT, stdout=full,
+                                stderr=subprocess.PIPE, text=True,
+                                env=_environment(buffering))
     assert result.returncode == 1, result.stderr
+    program = "cost_model.py" if command[0].endswith(".py") else "cgc"
     assert result.stderr.splitlines()[-1] == \
-        "cgc: error: cannot write the standard output: No space left on device"
-    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+        f"{program}: error: cannot write the standard output: No space left on device"
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr
+
+
+def test_a_closed_standard_output_is_no_output_not_an_error():
+    """Started with no standard output at all (`>&-`: Python's sys.stdout is None)."""
+    for command in ("check", "ir"):
+        result = subprocess.run(f"{sys.executable} -m cgc {command} schedules/train.cg >&-",
+                                shell=True, cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 0 and result.stderr == "", (command, result.stderr)
+
+
+@pytest.mark.parametrize("ending,status,said", [
+    ("raise RuntimeError('boom')", 1, "RuntimeError: boom"),
+    ("sys.exit(5)", 5, None), ("return 4", 4, None), ("raise KeyboardInterrupt", 130, None)])
+def test_a_scripts_own_ending_stands_when_its_reader_left(ending, status, said, tmp_path):
+    """script_status keeps what the script itself does: its exceptions (with their
+    traceback), its exits and its statuses, stdout's reader gone or not."""
+    script = tmp_path / "script.py"
+    script.write_text("import sys\n"
+                      f"sys.path.insert(0, {str(ROOT)!r})\n"
+                      "from cgc.outputs import script_status\n"
+                      "def main():\n"
+                      "    print('x' * 100)\n"
+                      f"    {ending}\n"
+                      "sys.exit(script_status(main))\n")
+    for buffering in BUFFERING:
+        result = _closed_stdout([str(script)], buffering)
+        code = result.returncode if result.returncode >= 0 else 128 - result.returncode
+        assert code == status, (buffering, result.returncode, result.stderr)
+        if said:
+            assert said in result.stderr, result.stderr
 
 
 def test_a_dump_the_disk_refuses_is_said_as_the_dumps(tmp_path, monkeypatch, capsys):

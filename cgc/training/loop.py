@@ -7,6 +7,7 @@ is returned as it would be at the end, so the caller can still report and plot i
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.diagnostics import CompileError, Diagnostic
-from ..outputs import WriteFailed, new_file
+from ..outputs import WriteFailed, discard, new_file
 from ..resources import sync_to_disk
 from ..backends.base import Run
 
@@ -29,7 +30,8 @@ from ..backends.base import Run
 class Training:
     losses: list[float] = field(default_factory=list)  # every step's, resumed ones included
     seconds: list[float] = field(default_factory=list)  # the steps run here
-    stopped: bool = False  # ended early by a stop request
+    stopped: bool = False  # ended early by a stop request, or as one (reader_left)
+    reader_left: bool = False  # the reader of the progress lines or the log left (`| head`)
     diverged: int | None = None  # the step whose loss was not finite, where training stopped
     validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
     checkpoint: str | None = None  # the last checkpoint written
@@ -157,10 +159,11 @@ class Validation:
     steps: int  # batches averaged per validation
 
 
-def stop_requested(run: Run, stop: threading.Event | None) -> bool:
-    """Whether to stop now: the stop request (Ctrl-C, SIGTERM), agreed by every rank of a
-    data-parallel run (a rank that stopped alone would leave the others in a collective)."""
-    stopping = stop is not None and stop.is_set()
+def stop_requested(run: Run, stop: threading.Event | None, here: bool = False) -> bool:
+    """Whether to stop now: the stop request (Ctrl-C, SIGTERM), or a reason of this rank's
+    own (`here`: its reader left), agreed by every rank of a data-parallel run (a rank that
+    stopped alone would leave the others in a collective)."""
+    stopping = here or (stop is not None and stop.is_set())
     if stop is not None and run.communicator.size > 1:
         stopping = run.communicator.average_scalar(1.0 if stopping else 0.0) > 0.0
     return stopping
@@ -196,6 +199,8 @@ def _log(log, record: dict) -> None:
         try:
             log.write(json.dumps(json_values(record), sort_keys=True) + "\n")
             log.flush()
+        except BrokenPipeError:  # its reader left (`--log /dev/stdout | head`): train's
+            raise
         except OSError as error:
             raise OutputError(f"cannot write the log {log.name}: "
                               f"{error.strerror or error}") from None
@@ -225,8 +230,40 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
     interactive = (out.isatty() if hasattr(out, "isatty") else False) and \
         run.communicator.size == 1
     step = start
+
+    gone = set()  # the streams whose reader left: "out", "log"
+
+    def reader_left(which: str, stream) -> None:
+        """The reader of the progress lines or of the log left (`cgc run | head`): the run
+        stops after this step as a stop request stops it (its checkpoint and dump written),
+        and that stream gets nothing more. Without a stop request to act as (a caller's own
+        loop), the BrokenPipeError is the caller's."""
+        if stop is None:
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+        result.reader_left = True
+        gone.add(which)
+        discard(stream)
+
+    def show(text: str) -> None:
+        if "out" not in gone:
+            try:
+                out.write(text)
+                out.flush()
+            except BrokenPipeError:
+                reader_left("out", out)
+                return
+            if getattr(out, "reader_left", False):  # the standard output said so (outputs.py)
+                reader_left("out", out)
+
+    def log_entry(entry: dict) -> None:
+        if "log" not in gone:
+            try:
+                _log(log, entry)
+            except BrokenPipeError:
+                reader_left("log", log)
+
     for step in range(start + 1, steps + 1):
-        if stop_requested(run, stop):  # every rank stops after the same step
+        if stop_requested(run, stop, result.reader_left):  # every rank after the same step
             result.stopped = True
             step -= 1
             break
@@ -240,17 +277,16 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
         rates.append(rate)
         if step == start + 1 and dump:
             first = (run.bank_values("gradients"), run.bank_values("parameters"))
-        _log(log, record.json())
+        log_entry(record.json())
         line = progress_line(record, steps, outcome.note)
         last = step == steps or (stop is not None and stop.is_set())
-        out.write(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
-        out.flush()
+        show(("\r" + line + ("\n" if last else "")) if interactive else line + "\n")
         if on_step is not None:
             on_step(record)
         if not (math.isfinite(outcome.loss) and math.isfinite(norm)):  # every later step
             result.diverged = step                                   # would carry the NaN on
             if interactive and not last:
-                out.write("\n")
+                show("\n")
             break
         if validation and validation.every and (step % validation.every == 0 or step == steps):
             position = validation.batches.position()
@@ -260,17 +296,14 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 result.stopped = True
                 break
             result.validation.append((step, loss))
-            _log(log, {"kind": "validation", "step": step, "loss": loss})
-            out.write(f"step {step}: validation loss {loss:.4f} "
-                      f"({validation.steps} batches)\n" if validation.steps != 1 else
-                      f"step {step}: validation loss {loss:.4f}\n")
-            out.flush()
+            log_entry({"kind": "validation", "step": step, "loss": loss})
+            show(f"step {step}: validation loss {loss:.4f} ({validation.steps} batches)\n"
+                 if validation.steps != 1 else f"step {step}: validation loss {loss:.4f}\n")
             if not math.isfinite(loss):  # the parameters this step wrote are ruined
                 result.diverged = step
                 break
         if sample is not None and sample_every and step % sample_every == 0:
-            out.write(f"step {step}: sample: {sample()!r}\n")
-            out.flush()
+            show(f"step {step}: sample: {sample()!r}\n")
         if checkpointing and checkpointing.every and step % checkpointing.every == 0 \
                 and step != steps:
             result.checkpoint = write_checkpoint(run, checkpointing, step, batches,
