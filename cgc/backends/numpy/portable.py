@@ -132,8 +132,19 @@ def _nonfinite(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul(a, b) of float32 operands (batched on leading axes, as np.matmul): each
     element the float32 nearest the exact sum of its products, so the same bits with any
-    BLAS, kernel or thread count (IEEE's Inf and NaN where a term is not finite)."""
+    BLAS, kernel or thread count (IEEE's Inf and NaN where a term is not finite). Rows of
+    `a` a few at a time (each element depends on its own row and column alone: the same
+    bits), about 4 x PIECE elements of the result at once, for the reason the functions
+    below go in pieces."""
     a, b = np.asarray(a, dtype=F32), np.asarray(b, dtype=F32)
+    rows = max(1, 4 * PIECE // max(b.shape[-1], 1)) if b.ndim >= 2 else 0
+    if a.ndim >= 2 and rows and a.shape[-2] > rows:
+        return np.concatenate([_matmul(a[..., i:i + rows, :], b)
+                               for i in range(0, a.shape[-2], rows)], axis=-2)
+    return _matmul(a, b)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.shape[-1] == 0:
         return np.matmul(a, b) + F32(0)
     if np.isfinite(a).all() and np.isfinite(b).all():
