@@ -17,7 +17,7 @@ from . import __version__, api
 from .backends import REGISTRY
 from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
 from .outputs import (Refused, WriteFailed, finish_output, silence_broken_pipes,
-                      standard_output_told)
+                      standard_streams_told)
 from .resources import install_hint
 from .pipeline import Frontend, analyse, check, evaluate
 
@@ -74,9 +74,10 @@ def _writable(path: str | None) -> None:
         check(path)
 
 
-def _write_text(path: str, text: str) -> None:
+def _write_text(path: str, text: str) -> bool:
+    """Whether `path` got all of `text` (not where a pipe's reader left first)."""
     from .outputs import write_file
-    write_file(path, text)  # cgc/outputs.py: Refused (exit 2) or WriteFailed (exit 1)
+    return write_file(path, text)  # cgc/outputs.py: Refused (exit 2) or WriteFailed (exit 1)
 
 
 def _add_program_options(parser: argparse.ArgumentParser, several_configs: bool) -> None:
@@ -476,9 +477,9 @@ def _compile(args) -> int:
     if output == "-":
         sys.stdout.write(emitted.text)
     else:
-        _write_text(output, emitted.text)
-        print(f"wrote {output}: {_count(len(emitted.kernels), 'kernel')}, "
-              f"{_count(emitted.text.count(chr(10)), 'line')}", file=sys.stderr)
+        if _write_text(output, emitted.text):
+            print(f"wrote {output}: {_count(len(emitted.kernels), 'kernel')}, "
+                  f"{_count(emitted.text.count(chr(10)), 'line')}", file=sys.stderr)
     name = output if output != "-" else "<stdout>"
     try:
         if args.nvrtc:
@@ -757,18 +758,21 @@ def _report(args, training, result, start: int, timings) -> None:
         print(f"wrote the checkpoint {result.checkpoint}", file=sys.stderr)
     if args.trace and timings:
         from .tools.trace import write_trace
-        write_trace(args.trace, timings, training.run.name)  # WriteFailed: one line, exit 1
-        print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
+        if write_trace(args.trace, timings, training.run.name):  # WriteFailed: exit 1
+            print(f"wrote the first step's trace to {args.trace}", file=sys.stderr)
     if args.plot and result.losses:
         from .tools.plot import write_loss_plot
-        write_loss_plot(args.plot, result.losses)
-        print(f"drew the loss curve in {args.plot}", file=sys.stderr)
+        if write_loss_plot(args.plot, result.losses):
+            print(f"drew the loss curve in {args.plot}", file=sys.stderr)
     size = training.communicator.size
     if training.communicator.lead:
         print(summary(result) + ("" if size == 1 else f" on {size} ranks"))
 
 
 def _training_status(training, result) -> int:
+    if result.refused is not None:  # the progress lines: the run stopped after that step
+        print(f"cgc: error: {result.refused}", file=sys.stderr)
+        return EXIT_DIAGNOSTICS
     if result.diverged is not None:
         if training.communicator.lead:  # every rank sees it (the loss is their mean)
             rate = training.learning_rate.at(result.diverged)
@@ -849,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     # the thread stopped while it still runs (threading's bpo-45274 handler releases the
     # lock the running thread holds), and the run would end with no summary, exit 3.
     worker = threading.Thread(target=work, daemon=True)
-    stream = sys.stdout  # the command's own (standard_output_told) until it ends
+    streams = sys.stdout, sys.stderr  # the command's own (standard_streams_told) until it ends
     stop_requested, forwarded = 0.0, False
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
@@ -876,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
                       file=sys.stderr)
     finally:
-        sys.stdout = stream  # stopped now (Ctrl-C twice): not left to the worker still running
+        sys.stdout, sys.stderr = streams  # stopped now (Ctrl-C twice): not left to the worker
         sys.setrecursionlimit(previous)
         for number, handler in (previous_term or {}).items():
             signal.signal(number, handler)
@@ -950,6 +954,16 @@ def _unknown_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | 
 
 
 def _main(argv: list[str] | None) -> int:
+    with standard_streams_told():  # cgc/outputs.py: a reader that left, a device that refuses
+        try:
+            status = _parsed_command_status(argv)
+        except WriteFailed as error:  # --help's or --version's text, refused
+            print(f"cgc: error: {error}", file=sys.stderr)
+            return EXIT_DIAGNOSTICS
+        return finish_output(status, "cgc")
+
+
+def _parsed_command_status(argv: list[str] | None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     unknown = _unknown_command(parser, argv)
@@ -964,8 +978,7 @@ def _main(argv: list[str] | None) -> int:
         print(_command_list(parser), file=sys.stderr)
         return EXIT_USAGE
     args.argv = argv  # what `cgc run --ranks N` passes on to each rank
-    with standard_output_told():  # cgc/outputs.py: a reader that left, a device that refuses
-        return finish_output(_command_status(parser, args), "cgc")
+    return _command_status(parser, args)
 
 
 def _command_status(parser, args) -> int:

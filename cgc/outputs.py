@@ -254,9 +254,10 @@ def _prepared(path: str, what: str | None):
     return target, status
 
 
-def write_file(path: str, data: str | bytes, what: str | None = None) -> None:
+def write_file(path: str, data: str | bytes, what: str | None = None) -> bool:
     """`data` (text as UTF-8) into `path`, by the rules above. Refused where nothing could be
-    written; WriteFailed where the writing failed (a regular file is then as it was)."""
+    written; WriteFailed where the writing failed (a regular file is then as it was). False
+    where a pipe's reader left before the end (no error: nothing to say it was written)."""
     from .resources import sync_to_disk
     data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     target, status = _prepared(path, what)
@@ -266,14 +267,14 @@ def write_file(path: str, data: str | bytes, what: str | None = None) -> None:
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()  # what was printed before comes first
             _write_descriptor(target, data)
-            return
+            return True
         if status is not None and not stat.S_ISREG(status.st_mode):
             descriptor = _open_in_place(target)
             try:
                 _write_descriptor(descriptor, data)
             finally:
                 os.close(descriptor)
-            return
+            return True
         descriptor, temporary = _temporary_beside(target, status)
         try:
             with os.fdopen(descriptor, "wb") as handle:
@@ -288,24 +289,29 @@ def write_file(path: str, data: str | bytes, what: str | None = None) -> None:
                 pass
             raise
         sync_to_disk(os.path.dirname(target))  # the rename itself
-    except BrokenPipeError:  # a pipe's reader left (`-o /dev/stdout | head`): as for print
-        raise
+        return True
+    except BrokenPipeError:  # a pipe's reader left (`-o /dev/stdout | head`, a FIFO's): no
+        if isinstance(target, int):  # error, as for what is printed
+            reader_gone(target)
+        return False
     except OSError as error:
         raise WriteFailed(f"cannot write {_where(path, what)}: {_reason(error)}") from None
 
 
-# ---- the standard output -------------------------------------------------------------------
-# A reader that left (`cgc ... | head`, EPIPE) is no error: the command goes on quietly to its
-# own status (a run stops after the step under way); a write the device refuses (`> /dev/full`,
-# ENOSPC) is one line and exit 1, whatever was printing. The same for cgc's commands (cli.py)
-# and the scripts (script_status).
+# ---- the standard streams ------------------------------------------------------------------
+# A reader that left (`cgc ... | head`, `2>&1 | head`: EPIPE) is no error: the command goes on
+# quietly to its own status (a run stops after the step under way); a standard output the
+# device refuses (`> /dev/full`, ENOSPC) is one line and exit 1, whatever was printing; an
+# error message that cannot be written is lost, and the status still says it. The same for
+# cgc's commands (cli.py) and the scripts (script_status).
 
 def discard(stream) -> None:
-    """Later writes to `stream`, and what its buffer still holds (which the interpreter
-    flushes at exit), go to the null device: its reader left or its device refused."""
+    """Later writes to `stream` (a stream or a descriptor), and what its buffer still holds
+    (which the interpreter flushes at exit), go to the null device: its reader left or its
+    device refused."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, stream.fileno())
+        os.dup2(devnull, stream if isinstance(stream, int) else stream.fileno())
     except (OSError, ValueError, AttributeError):  # not a descriptor (a StringIO): left be
         pass
     finally:
@@ -319,62 +325,89 @@ def silence_broken_pipes() -> None:
             discard(stream)
 
 
-class StandardOutput:
-    """sys.stdout during a command (standard_output_told). A reader that left (EPIPE): the
-    stream is discarded and `reader_left` set, and the command goes on to its own end and
-    status, printing into nothing (a run's loop reads the flag and stops after its step).
-    A write or flush the device refuses: WriteFailed, naming the standard output, and what
-    is left discarded (the interpreter's own flush at exit would fail again)."""
+def reader_gone(descriptor: int) -> None:
+    """The reader of `descriptor` left: discarded; if it is the standard output's (an
+    output written to /dev/stdout), the standard output says so (StandardOutput.reader_left),
+    as it does for what is printed."""
+    discard(descriptor)
+    if isinstance(sys.stdout, StandardOutput) and _same_file(descriptor, sys.stdout):
+        sys.stdout.reader_left = True
+
+
+def _same_file(descriptor: int, stream) -> bool:
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.fstat(stream.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class _Guarded:
+    """A standard stream during a command: writes go to `stream` until it fails. A reader
+    that left (EPIPE): the stream is discarded and `reader_left` set, and the command goes on
+    to its own end and status, writing into nothing; another failure: `_failed`."""
 
     reader_left = False
 
     def __init__(self, stream):
         self._stream = stream
 
-    def _left(self) -> None:
-        self.reader_left = True
-        discard(self._stream)
-
-    def _refused(self, error: OSError) -> WriteFailed:
-        discard(self._stream)
-        return WriteFailed(f"cannot write the standard output: {_reason(error)}")
-
-    def write(self, text: str) -> int:
+    def _guarded(self, act) -> None:
         if not self.reader_left:
             try:
-                self._stream.write(text)
+                act()
             except BrokenPipeError:
-                self._left()
+                self.reader_left = True
+                discard(self._stream)
             except OSError as error:
-                raise self._refused(error) from None
+                self._failed(error)
+
+    def write(self, text: str) -> int:
+        self._guarded(lambda: self._stream.write(text))
         return len(text)
 
     def flush(self) -> None:
-        if not self.reader_left:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._left()
-            except OSError as error:
-                raise self._refused(error) from None
+        self._guarded(self._stream.flush)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
 
 
+class StandardOutput(_Guarded):
+    """sys.stdout during a command (standard_streams_told); a run's loop reads
+    `reader_left` and stops after its step. A write the device refuses: WriteFailed, naming
+    the standard output, what is left discarded (the interpreter's own flush at exit would
+    fail again)."""
+
+    def _failed(self, error: OSError) -> None:
+        discard(self._stream)
+        raise WriteFailed(f"cannot write the standard output: {_reason(error)}") from None
+
+
+class StandardError(_Guarded):
+    """sys.stderr during a command: what cannot be written (a full device) is lost, as when
+    its reader left; the exit status still tells the outcome."""
+
+    def _failed(self, error: OSError) -> None:
+        self.reader_left = True
+        discard(self._stream)
+
+
 @contextlib.contextmanager
-def standard_output_told():
-    """sys.stdout as a StandardOutput for the block (over the null device where the process
-    has no standard output at all: Python's None), the stream itself again after it."""
-    stream = sys.stdout
-    nothing = open(os.devnull, "w") if stream is None else None  # no standard output: `>&-`
-    sys.stdout = StandardOutput(stream if nothing is None else nothing)
+def standard_streams_told():
+    """sys.stdout and sys.stderr as StandardOutput and StandardError for the block (over the
+    null device where the process has none: Python's None, `>&-`), the streams themselves
+    again after it."""
+    streams = sys.stdout, sys.stderr
+    nothing = [open(os.devnull, "w") for stream in streams if stream is None]
+    spare = iter(nothing)
+    sys.stdout = StandardOutput(streams[0] if streams[0] is not None else next(spare))
+    sys.stderr = StandardError(streams[1] if streams[1] is not None else next(spare))
     try:
         yield
     finally:
-        sys.stdout = stream
-        if nothing is not None:
-            nothing.close()
+        sys.stdout, sys.stderr = streams
+        for stream in nothing:
+            stream.close()
 
 
 def finish_output(status: int, program: str) -> int:
@@ -395,19 +428,22 @@ def finish_output(status: int, program: str) -> int:
 def script_status(main) -> int:
     """A script's `main()` under the rules above (the scripts' `__main__`): a reader that
     left changes nothing but what is printed, a refused write is one line and 1, never a
-    traceback; its status otherwise, and its own exceptions and exits as they are."""
+    traceback; its status otherwise, and its own exceptions and exits as they are (an exit
+    with status 0, such as --help's, becomes 1 if what it printed was refused)."""
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
-    with standard_output_told():
+    with standard_streams_told():
         try:
             status = main()
         except WriteFailed as error:  # the standard output's, or another output cgc wrote
             print(f"{program}: error: {error}", file=sys.stderr)
             return 1
-        except (Exception, KeyboardInterrupt, SystemExit):  # the script's own ending: kept,
-            try:  # what it printed flushed first (a reader that left: into nothing)
+        except (Exception, KeyboardInterrupt, SystemExit) as ending:  # the script's own:
+            try:  # kept, what it printed flushed first (a reader that left: into nothing)
                 sys.stdout.flush()
-            except WriteFailed:
-                pass
+            except WriteFailed as error:
+                print(f"{program}: error: {error}", file=sys.stderr)
+                if isinstance(ending, SystemExit) and not ending.code:
+                    return 1
             raise
         return finish_output(status, program)
 

@@ -54,4 +54,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, ROOT)
+    from cgc.outputs import script_status
+    sys.exit(script_status(main))

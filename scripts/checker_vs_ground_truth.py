@@ -879,8 +879,10 @@ def judge(modules: list[Module]) -> tuple[str, str]:
     return verdict, ("safe", "")
 
 
-def run(limit: int | None, seed: int, out=sys.stdout) -> Counter:
-    """The backward campaign: the checker against the NumPy machine (tests/test_machine.py)."""
+def run(limit: int | None, seed: int, out=None) -> Counter:
+    """The backward campaign: the checker against the NumPy machine (tests/test_machine.py);
+    its table on `out` (the standard output as it is at the call, where not given)."""
+    out = sys.stdout if out is None else out
     modules = load([SOURCE], Reporter())
     found = variants(modules, seed)
     if limit is not None and len(found) > limit:
@@ -1162,14 +1164,16 @@ def build_libraries(override_sets: list[dict], jobs: int, out) -> dict:
 
 def campaign(seed: int = 0, limit: int | None = None, randoms: int = 500, constants: int = 40,
              pairs: int = 1200, jobs: int = 2, emulated: bool = True, budget: float = 60.0,
-             out=sys.stdout, records_path: str | None = None, progress: bool = False,
+             out=None, records_path: str | None = None, progress: bool = False,
              emulated_limit: int | None = None, values: str = "all",
              kinds: tuple | None = None) -> dict:
     """The whole campaign; returns the summary (and prints the tables). `emulated_limit`:
     ground truth 2 judges only a random sample of that many variants (all: None).
     `values`: the values ground truth on every variant GT1 runs safely ("all"), or on the
-    accepted ones only ("accepted": all that false accepts need)."""
+    accepted ones only ("accepted": all that false accepts need). The tables on `out` (the
+    standard output as it is at the call, where not given)."""
     import multiprocessing
+    out = sys.stdout if out is None else out
     started = time.perf_counter()
     found = cases(seed, limit, randoms, constants, pairs, kinds)
     if emulated_limit is not None and emulated_limit < len(found):

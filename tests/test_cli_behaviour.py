@@ -555,3 +555,68 @@ def test_a_dump_the_disk_refuses_is_said_as_the_dumps(tmp_path, monkeypatch, cap
                  "--dump", str(folder)]) == 1
     assert f"cgc: error: cannot write the dump {folder}: No space left on device" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("buffering", BUFFERING)
+@pytest.mark.parametrize("shell,status", [
+    ("-m cgc --version > /dev/full", 1),  # argparse's own text, refused: one line
+    ("scripts/cost_model.py --help > /dev/full", 1),
+    ("-m cgc check /nonexistent.cg 2> /dev/full", 2),  # its message lost, its status kept
+    ("-m cgc check tests/diagnostics/unknown_name.cg 2> /dev/full", 1),
+    ("-m cgc check tests/diagnostics/unknown_name.cg 2>&- > {tmp}/out", 1),
+    ("-m cgc check schedules/train.cg > /dev/full 2> /dev/full", 1),
+], ids=["--version full", "script --help full", "usage, stderr full", "diagnostics, stderr full",
+        "diagnostics, stderr closed", "both full"])
+def test_standard_streams_that_fail_leave_the_status_alone(shell, status, buffering, tmp_path):
+    """Whatever becomes of stdout and stderr (full, closed, their reader gone), the status is
+    the command's; stdout, where it can be written, gets nothing meant for stderr (a closed
+    stderr once sent the diagnostics there)."""
+    (tmp_path / "x.cg").write_text("def cgX : Nat =    1\n")
+    command = shell.format(tmp=tmp_path)
+    result = subprocess.run(f"set -o pipefail; {sys.executable} {command}", shell=True, cwd=ROOT,
+                            capture_output=True, text=True, env=_environment(buffering),
+                            executable="/bin/bash")
+    assert result.returncode == status, (command, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr
+    if "> {tmp}/out" in shell:
+        assert (tmp_path / "out").read_text() == ""
+
+
+@pytest.mark.parametrize("buffering", BUFFERING)
+@pytest.mark.parametrize("command,status", [
+    (("fmt", "--check", "{tmp}/x.cg"), 1), (("check", "/nonexistent.cg"), 2),
+    (("check", "tests/diagnostics/unknown_name.cg"), 1),
+], ids=["fmt --check", "usage", "diagnostics"])
+def test_one_reader_of_both_streams_that_left_leaves_the_status_alone(command, status,
+                                                                      buffering, tmp_path):
+    """`cgc ... 2>&1 | head` whose reader left before cgc wrote: stderr's writes fail too,
+    and the status is still the command's (fmt --check once said 0)."""
+    (tmp_path / "x.cg").write_text("def cgX : Nat =    1\n")
+    process = subprocess.Popen([sys.executable, "-m", "cgc",
+                                *(c.format(tmp=tmp_path) for c in command)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=_environment(buffering))
+    process.stdout.close()
+    assert process.wait() == status
+
+
+@pytest.mark.parametrize("buffering", BUFFERING)
+def test_a_standard_output_that_fills_up_stops_the_run_with_its_checkpoint(buffering, tmp_path):
+    """The standard output refuses a progress line partway (a file at its size limit: EFBIG,
+    as a disk filling up): the run stops after that step, checkpointed, so its log holds no
+    step its checkpoints lack; then one line, exit 1 (it once stopped with the step logged
+    and not checkpointed: a resume logged it twice)."""
+    out = tmp_path / "out.txt"
+    out.write_bytes(b"\0" * (4096 * 1024 - 300))  # 300 bytes under the limit below
+    command = (f"ulimit -f 4096; {sys.executable} -m cgc run {SCHEDULES / 'train.cg'} "
+               "--config tiny --backend numpy --steps 30 --checkpoint-dir ck "
+               f"--checkpoint-every 1 --log log.jsonl >> {out}")
+    result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True,
+                            env=_environment(buffering), executable="/bin/bash")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == \
+        "cgc: error: cannot write the standard output: File too large"
+    steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text()
+             .splitlines()]
+    last = sorted(p.name for p in (tmp_path / "ck").iterdir())[-1]
+    assert 1 < len(steps) < 30 and last == f"step-{steps[-1]:08d}.safetensors", (steps, last)

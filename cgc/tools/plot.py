@@ -172,7 +172,8 @@ def loss_image(losses: list[float]) -> np.ndarray:
     return image
 
 
-def write_png(path: str, image: np.ndarray) -> None:
+def write_png(path: str, image: np.ndarray) -> bool:
+    """Whether it was written whole (outputs.write_file)."""
     height, width, _ = image.shape
     raw = b"".join(b"\x00" + image[row].tobytes() for row in range(height))
 
@@ -180,12 +181,12 @@ def write_png(path: str, image: np.ndarray) -> None:
         return struct.pack(">I", len(body)) + kind + body + \
             struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
-    write_file(path, b"".join((
+    return write_file(path, b"".join((
         b"\x89PNG\r\n\x1a\n",
         chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)),
         chunk(b"IDAT", zlib.compress(raw, 9)),
         chunk(b"IEND", b""))), "the plot")
 
 
-def write_loss_plot(path: str, losses: list[float]) -> None:
-    write_png(path, loss_image(losses))
+def write_loss_plot(path: str, losses: list[float]) -> bool:
+    return write_png(path, loss_image(losses))

@@ -33,6 +33,7 @@ def chrome_trace(timings: list, backend: str = "") -> list[dict]:
     return names + phases + launches
 
 
-def write_trace(path: str, timings: list, backend: str = "") -> None:
-    write_file(path, json.dumps({"traceEvents": chrome_trace(timings, backend),
+def write_trace(path: str, timings: list, backend: str = "") -> bool:
+    """Whether it was written whole (outputs.write_file)."""
+    return write_file(path, json.dumps({"traceEvents": chrome_trace(timings, backend),
                                  "displayTimeUnit": "ms"}), "the trace")

@@ -32,6 +32,7 @@ class Training:
     seconds: list[float] = field(default_factory=list)  # the steps run here
     stopped: bool = False  # ended early by a stop request, or as one (reader_left)
     reader_left: bool = False  # the reader of the progress lines or the log left (`| head`)
+    refused: Exception | None = None  # the progress lines' device refused them (a full disk)
     diverged: int | None = None  # the step whose loss was not finite, where training stopped
     validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
     checkpoint: str | None = None  # the last checkpoint written
@@ -233,14 +234,18 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
 
     gone = set()  # the streams whose reader left: "out", "log"
 
-    def reader_left(which: str, stream) -> None:
-        """The reader of the progress lines or of the log left (`cgc run | head`): the run
-        stops after this step as a stop request stops it (its checkpoint and dump written),
-        and that stream gets nothing more. Without a stop request to act as (a caller's own
-        loop), the BrokenPipeError is the caller's."""
+    def reader_left(which: str, stream, refused: Exception | None = None) -> None:
+        """The reader of the progress lines or of the log left (`cgc run | head`), or the
+        progress lines' device refused them (`refused`): the run stops after this step as a
+        stop request stops it (its checkpoint and dump written, so that they hold every step
+        the log does), and that stream gets nothing more. Without a stop request to act as
+        (a caller's own loop), the error is the caller's."""
         if stop is None:
-            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
-        result.reader_left = True
+            raise refused or BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+        if refused is None:
+            result.reader_left = True
+        else:
+            result.refused = refused
         gone.add(which)
         discard(stream)
 
@@ -251,6 +256,9 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 out.flush()
             except BrokenPipeError:
                 reader_left("out", out)
+                return
+            except WriteFailed as error:  # the standard output's (cgc/outputs.py)
+                reader_left("out", out, error)
                 return
             if getattr(out, "reader_left", False):  # the standard output said so (outputs.py)
                 reader_left("out", out)
@@ -263,7 +271,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 reader_left("log", log)
 
     for step in range(start + 1, steps + 1):
-        if stop_requested(run, stop, result.reader_left):  # every rank after the same step
+        if stop_requested(run, stop, bool(gone)):  # every rank after the same step
             result.stopped = True
             step -= 1
             break
