@@ -817,12 +817,17 @@ def _stream_sample(args, sampling, prompt: list[int]) -> list[int]:
         sys.stdout.write(text.add([token]))
         sys.stdout.flush()
 
+    class Stop:  # a stop request, or the reader gone (`| head -c 100`): no more tokens
+        @staticmethod
+        def is_set() -> bool:
+            return _STOP.is_set() or getattr(sys.stdout, "reader_left", False)
+
     sys.stdout.write(text.add(prompt))
     sys.stdout.flush()
     _STEPPING.set()  # a stop request ends the sample after the token under way
     try:
         return sampling.generate(prompt, args.tokens, args.temperature, args.top_k, args.seed,
-                                 stop=_STOP, emit=emit)
+                                 stop=Stop, emit=emit)
     finally:
         _STEPPING.clear()
         sys.stdout.write(text.end() + "\n")

@@ -252,3 +252,20 @@ def test_a_step_larger_than_the_memory_is_refused_before_allocating(trained, mon
         assert re.search(r"cgc: error: the step needs [\d,]+ bytes \([\d.]+ MiB\) \(its memory "
                          r"plan's .*more than this machine's physical memory: 1,048,576 bytes "
                          r"\(1.00 MiB\)", err), err
+
+
+def test_sample_stops_when_its_reader_leaves(trained):
+    """`cgc sample ... | head -c 100`: once the reader is gone no more tokens are drawn (it
+    once drew all it was asked for, printing into nothing); exit 0, its count said."""
+    process = subprocess.Popen([sys.executable, "-m", "cgc", "sample", trained, "--backend",
+                                "numpy", "--tokens", "100000", "--prompt", "ab"], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    count = int(re.search(rb"sampled (\d+) tokens?", err).group(1))
+    assert count <= 2 and b"Traceback" not in err, err
