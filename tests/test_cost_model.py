@@ -817,3 +817,14 @@ def test_a_missing_compiler_is_one_line_with_the_way_out_that_fits(arguments, hi
         "cost_model: error: nvcc is not installed: pip install ..."
         + (" (or --floor for the floor alone)" if hint else "")]
     assert captured.out == ""
+
+
+def test_a_context_of_one_attention_tile_is_priced_not_refused():
+    """At config tiny (a context of 64: one attention tile) no tile pair is off the diagonal,
+    and nvcc removes the attention kernels' main loops: the script once stopped with an
+    AssertionError (the design names 1 tiled loop, the SASS has 0); the step is priced."""
+    result = _script("--config", "tiny")
+    if "cost_model: error:" in result.stderr:  # no CUDA compiler for the audit
+        pytest.skip(result.stderr.strip())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "side by side, the machine shared (the model)" in result.stdout

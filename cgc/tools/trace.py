@@ -36,4 +36,4 @@ def chrome_trace(timings: list, backend: str = "") -> list[dict]:
 def write_trace(path: str, timings: list, backend: str = "") -> bool:
     """Whether it was written whole (outputs.write_file)."""
     return write_file(path, json.dumps({"traceEvents": chrome_trace(timings, backend),
-                                 "displayTimeUnit": "ms"}), "the trace")
+                                 "displayTimeUnit": "ms"}) + "\n", "the trace")
