@@ -40,6 +40,7 @@ each figure.
     python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
     python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
     python3 scripts/cost_model.py --registers cgImageAttentionBackward=128   # a what-if
+    python3 scripts/cost_model.py --sensitivity   # what a 10% cut of each image would save
 """
 
 from __future__ import annotations
@@ -1115,13 +1116,22 @@ class Pricer:
     product's modelled time as built (or its floor), a collective at `ranks`."""
 
     def __init__(self, program, audits: dict | None, ranks: int = 1, hw: Hardware = H200,
-                 model: Model = MODEL):
+                 model: Model = MODEL, scaled: dict | None = None):
         self.program, self.audits, self.ranks, self.hw, self.model = \
             program, audits, ranks, hw, model
         self.roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
+        self.scaled = scaled or {}  # image -> a factor on its every part (a what-if)
         self.cache = {}
 
     def modelled(self, facts: LaunchFacts) -> Modelled:
+        modelled = self._modelled(facts)
+        factor = self.scaled.get(facts.image)
+        if factor is None:
+            return modelled
+        return dataclasses.replace(modelled, parts={k: v * factor
+                                                    for k, v in modelled.parts.items()})
+
+    def _modelled(self, facts: LaunchFacts) -> Modelled:
         if facts.collective_bytes:
             return model_collective(facts, self.ranks, self.model)
         if facts.library:
@@ -1180,6 +1190,51 @@ def step_times(program, audits: dict | None, ranks: int = 1, hw: Hardware = H200
     return StepTimes(program_seconds(program.body, price),
                      program_seconds(program.body, price, UNSHARED),
                      program_seconds(program.body, price, machine_of(hw)))
+
+
+def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
+                model: Model = CALIBRATED) -> list:
+    """Per image, what cutting its every launch's time by `cut` saves the step on the shared
+    machine (the model's figure), fastest first: (image, its launches' time summed, the
+    step's saving), seconds. A launch off the critical path, or beside others that take the
+    SMs it frees, saves less than its own cut."""
+    def shared(scaled=None):
+        price = Pricer(program, audits, 1, hw, model, scaled)
+        return program_seconds(program.body, price, machine_of(hw))
+    own = defaultdict(float)
+    price = Pricer(program, audits, 1, hw, model)
+    for launch, _, point in program.unrolled():
+        facts, modelled = price.facts(launch, point)
+        own[facts.image] += modelled.time
+    step = shared()
+    rows = [(image, seconds, step - shared({image: 1 - cut})) for image, seconds in own.items()]
+    return sorted(rows, key=lambda row: -row[2])
+
+
+def sms_held(program, audits: dict, hw: Hardware = H200, model: Model = CALIBRATED) -> tuple:
+    """The shared machine's step as a timeline: (seconds, the mean fraction of the SMs held,
+    the seconds no SM is held: launch gaps no branch fills)."""
+    timeline = []
+    run_tasks(program_tasks(program.body, Pricer(program, audits, 1, hw, model)),
+              machine_of(hw), timeline)
+    seconds = sum(s.seconds for s in timeline)
+    held = sum(s.seconds * min(s.sms, hw.sms) for s in timeline) / hw.sms
+    return seconds, held / seconds, sum(s.seconds for s in timeline if s.sms <= 0)
+
+
+def print_sensitivity(name: str, program, audits, cut: float = 0.1, hw: Hardware = H200) -> None:
+    seconds, held, idle = sms_held(program, audits, hw)
+    print(f"{name}, one GPU, calibrated estimate, the machine shared: {seconds * 1e3:.3f} ms a "
+          f"step; the SMs held {100 * held:.1f}% of it on average, none held for "
+          f"{idle * 1e6:,.1f} us (launch gaps no branch fills). MODELLED figures, not "
+          "measurements.")
+    print(f"What a {100 * cut:.0f}% cut of each image's time would save the step (the model "
+          "run again with that image's every part scaled):")
+    print("| image | its time (us, summed) | the step saves (us) | of its cut |")
+    print("| --- | ---: | ---: | ---: |")
+    for image, own, saved in sensitivity(program, audits, cut, hw):
+        share = f"{saved / (cut * own):.0%}" if own > 0 else "-"
+        print(f"| {image} | {own * 1e6:,.1f} | {saved * 1e6:,.1f} | {share} |")
 
 
 # ---- the step, image by image -------------------------------------------------------
@@ -1512,12 +1567,19 @@ def main() -> int:
                         "thread (its blocks an SM recomputed; its machine code otherwise as "
                         "built; N from 1 to 255; not with --floor); may be given again "
                         "for other images")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="what a 10%% cut of each image's time would save the step, and "
+                        "how much of the step the SMs are held (calibrated, the machine "
+                        "shared; not with --floor)")
     parser.add_argument("--parallel", default=os.path.join(ROOT, "schedules",
                                                            "train_parallel.cg"),
                         help="the data-parallel schedule (default schedules/train_parallel.cg)")
     args = parser.parse_args()
     if args.registers and args.floor:
         parser.error("--registers prices a kernel as built: it needs the audit, not --floor")
+    if args.sensitivity and args.floor:
+        parser.error("--sensitivity prices the kernels as built: it needs the audit, not "
+                     "--floor")
     what_if = dict(args.registers)
     if len(what_if) < len(args.registers):
         parser.error("--registers: an image given twice")
@@ -1544,7 +1606,7 @@ def main() -> int:
                 audits = {**audit_file(os.path.abspath(args.parallel), args.config), **audits}
     except ToolchainMissing as error:
         # --floor needs no compiler, but prices no kernel as built: no what-if with it
-        hint = "" if what_if else " (or --floor for the floor alone)"
+        hint = "" if what_if or args.sensitivity else " (or --floor for the floor alone)"
         print(f"cost_model: error: {error}{hint}", file=sys.stderr)
         return 1
     except CompileError as error:  # the schedule itself: cgc's own diagnostics
@@ -1556,6 +1618,9 @@ def main() -> int:
         print(f"WHAT-IF, not the kernel as built: {image} priced at {_count(registers, 'register')} "
               f"a thread, {_count(audits[image].occupancy.blocks, 'block')} an SM (built: "
               f"{built.registers}, {built.occupancy.blocks})")
+    if args.sensitivity:
+        print_sensitivity(name, program, audits)
+        return 0
     if args.parts and audits:
         print_parts(program, audits, model=CALIBRATED)
         print()

@@ -828,3 +828,60 @@ def test_a_context_of_one_attention_tile_is_priced_not_refused():
         pytest.skip(result.stderr.strip())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "side by side, the machine shared (the model)" in result.stdout
+
+
+def test_sensitivity_of_a_serial_step_is_each_images_own_cut(audits):
+    """With no branches (the forward schedule) the step is its launches one after another,
+    so cutting an image's time by 10% saves the step exactly 10% of that image's time;
+    less only where the faster launch would draw more than HBM's rate (the residual
+    product's first wave draws 4.43 TB/s: 4.92 at 90% of its time)."""
+    forward = _program(ROOT / "schedules" / "forward.cg")
+    assert not cost_model.has_branches(forward.body)
+    rows = cost_model.sensitivity(forward, audits, 0.1)
+    assert {image for image, _, _ in rows} == \
+        {launch.image.name for launch, _, _ in forward.unrolled()}
+    price = cost_model.Pricer(forward, audits, 1, H200, cost_model.CALIBRATED)
+    capped = {price.facts(launch, point)[0].image for launch, _, point in forward.unrolled()
+              if any(segment.hbm / 0.9 > H200.hbm_bytes_per_s
+                     for segment in price(launch, point))}
+    assert capped == {"cgImageProductResidual"}
+    for image, own, saved in rows:
+        if image in capped:
+            assert 0 < saved < 0.1 * own, image
+        else:
+            assert saved == pytest.approx(0.1 * own, rel=1e-9), image
+
+
+def test_sensitivity_of_the_step_with_branches(audits, train):
+    """Beside branches a cut saves at most its own size, and an image whose launches run
+    beside others that take the SMs they free saves less (the weight gradients beside the
+    input gradients' chain); the attention backward, on the chain itself, nearly all."""
+    rows = {image: (own, saved) for image, own, saved in
+            cost_model.sensitivity(train, audits, 0.1)}
+    for image, (own, saved) in rows.items():
+        assert -1e-12 <= saved <= 0.1 * own * (1 + 1e-9), image
+    weights, backward = rows["cgImageProductWeightSet"], rows["cgImageAttentionBackward"]
+    assert weights[1] < 0.9 * 0.1 * weights[0] and backward[1] > 0.9 * 0.1 * backward[0]
+    seconds, held, idle = cost_model.sms_held(train, audits)
+    assert seconds == pytest.approx(cost_model.step_times(train, audits, 1, H200,
+                                                          cost_model.CALIBRATED).shared)
+    assert 0.5 < held < 1 and 0 < idle < seconds
+
+
+def test_sensitivity_from_the_command_line(audits, train):
+    """--sensitivity prints the shared step, how much of it the SMs are held, and a row an
+    image in the order of what its cut saves; with --floor (no kernels as built) a usage
+    error."""
+    result = _script("--sensitivity")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("schedules/train.cg, one GPU, calibrated estimate, the machine "
+                               "shared: ") and "MODELLED" in lines[0]
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| cgImage")]
+    expected = cost_model.sensitivity(train, audits, 0.1)
+    assert [row[0].strip() for row in rows] == [image for image, _, _ in expected]
+    assert [float(row[2].replace(",", "")) for row in rows] == \
+        [round(saved * 1e6, 1) for _, _, saved in expected]
+    refused = _script("--sensitivity", "--floor")
+    assert refused.returncode == 2 and "--sensitivity prices the kernels as built" in \
+        refused.stderr
