@@ -16,8 +16,7 @@ import traceback
 from . import __version__, api
 from .backends import REGISTRY
 from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
-from .outputs import (Refused, WriteFailed, finish_output, silence_broken_pipes,
-                      standard_streams_told)
+from .outputs import Refused, WriteFailed, finish_output, standard_streams_told
 from .resources import install_hint
 from .pipeline import Frontend, analyse, check, evaluate
 
@@ -858,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     # the thread stopped while it still runs (threading's bpo-45274 handler releases the
     # lock the running thread holds), and the run would end with no summary, exit 3.
     worker = threading.Thread(target=work, daemon=True)
-    streams = sys.stdout, sys.stderr  # the command's own (standard_streams_told) until it ends
+    streams = sys.stdout, sys.stderr  # the process's: the worker wraps them (_main)
     stop_requested, forwarded = 0.0, False
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
@@ -993,10 +992,7 @@ def _command_status(parser, args) -> int:
     except CompileError as error:
         status = EXIT_DIAGNOSTICS if any(d.severity == "error" for d in error.diagnostics) \
             else EXIT_OK
-        try:
-            print(render_all(error.diagnostics), file=sys.stderr)
-        except BrokenPipeError:  # the reader went away (`| head`): the status still holds
-            silence_broken_pipes()
+        print(render_all(error.diagnostics), file=sys.stderr)
         return status
     except RunError as error:  # a run that cannot start or go on: one line
         print(f"cgc: error: {error}", file=sys.stderr)
@@ -1012,9 +1008,6 @@ def _command_status(parser, args) -> int:
     except WriteFailed as error:  # an output the disk or device refused (a full disk)
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
-    except BrokenPipeError:
-        silence_broken_pipes()
-        return EXIT_OK
     except Exception as error:  # a bug in cgc, never a user error
         if os.environ.get("CGC_DEBUG"):
             traceback.print_exc()

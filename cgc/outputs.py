@@ -318,20 +318,13 @@ def discard(stream) -> None:
         os.close(devnull)
 
 
-def silence_broken_pipes() -> None:
-    """After the reader of our output went away, nothing more is tried on either stream."""
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            discard(stream)
-
-
 def reader_gone(descriptor: int) -> None:
     """The reader of `descriptor` left: discarded; if it is the standard output's (an
     output written to /dev/stdout), the standard output says so (StandardOutput.reader_left),
     as it does for what is printed."""
     discard(descriptor)
     if isinstance(sys.stdout, StandardOutput) and _same_file(descriptor, sys.stdout):
-        sys.stdout.reader_left = True
+        sys.stdout.gone = sys.stdout.reader_left = True
 
 
 def _same_file(descriptor: int, stream) -> bool:
@@ -342,21 +335,23 @@ def _same_file(descriptor: int, stream) -> bool:
 
 
 class _Guarded:
-    """A standard stream during a command: writes go to `stream` until it fails. A reader
-    that left (EPIPE): the stream is discarded and `reader_left` set, and the command goes on
-    to its own end and status, writing into nothing; another failure: `_failed`."""
+    """A standard stream during a command: writes go to `stream` until it fails (`gone`:
+    nothing more is written to it). A reader that left (EPIPE): the stream is discarded and
+    `reader_left` set, and the command goes on to its own end and status, writing into
+    nothing; another failure: `_failed`."""
 
+    gone = False
     reader_left = False
 
     def __init__(self, stream):
         self._stream = stream
 
     def _guarded(self, act) -> None:
-        if not self.reader_left:
+        if not self.gone:
             try:
                 act()
             except BrokenPipeError:
-                self.reader_left = True
+                self.gone = self.reader_left = True
                 discard(self._stream)
             except OSError as error:
                 self._failed(error)
@@ -388,7 +383,7 @@ class StandardError(_Guarded):
     its reader left; the exit status still tells the outcome."""
 
     def _failed(self, error: OSError) -> None:
-        self.reader_left = True
+        self.gone = True
         discard(self._stream)
 
 
@@ -415,10 +410,7 @@ def finish_output(status: int, program: str) -> int:
     reader that left changes nothing (the status is the command's); a refused write is one
     line (`program: error: ...`) and 1 if the command had succeeded."""
     try:
-        if sys.stdout is not None:
-            sys.stdout.flush()
-    except BrokenPipeError:
-        silence_broken_pipes()
+        sys.stdout.flush()  # a StandardOutput: a reader that left is no error there
     except WriteFailed as error:
         print(f"{program}: error: {error}", file=sys.stderr)
         return status or 1

@@ -200,9 +200,16 @@ def write(folder: str, layers: int = 12) -> dict:
     return paths
 
 
-if __name__ == "__main__":
+def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
-        sys.exit(2)
+        return 2
     for path in write(sys.argv[1]).values():
         print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    from cgc.outputs import script_status
+    sys.exit(script_status(main))

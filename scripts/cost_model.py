@@ -1120,7 +1120,8 @@ class Pricer:
         self.program, self.audits, self.ranks, self.hw, self.model = \
             program, audits, ranks, hw, model
         self.roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
-        self.scaled = scaled or {}  # image -> a factor on its every part (a what-if)
+        self.scaled = scaled or {}  # image -> a factor on its parts (a what-if; not its
+        # launch overhead, the gap between launches that no faster kernel shortens)
         self.cache = {}
 
     def modelled(self, facts: LaunchFacts) -> Modelled:
@@ -1128,8 +1129,10 @@ class Pricer:
         factor = self.scaled.get(facts.image)
         if factor is None:
             return modelled
-        return dataclasses.replace(modelled, parts={k: v * factor
-                                                    for k, v in modelled.parts.items()})
+        overhead = modelled.parts.get("overhead", 0.0)
+        parts = {k: v if k == "overhead" else v * factor for k, v in modelled.parts.items()}
+        parts["total"] = (modelled.parts["total"] - overhead) * factor + overhead
+        return dataclasses.replace(modelled, parts=parts)
 
     def _modelled(self, facts: LaunchFacts) -> Modelled:
         if facts.collective_bytes:
@@ -1194,10 +1197,12 @@ def step_times(program, audits: dict | None, ranks: int = 1, hw: Hardware = H200
 
 def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
                 model: Model = CALIBRATED) -> list:
-    """Per image, what cutting its every launch's time by `cut` saves the step on the shared
-    machine (the model's figure), fastest first: (image, its launches' time summed, the
-    step's saving), seconds. A launch off the critical path, or beside others that take the
-    SMs it frees, saves less than its own cut."""
+    """Per image, what cutting its every launch's time (but for the launch overhead) by `cut`
+    saves the step on the shared machine (the model's figure), the largest saving first:
+    (image, its launches' time summed but for their overheads, and the step's saving),
+    seconds.
+    A launch off the critical path, or beside others that take the SMs it frees, saves less
+    than its own cut."""
     def shared(scaled=None):
         price = Pricer(program, audits, 1, hw, model, scaled)
         return program_seconds(program.body, price, machine_of(hw))
@@ -1205,15 +1210,16 @@ def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
     price = Pricer(program, audits, 1, hw, model)
     for launch, _, point in program.unrolled():
         facts, modelled = price.facts(launch, point)
-        own[facts.image] += modelled.time
+        own[facts.image] += modelled.time - modelled.parts.get("overhead", 0.0)
     step = shared()
     rows = [(image, seconds, step - shared({image: 1 - cut})) for image, seconds in own.items()]
     return sorted(rows, key=lambda row: -row[2])
 
 
-def sms_held(program, audits: dict, hw: Hardware = H200, model: Model = CALIBRATED) -> tuple:
-    """The shared machine's step as a timeline: (seconds, the mean fraction of the SMs held,
-    the seconds no SM is held: launch gaps no branch fills)."""
+def sms_at_work(program, audits: dict, hw: Hardware = H200, model: Model = CALIBRATED) -> tuple:
+    """The shared machine's step as a timeline: (seconds, the mean fraction of the SMs at
+    work, an SM a launch holds counted at the speed the shared bandwidths leave it, and the
+    seconds no SM works: launch gaps no branch fills)."""
     timeline = []
     run_tasks(program_tasks(program.body, Pricer(program, audits, 1, hw, model)),
               machine_of(hw), timeline)
@@ -1222,15 +1228,16 @@ def sms_held(program, audits: dict, hw: Hardware = H200, model: Model = CALIBRAT
     return seconds, held / seconds, sum(s.seconds for s in timeline if s.sms <= 0)
 
 
-def print_sensitivity(name: str, program, audits, cut: float = 0.1, hw: Hardware = H200) -> None:
-    seconds, held, idle = sms_held(program, audits, hw)
-    print(f"{name}, one GPU, calibrated estimate, the machine shared: {seconds * 1e3:.3f} ms a "
-          f"step; the SMs held {100 * held:.1f}% of it on average, none held for "
-          f"{idle * 1e6:,.1f} us (launch gaps no branch fills). MODELLED figures, not "
-          "measurements.")
+def print_sensitivity(name: str, config: str, program, audits, cut: float = 0.1,
+                      hw: Hardware = H200) -> None:
+    seconds, busy, idle = sms_at_work(program, audits, hw)
+    print(f"{name}, config {config}, {hw.name}, one GPU, calibrated estimate, the machine "
+          f"shared: {seconds * 1e3:.3f} ms a step; the SMs at work {100 * busy:.1f}% of it on "
+          f"average, none for {idle * 1e6:,.1f} us (launch gaps no branch fills). MODELLED "
+          "figures, not measurements.")
     print(f"What a {100 * cut:.0f}% cut of each image's time would save the step (the model "
-          "run again with that image's every part scaled):")
-    print("| image | its time (us, summed) | the step saves (us) | of its cut |")
+          "run again with that image's parts scaled, its launch overheads kept):")
+    print("| image | its time (us, summed, overheads aside) | the step saves (us) | of its cut |")
     print("| --- | ---: | ---: | ---: |")
     for image, own, saved in sensitivity(program, audits, cut, hw):
         share = f"{saved / (cut * own):.0%}" if own > 0 else "-"
@@ -1580,6 +1587,8 @@ def main() -> int:
     if args.sensitivity and args.floor:
         parser.error("--sensitivity prices the kernels as built: it needs the audit, not "
                      "--floor")
+    if args.sensitivity and (args.parts or args.ranks):
+        parser.error("--sensitivity prints a table of its own: not with --parts or --ranks")
     what_if = dict(args.registers)
     if len(what_if) < len(args.registers):
         parser.error("--registers: an image given twice")
@@ -1619,7 +1628,7 @@ def main() -> int:
               f"a thread, {_count(audits[image].occupancy.blocks, 'block')} an SM (built: "
               f"{built.registers}, {built.occupancy.blocks})")
     if args.sensitivity:
-        print_sensitivity(name, program, audits)
+        print_sensitivity(name, args.config, program, audits)
         return 0
     if args.parts and audits:
         print_parts(program, audits, model=CALIBRATED)

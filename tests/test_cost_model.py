@@ -862,7 +862,7 @@ def test_sensitivity_of_the_step_with_branches(audits, train):
         assert -1e-12 <= saved <= 0.1 * own * (1 + 1e-9), image
     weights, backward = rows["cgImageProductWeightSet"], rows["cgImageAttentionBackward"]
     assert weights[1] < 0.9 * 0.1 * weights[0] and backward[1] > 0.9 * 0.1 * backward[0]
-    seconds, held, idle = cost_model.sms_held(train, audits)
+    seconds, held, idle = cost_model.sms_at_work(train, audits)
     assert seconds == pytest.approx(cost_model.step_times(train, audits, 1, H200,
                                                           cost_model.CALIBRATED).shared)
     assert 0.5 < held < 1 and 0 < idle < seconds
@@ -875,8 +875,8 @@ def test_sensitivity_from_the_command_line(audits, train):
     result = _script("--sensitivity")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("schedules/train.cg, one GPU, calibrated estimate, the machine "
-                               "shared: ") and "MODELLED" in lines[0]
+    assert lines[0].startswith("schedules/train.cg, config gpt2, H200 SXM, one GPU, calibrated "
+                               "estimate, the machine shared: ") and "MODELLED" in lines[0]
     rows = [line.split("|")[1:-1] for line in lines if line.startswith("| cgImage")]
     expected = cost_model.sensitivity(train, audits, 0.1)
     assert [row[0].strip() for row in rows] == [image for image, _, _ in expected]
@@ -885,3 +885,5 @@ def test_sensitivity_from_the_command_line(audits, train):
     refused = _script("--sensitivity", "--floor")
     assert refused.returncode == 2 and "--sensitivity prices the kernels as built" in \
         refused.stderr
+    refused = _script("--sensitivity", "--parts")
+    assert refused.returncode == 2 and "not with --parts or --ranks" in refused.stderr

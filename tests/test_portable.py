@@ -206,29 +206,6 @@ def test_functions_in_pieces_give_the_whole_arrays_bits(name, monkeypatch):
         assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
-def test_products_in_pieces_give_the_whole_products_bits(monkeypatch):
-    """matmul takes a's rows a few at a time (portable.matmul): batched and broadcast
-    products, finite and with Inf and NaN, the same shape and bits as in one piece (PIECE
-    made small so that these small products go in many pieces)."""
-    rng = np.random.default_rng(10)
-
-    def operand(*shape):
-        return (rng.standard_normal(shape) * 3).astype(F32)
-    specials = operand(70, 16)
-    specials[3, 5], specials[40, 0], specials[41, 1] = np.inf, np.nan, -np.inf
-    cases = [(operand(3, 70, 16), operand(3, 16, 9)), (operand(70, 16), operand(2, 16, 9)),
-             (specials, operand(16, 9)), (operand(2, 70, 16), operand(16, 9))]
-    for a, b in cases:
-        monkeypatch.setattr(portable, "PIECE", 8)  # 32 elements of the result: 3 rows
-        with np.errstate(invalid="ignore"):
-            pieces = portable.matmul(a, b)
-            monkeypatch.setattr(portable, "PIECE", 1 << 30)
-            whole = portable.matmul(a, b)
-            shape = np.matmul(a, b).shape
-        assert pieces.shape == whole.shape == shape
-        assert np.array_equal(pieces.view(np.uint32), whole.view(np.uint32))
-
-
 def test_cos_and_sin_of_half_turns_are_correctly_rounded():
     rng = np.random.default_rng(8)
     turns = np.concatenate([(rng.random(300) * 700 - 350), [0, 0.5, 1, -0.25, 0.75, 1e-7]])

@@ -213,16 +213,21 @@ def test_the_dump_holds_what_its_format_promises(runs):
 
 
 @pytest.mark.parametrize("count,blocks,threads", [(100_003, 7, 32), (4 * 32 * 7 * 64, 7, 32),
-                                                  (5, 3, 128), (1_000_000, 132, 128)])
-def test_the_square_sums_are_each_blocks_share(count, blocks, threads):
+                                                  (5, 3, 128), (5, 4096, 1024),
+                                                  (1_000_000, 132, 128)])
+def test_the_square_sums_are_each_blocks_share(count, blocks, threads, monkeypatch):
     """Block b's partial sums the squares of the runs of 4 x threads elements whose run
     index is b modulo the grid (the kernel's grid-stride loop), in float64, rounded once: the
-    same bits as a bincount over each element's owner, at sizes a whole number of the
-    reference's pieces and not, and with a grid larger than the input. (Both add in index
-    order; rounded to float32, another order would seldom show, a wrong owner does.)"""
+    same bits as a bincount over each element's owner (both add in index order), with the
+    reference's pieces made small (portable.PIECE: many pieces, each carrying the sums so
+    far), at sizes a whole number of rounds of the grid and not, and with a grid larger than
+    the input. (Rounded to float32, another order of addition would seldom show; a sum
+    dropped between pieces, or a wrong owner, does.)"""
+    from cgc.backends.numpy import portable
     from cgc.backends.numpy.machine import Kernel, Pointer
     from cgc.backends.numpy.reference import square_sum
 
+    monkeypatch.setattr(portable, "PIECE", 256)  # 4,096 elements a piece, or a round
     rng = np.random.default_rng(count)
     values = (rng.standard_normal(count) * rng.choice([1e-20, 1e-3, 1, 1e3, 1e12], count)) \
         .astype(np.float32)

@@ -30,7 +30,7 @@ from ..backends.base import Run
 class Training:
     losses: list[float] = field(default_factory=list)  # every step's, resumed ones included
     seconds: list[float] = field(default_factory=list)  # the steps run here
-    stopped: bool = False  # ended early by a stop request, or as one (reader_left)
+    stopped: bool = False  # ended early by a stop request, or as one (reader_left, refused)
     reader_left: bool = False  # the reader of the progress lines or the log left (`| head`)
     refused: Exception | None = None  # the progress lines' device refused them (a full disk)
     diverged: int | None = None  # the step whose loss was not finite, where training stopped

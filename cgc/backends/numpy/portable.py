@@ -23,6 +23,7 @@ disabled, and with other BLAS kernels and thread counts: the same dump bytes).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -132,19 +133,8 @@ def _nonfinite(a: np.ndarray, b: np.ndarray, finite: np.ndarray) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul(a, b) of float32 operands (batched on leading axes, as np.matmul): each
     element the float32 nearest the exact sum of its products, so the same bits with any
-    BLAS, kernel or thread count (IEEE's Inf and NaN where a term is not finite). Rows of
-    `a` a few at a time (each element depends on its own row and column alone: the same
-    bits), about 4 x PIECE elements of the result at once, for the reason the functions
-    below go in pieces."""
+    BLAS, kernel or thread count (IEEE's Inf and NaN where a term is not finite)."""
     a, b = np.asarray(a, dtype=F32), np.asarray(b, dtype=F32)
-    rows = max(1, 4 * PIECE // max(b.shape[-1], 1)) if b.ndim >= 2 else 0
-    if a.ndim >= 2 and rows and a.shape[-2] > rows:
-        return np.concatenate([_matmul(a[..., i:i + rows, :], b)
-                               for i in range(0, a.shape[-2], rows)], axis=-2)
-    return _matmul(a, b)
-
-
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.shape[-1] == 0:
         return np.matmul(a, b) + F32(0)
     if np.isfinite(a).all() and np.isfinite(b).all():
@@ -158,9 +148,11 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # Elements a function evaluates at a time. Each is computed alone (no element's value depends
 # on another's), so the pieces change no bit; but a whole array's float64 temporaries, a dozen
-# of them each eight bytes an element, are fresh memory the kernel must fault in and zero at
-# every step of the series: on 8 million elements, 0.88 s for exp whole against 0.08 s in
-# pieces that stay in the cache (measured 2026-12-07, tests/test_portable.py checks the bits).
+# of them each eight bytes an element, are fresh memory the kernel may have to fault in and
+# zero at every step of the series. Measured 2026-12-07 on 8 million elements, three fresh
+# processes each: exp 0.22-0.91 s whole against 0.24 s in pieces, log 0.46-1.06 against
+# 0.38-0.39, tanh 0.41-0.91 against 0.41: the same at best, the worst case gone
+# (tests/test_portable.py checks the bits).
 PIECE = 1 << 16
 
 
@@ -176,9 +168,7 @@ def _elementwise(function):
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate(column).reshape(x.shape) for column in zip(*parts))
         return np.concatenate(parts).reshape(x.shape)
-    pieces.__doc__, pieces.__name__, pieces.__wrapped__ = \
-        function.__doc__, function.__name__, function
-    return pieces
+    return functools.wraps(function)(pieces)
 
 
 def _horner(x: np.ndarray, coefficients) -> np.ndarray:

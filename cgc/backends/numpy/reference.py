@@ -542,21 +542,24 @@ def square_sum(k: Kernel) -> None:
     """A block's share, as the kernel's: a grid-stride loop of four elements a thread, so
     block b owns the runs of 4 x threads elements whose index over the run is b modulo the
     grid. Each block's squares are summed in float64 in index order (one addition after
-    another: cumsum, never a pairwise sum), a few rounds of the grid at a time."""
+    another: cumsum, never a pairwise sum), whole rounds of the grid's runs at a time, about
+    16 x PIECE elements (portable.py: a megabyte's temporaries, not the input's hundreds)."""
     count, blocks, threads = int(k.scalars["count"]), k.grid[0], k.block[0]
     values = k.pointers["input"].read(0, count)
     run, sums = 4 * threads, np.zeros(blocks)
-    # a piece: whole rounds of the grid's runs, about a million elements (8 MB in float64,
-    # not the input's hundreds), fewer if the input is smaller
-    rounds = max(1, min((1 << 20) // (run * blocks), -(-count // (run * blocks))))
-    piece = run * blocks * rounds
-    for start in range(0, count, piece):
-        squares = np.zeros(piece)  # past the input: squares of 0, which add nothing
-        part = values[start:start + piece]
+    used = min(blocks, -(-count // run))  # the blocks that own any element (all but a tiny input)
+    rounds = max(1, min(16 * portable.PIECE // (run * used), -(-count // (run * used))))
+    squares = np.empty(rounds * used * run)
+    running = np.empty((used, rounds * run + 1))  # a block's sum so far, then its squares
+    for start in range(0, count, squares.size):
+        part = values[start:start + squares.size]
         squares[:part.size] = part
+        squares[part.size:] = 0  # past the input: squares of 0, which add nothing
         squares *= squares
-        by_block = squares.reshape(rounds, blocks, run).transpose(1, 0, 2).reshape(blocks, -1)
-        sums = np.cumsum(np.concatenate([sums[:, None], by_block], axis=1), axis=1)[:, -1]
+        running[:, 0] = sums[:used]
+        running[:, 1:] = squares.reshape(rounds, used, run).transpose(1, 0, 2) \
+            .reshape(used, -1)
+        sums[:used] = np.cumsum(running, axis=1)[:, -1]
     k.pointers["partials"].write(0, sums.astype(F32))
 
 
