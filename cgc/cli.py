@@ -16,7 +16,7 @@ import traceback
 from . import __version__, api
 from .backends import REGISTRY
 from .core.diagnostics import CompileError, OptionError, PathError, RunError, render_all
-from .outputs import Refused, WriteFailed, finish_output, standard_streams_told
+from .outputs import Refused, WriteFailed, script_status
 from .resources import install_hint
 from .pipeline import Frontend, analyse, check, evaluate
 
@@ -958,13 +958,8 @@ def _unknown_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | 
 
 
 def _main(argv: list[str] | None) -> int:
-    with standard_streams_told():  # cgc/outputs.py: a reader that left, a device that refuses
-        try:
-            status = _parsed_command_status(argv)
-        except WriteFailed as error:  # --help's or --version's text, refused
-            print(f"cgc: error: {error}", file=sys.stderr)
-            return EXIT_DIAGNOSTICS
-        return finish_output(status, "cgc")
+    # cgc/outputs.py: a reader that left, a device that refuses (--help's text too)
+    return script_status(lambda: _parsed_command_status(argv), "cgc")
 
 
 def _parsed_command_status(argv: list[str] | None) -> int:

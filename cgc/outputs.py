@@ -393,16 +393,15 @@ def standard_streams_told():
     null device where the process has none: Python's None, `>&-`), the streams themselves
     again after it."""
     streams = sys.stdout, sys.stderr
-    nothing = [open(os.devnull, "w") for stream in streams if stream is None]
-    spare = iter(nothing)
-    sys.stdout = StandardOutput(streams[0] if streams[0] is not None else next(spare))
-    sys.stderr = StandardError(streams[1] if streams[1] is not None else next(spare))
+    null = open(os.devnull, "w") if None in streams else None
+    sys.stdout, sys.stderr = (kind(stream if stream is not None else null)
+                              for kind, stream in zip((StandardOutput, StandardError), streams))
     try:
         yield
     finally:
         sys.stdout, sys.stderr = streams
-        for stream in nothing:
-            stream.close()
+        if null is not None:
+            null.close()
 
 
 def finish_output(status: int, program: str) -> int:
@@ -417,25 +416,25 @@ def finish_output(status: int, program: str) -> int:
     return status
 
 
-def script_status(main) -> int:
-    """A script's `main()` under the rules above (the scripts' `__main__`): a reader that
-    left changes nothing but what is printed, a refused write is one line and 1, never a
-    traceback; its status otherwise, and its own exceptions and exits as they are (an exit
-    with status 0, such as --help's, becomes 1 if what it printed was refused)."""
-    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
+def script_status(main, program: str | None = None) -> int:
+    """`main()` (a script's, or cgc's own command) under the rules above, named `program`
+    (the script's file name where not given): a reader that left changes nothing but what
+    is printed, a refused write is one line and 1, never a traceback; its status otherwise,
+    and its own exceptions and exits as they are (an exit with status 0, such as --help's,
+    becomes 1 if what it printed was refused)."""
+    if program is None:
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script"
     with standard_streams_told():
         try:
             status = main()
         except WriteFailed as error:  # the standard output's, or another output cgc wrote
             print(f"{program}: error: {error}", file=sys.stderr)
             return 1
-        except (Exception, KeyboardInterrupt, SystemExit) as ending:  # the script's own:
-            try:  # kept, what it printed flushed first (a reader that left: into nothing)
-                sys.stdout.flush()
-            except WriteFailed as error:
-                print(f"{program}: error: {error}", file=sys.stderr)
-                if isinstance(ending, SystemExit) and not ending.code:
-                    return 1
+        except (Exception, KeyboardInterrupt, SystemExit) as ending:  # the program's own:
+            # kept, what it printed flushed first (a reader that left: into nothing)
+            if finish_output(0, program) and isinstance(ending, SystemExit) \
+                    and not ending.code:
+                return 1
             raise
         return finish_output(status, program)
 

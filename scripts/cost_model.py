@@ -1203,16 +1203,17 @@ def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
     seconds.
     A launch off the critical path, or beside others that take the SMs it frees, saves less
     than its own cut."""
-    def shared(scaled=None):
-        price = Pricer(program, audits, 1, hw, model, scaled)
+    def shared(price: Pricer) -> float:
         return program_seconds(program.body, price, machine_of(hw))
     own = defaultdict(float)
     price = Pricer(program, audits, 1, hw, model)
     for launch, _, point in program.unrolled():
         facts, modelled = price.facts(launch, point)
         own[facts.image] += modelled.time - modelled.parts.get("overhead", 0.0)
-    step = shared()
-    rows = [(image, seconds, step - shared({image: 1 - cut})) for image, seconds in own.items()]
+    step = shared(price)
+    rows = [(image, seconds, step - shared(Pricer(program, audits, 1, hw, model,
+                                                  {image: 1 - cut})))
+            for image, seconds in own.items()]
     return sorted(rows, key=lambda row: -row[2])
 
 
@@ -1224,8 +1225,8 @@ def sms_at_work(program, audits: dict, hw: Hardware = H200, model: Model = CALIB
     run_tasks(program_tasks(program.body, Pricer(program, audits, 1, hw, model)),
               machine_of(hw), timeline)
     seconds = sum(s.seconds for s in timeline)
-    held = sum(s.seconds * min(s.sms, hw.sms) for s in timeline) / hw.sms
-    return seconds, held / seconds, sum(s.seconds for s in timeline if s.sms <= 0)
+    busy = sum(s.seconds * min(s.sms, hw.sms) for s in timeline) / hw.sms
+    return seconds, busy / seconds, sum(s.seconds for s in timeline if s.sms <= 0)
 
 
 def print_sensitivity(name: str, config: str, program, audits, cut: float = 0.1,
@@ -1534,10 +1535,6 @@ def parse_ranks(text: str) -> list:
     return ranks
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def parse_registers(text: str) -> tuple[str, int]:
     """IMAGE=N of --registers."""
     image, _, number = text.partition("=")
@@ -1576,8 +1573,8 @@ def main() -> int:
                         "for other images")
     parser.add_argument("--sensitivity", action="store_true",
                         help="what a 10%% cut of each image's time would save the step, and "
-                        "how much of the step the SMs are held (calibrated, the machine "
-                        "shared; not with --floor)")
+                        "how much of the step the SMs are at work (calibrated, the machine "
+                        "shared; not with --floor, --parts or --ranks)")
     parser.add_argument("--parallel", default=os.path.join(ROOT, "schedules",
                                                            "train_parallel.cg"),
                         help="the data-parallel schedule (default schedules/train_parallel.cg)")
@@ -1592,6 +1589,7 @@ def main() -> int:
     what_if = dict(args.registers)
     if len(what_if) < len(args.registers):
         parser.error("--registers: an image given twice")
+    from cgc.cli import _count
     from cgc.core.diagnostics import CompileError, render_all
     from sass_audit import ToolchainMissing, audit_file
     path = os.path.abspath(args.file)

@@ -234,7 +234,7 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
 
     gone = set()  # the streams whose reader left: "out", "log"
 
-    def reader_left(which: str, stream, refused: Exception | None = None) -> None:
+    def lost(which: str, stream, refused: Exception | None = None) -> None:
         """The reader of the progress lines or of the log left (`cgc run | head`), or the
         progress lines' device refused them (`refused`): the run stops after this step as a
         stop request stops it (its checkpoint and dump written, so that they hold every step
@@ -255,20 +255,20 @@ def train(run: Run, batches, steps: int, out=sys.stdout, dump: str | None = None
                 out.write(text)
                 out.flush()
             except BrokenPipeError:
-                reader_left("out", out)
+                lost("out", out)
                 return
             except WriteFailed as error:  # the standard output's (cgc/outputs.py)
-                reader_left("out", out, error)
+                lost("out", out, error)
                 return
             if getattr(out, "reader_left", False):  # the standard output said so (outputs.py)
-                reader_left("out", out)
+                lost("out", out)
 
     def log_entry(entry: dict) -> None:
         if "log" not in gone:
             try:
                 _log(log, entry)
             except BrokenPipeError:
-                reader_left("log", log)
+                lost("log", log)
 
     for step in range(start + 1, steps + 1):
         if stop_requested(run, stop, bool(gone)):  # every rank after the same step
