@@ -861,6 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_requested, forwarded = 0.0, False
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
+    _QUIET_REQUEST[0] = _QUIETLY[0] = False
     _STEPPING.clear()
     previous_term = _take_sigterm()
     try:
@@ -869,6 +870,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 finished.wait(0.1)
             except KeyboardInterrupt:
+                # the last request says how the run ends: a quiet one (a rank whose
+                # launcher's reader left) says nothing and ends with status 0
+                quiet = _QUIETLY[0] = _QUIET_REQUEST[0]
+                _QUIET_REQUEST[0] = False
                 from .training.ranks import forward_stop
                 if forward_stop():  # --ranks: the ranks stop after a step; wait for them
                     forwarded = True
@@ -877,12 +882,14 @@ def main(argv: list[str] | None = None) -> int:
                 if _STOP.is_set() and now - stop_requested < _DUPLICATE_SIGNAL_SECONDS:
                     continue  # the same Ctrl-C, delivered to the process and its group
                 if _STOP.is_set() or not _STEPPING.is_set():  # stop now
-                    print("\ncgc: stopped", file=sys.stderr)
+                    if not quiet:
+                        print("\ncgc: stopped", file=sys.stderr)
                     return _stopped_status()
                 _STOP.set()
                 stop_requested = now
-                print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
-                      file=sys.stderr)
+                if not quiet:
+                    print("\ncgc: stopping after the step under way (Ctrl-C again to stop "
+                          "now)", file=sys.stderr)
     finally:
         sys.stdout, sys.stderr = streams  # stopped now (Ctrl-C twice): not left to the worker
         sys.setrecursionlimit(previous)
@@ -897,15 +904,22 @@ def main(argv: list[str] | None = None) -> int:
 
 # The signal that asked the run to stop: its exit status says which (128 + the signal).
 _STOP_SIGNAL = [signal.SIGINT]
+# A quiet stop request (QUIET_STOP_SIGNAL) has come and not yet been handled; the last one
+# handled was quiet: the run ends with status 0, as one whose reader left (ranks.py).
+_QUIET_REQUEST = [False]
+_QUIETLY = [False]
 
 
 def _stopped_status() -> int:
+    if _QUIETLY[0]:
+        return EXIT_OK
     return EXIT_TERMINATED if _STOP_SIGNAL[0] == signal.SIGTERM else EXIT_INTERRUPTED
 
 
 def _take_sigterm():
     """SIGTERM (a batch system's stop) as Ctrl-C: a training run stops after the step under
-    way and writes its checkpoint; so does SIGUSR1, which mpirun forwards to the ranks.
+    way and writes its checkpoint; so does SIGUSR1, which mpirun forwards to the ranks, and
+    SIGUSR2 quietly (no message, exit 0: the launcher's reader left, ranks.relay).
     Returns the handlers it replaced, by signal (None off the main thread, where Python
     cannot set one)."""
     if threading.current_thread() is not threading.main_thread():
@@ -915,8 +929,15 @@ def _take_sigterm():
         _STOP_SIGNAL[0] = signal.SIGTERM
         raise KeyboardInterrupt
 
-    from .training.ranks import STOP_SIGNAL  # what mpirun forwards to a rank, as SIGTERM
-    return {number: signal.signal(number, stop) for number in (signal.SIGTERM, STOP_SIGNAL)}
+    def stop_quietly(signum, frame):
+        _QUIET_REQUEST[0] = True
+        raise KeyboardInterrupt
+
+    # what mpirun forwards to a rank: STOP_SIGNAL as SIGTERM, QUIET_STOP_SIGNAL quietly
+    from .training.ranks import QUIET_STOP_SIGNAL, STOP_SIGNAL
+    handlers = {number: signal.signal(number, stop) for number in (signal.SIGTERM, STOP_SIGNAL)}
+    handlers[QUIET_STOP_SIGNAL] = signal.signal(QUIET_STOP_SIGNAL, stop_quietly)
+    return handlers
 
 
 # A second SIGINT this soon after the first is the same Ctrl-C: `timeout -s INT` and some

@@ -363,6 +363,20 @@ class _Guarded:
     def flush(self) -> None:
         self._guarded(self._stream.flush)
 
+    def write_bytes(self, data: bytes) -> None:
+        """`data` as it is (another process's output passed on: `cgc run --ranks N`), after
+        what was written before it; a stream with no bytes under it (a StringIO) takes it
+        as UTF-8 text."""
+        def act() -> None:
+            self._stream.flush()
+            buffer = getattr(self._stream, "buffer", None)
+            if buffer is None:
+                self._stream.write(data.decode("utf-8", "replace"))
+            else:
+                buffer.write(data)
+                buffer.flush()
+        self._guarded(act)
+
     def __getattr__(self, name):
         return getattr(self._stream, name)
 

@@ -242,6 +242,55 @@ def test_sigterm_to_cgc_run_ranks_stops_every_rank_after_one_step_with_a_checkpo
 
 
 @needs_mpi
+@pytest.mark.parametrize("buffering", [{}, {"PYTHONUNBUFFERED": "1"}], ids=["buffered",
+                                                                           "unbuffered"])
+def test_cgc_run_ranks_whose_reader_left_stops_quietly_after_a_step_with_a_checkpoint(
+        buffering, tmp_path):
+    """`cgc run --ranks 2 ... | head`: the ranks' lines pass through cgc (ranks.relay), so
+    the reader's leaving is cgc's to see, as in a run of one process: the ranks stop after
+    the step under way (QUIET_STOP_SIGNAL), rank 0 writes its checkpoint, exit 0, nothing
+    said of it. Before, mpirun took the SIGPIPE itself ('prterun: SIGPIPE detected -
+    aborting', exit 1, no checkpoint)."""
+    folder = tmp_path / "run"
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", PARALLEL, "--backend", "numpy", "--config", "tiny",
+         "--ranks", "2", "--steps", "100000", "--checkpoint-dir", str(folder)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**environment, **MPI_ENVIRONMENT, **buffering})
+    try:
+        assert process.stdout.readline().startswith("step "), process.stderr.read()
+        process.stdout.close()  # the reader leaves (`| head -1`)
+        err = process.communicate(timeout=120)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    assert "SIGPIPE" not in err and "error" not in err and "stopping" not in err, err
+    from cgc.training import checkpoint
+    _, manifest = checkpoint.load(checkpoint.latest(str(folder)))
+    assert manifest["ranks"] == 2 and manifest["step"] >= 1
+    assert f"wrote the checkpoint {folder}/step-{manifest['step']:08d}.safetensors" in err
+
+
+@needs_mpi
+def test_cgc_run_ranks_whose_standard_output_is_refused_is_one_line_exit_1():
+    """`cgc run --ranks 2 > /dev/full`: mpirun's writes to a full device were lost without
+    a word, exit 0. Now said as the standard output's, as for one process, exit 1; the ranks
+    stopped after their step, nothing else said."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "cgc", "run", PARALLEL, "--backend", "numpy", "--config",
+             "tiny", "--ranks", "2", "--steps", "100000"], stdout=full, stderr=subprocess.PIPE,
+            text=True, env={**os.environ, **MPI_ENVIRONMENT}, timeout=120)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[-1] == "cgc: error: cannot write the standard output: No space left on device"
+    assert len(lines) == 2 and "2 ranks, 4 of 8 sequences a step each" in lines[0], lines
+
+
+@needs_mpi
 def test_cgc_run_on_two_ranks_prints_once_and_refuses_a_step_without_a_collective():
     """`cgc run --ranks 2` starts mpirun itself; rank 0 alone prints, its losses are the
     whole batch's; a schedule without an all-reduce on several ranks is refused."""

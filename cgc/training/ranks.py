@@ -90,32 +90,84 @@ _LAUNCHED: list = []
 
 
 def launch_ranks(ranks: int, arguments: list[str]) -> int:
-    """Runs `cgc ARGUMENTS` on `ranks` MPI ranks and returns mpirun's exit status."""
+    """Runs `cgc ARGUMENTS` on `ranks` MPI ranks and returns mpirun's exit status. What the
+    ranks print passes through this process (relay), so the rules of cgc's standard streams
+    (cgc/outputs.py) hold for the whole run: a reader that left stops the ranks after their
+    step, quietly (exit 0); a standard output the device refuses stops them too, and is
+    WriteFailed once they have ended."""
     import subprocess
     command = mpirun_command(ranks, arguments)
     environment = dict(os.environ)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         environment.update(ROOT_ENVIRONMENT)
-    process = subprocess.Popen(command, env=environment)
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     _LAUNCHED.append(process)
     try:
-        return process.wait()
+        refused = relay(process)
+        status = process.wait()
     finally:
         _LAUNCHED.remove(process)
+    if refused is not None:
+        raise refused
+    return status
+
+
+def relay(process):
+    """Passes the process's standard output and error on to this process's (sys.stdout and
+    sys.stderr, cgc's guarded streams), as they come, until both end. Where the standard
+    output's reader left or its device refused a write, the ranks are asked to stop after
+    the step under way, quietly (QUIET_STOP_SIGNAL), and what they print after is passed
+    into nothing. Returns the refusal (WriteFailed), or None."""
+    import selectors
+    from ..outputs import WriteFailed
+    targets = {process.stdout: sys.stdout, process.stderr: sys.stderr}
+    refused, stopped = None, False
+    with selectors.DefaultSelector() as selector:
+        for pipe in targets:
+            selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            for key, _ in selector.select():
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                try:
+                    _write_bytes(targets[key.fileobj], data)
+                except WriteFailed as error:  # the standard output's (StandardOutput)
+                    refused = refused or error
+                if not stopped and (refused or getattr(sys.stdout, "reader_left", False)):
+                    stopped = forward_stop(QUIET_STOP_SIGNAL) or True
+    for pipe in targets:
+        pipe.close()
+    return refused
+
+
+def _write_bytes(stream, data: bytes) -> None:
+    """`data` onto `stream`: cgc's guarded streams take the bytes as they are; any other
+    (a library caller's own) takes UTF-8 text."""
+    if hasattr(stream, "write_bytes"):
+        stream.write_bytes(data)
+    else:
+        stream.write(data.decode("utf-8", "replace"))
+        stream.flush()
 
 
 # What mpirun passes on to every rank: Open MPI ends the job on SIGTERM and SIGINT but
-# forwards SIGUSR1 and SIGUSR2, so a rank takes SIGUSR1 as a stop request (cli.py).
+# forwards SIGUSR1 and SIGUSR2, so a rank takes SIGUSR1 as a stop request (cli.py), and
+# SIGUSR2 as one made quietly (no message, exit 0): the launcher's reader left, or its
+# device refused what the ranks print, and the launcher tells the outcome.
 STOP_SIGNAL = signal.SIGUSR1
+QUIET_STOP_SIGNAL = signal.SIGUSR2
 
 
-def forward_stop() -> bool:
-    """Passes a stop request to the ranks this process launched (as STOP_SIGNAL, through
+def forward_stop(signal_number: int = STOP_SIGNAL) -> bool:
+    """Passes a stop request to the ranks this process launched (as `signal_number`, through
     mpirun); False if it launched none. The ranks agree on the step to stop after (the
     training loop's stop is decided by all of them), then checkpoint, as one run does."""
     for process in list(_LAUNCHED):
         if process.poll() is None:
-            process.send_signal(STOP_SIGNAL)
+            process.send_signal(signal_number)
             return True
     return False
 
