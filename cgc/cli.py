@@ -858,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
     # lock the running thread holds), and the run would end with no summary, exit 3.
     worker = threading.Thread(target=work, daemon=True)
     streams = sys.stdout, sys.stderr  # the process's: the worker wraps them (_main)
-    stop_requested, forwarded = 0.0, False
+    requests = {"at": 0.0, "forwarded": False}
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
     _QUIET_REQUEST[0] = _QUIETLY[0] = False
@@ -870,26 +870,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 finished.wait(0.1)
             except KeyboardInterrupt:
-                # the last request says how the run ends: a quiet one (a rank whose
-                # launcher's reader left) says nothing and ends with status 0
-                quiet = _QUIETLY[0] = _QUIET_REQUEST[0]
-                _QUIET_REQUEST[0] = False
-                from .training.ranks import forward_stop
-                if forward_stop():  # --ranks: the ranks stop after a step; wait for them
-                    forwarded = True
-                    continue
-                now = time.monotonic()
-                if _STOP.is_set() and now - stop_requested < _DUPLICATE_SIGNAL_SECONDS:
-                    continue  # the same Ctrl-C, delivered to the process and its group
-                if _STOP.is_set() or not _STEPPING.is_set():  # stop now
-                    if not quiet:
-                        print("\ncgc: stopped", file=sys.stderr)
-                    return _stopped_status()
-                _STOP.set()
-                stop_requested = now
-                if not quiet:
-                    print("\ncgc: stopping after the step under way (Ctrl-C again to stop "
-                          "now)", file=sys.stderr)
+                status = _interrupted(requests)
+                if status is not None:
+                    return status
     finally:
         sys.stdout, sys.stderr = streams  # stopped now (Ctrl-C twice): not left to the worker
         sys.setrecursionlimit(previous)
@@ -897,9 +880,38 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(number, handler)
     if not result:
         return EXIT_INTERNAL
-    if forwarded:  # the ranks were asked to stop: mpirun reports their status its own way
+    if requests["forwarded"]:  # the ranks were asked to stop: mpirun's status is its own
         return _stopped_status()
     return _stopped_status() if _STOP.is_set() and result[0] == EXIT_OK else result[0]
+
+
+def _interrupted(requests: dict) -> int | None:
+    """A stop request while a command runs (Ctrl-C; SIGTERM, SIGUSR1 and SIGUSR2 through
+    _take_sigterm): passed on to the ranks a `--ranks` run started; the same Ctrl-C again
+    (delivered to the process and its group) ignored; a training run stopped after the step
+    under way; anything else stopped now: its status returned. `requests`: when the last
+    request came ("at") and whether one was passed on ("forwarded")."""
+    # the last request says how the run ends: a quiet one (a rank whose launcher's reader
+    # left) says nothing and ends with status 0
+    quiet = _QUIETLY[0] = _QUIET_REQUEST[0]
+    _QUIET_REQUEST[0] = False
+    from .training.ranks import forward_stop
+    if forward_stop():  # --ranks: the ranks stop after a step; wait for them
+        requests["forwarded"] = True
+        return None
+    now = time.monotonic()
+    if _STOP.is_set() and now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:
+        return None  # the same Ctrl-C, delivered to the process and its group
+    if _STOP.is_set() or not _STEPPING.is_set():  # stop now
+        if not quiet:
+            print("\ncgc: stopped", file=sys.stderr)
+        return _stopped_status()
+    _STOP.set()
+    requests["at"] = now
+    if not quiet:
+        print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
+              file=sys.stderr)
+    return None
 
 
 # The signal that asked the run to stop: its exit status says which (128 + the signal).

@@ -79,6 +79,11 @@ class Model:
     l2_bytes_per_s: float = 10e12  # L2 hits across the chip
     mma_sync_fraction: float = 0.67  # mma.sync (HMMA) against wgmma's peak on Hopper
     cublas_fraction: float = 0.70  # cuBLAS on GPT-2 small's products, of the peak
+    # The bound prices a product at the calibrated estimate's price for its shape where that
+    # is faster than cublas_fraction (model_library); False: at cublas_fraction alone, as the
+    # bound did until 2026-12-07 (when three product images priced slower in it than in the
+    # estimate)
+    products_at_estimate_where_faster: bool = True
     issue_per_clock: int = 4  # warp instructions an SM issues a clock (4 schedulers)
     launch_overhead_s: float = 1.5e-6  # a launch replayed from a CUDA graph, end to start
     l2_latency_s: float = 300e-9  # an L2 hit under load, issue to use (the far partition too)
@@ -437,12 +442,20 @@ class Modelled:
 
 
 def model_library(facts: LaunchFacts, hw: Hardware = H200, model: Model = MODEL) -> Modelled:
-    """A cuBLAS product: its operations at the fraction of the peak cuBLAS reaches, its
-    bytes (and the copy before a residual product) at HBM's rate."""
+    """A cuBLAS product in the optimistic bound: its operations at the fraction of the peak
+    cuBLAS reaches, its bytes (and the copy before a residual product) at HBM's rate; or,
+    where the calibrated estimate prices its shape faster (a large product's tiles fill the
+    SMs at more than that fraction of the peak: the classifier's), the estimate's price, so
+    that the bound never prices a product slower than the estimate does. Either way it holds
+    every SM for its time (library_profile: no tiles)."""
     bytes_moved = facts.floor_bytes + facts.copies_residual_bytes
     parts = {"tensor": facts.flops / (hw.tensor_flops * model.cublas_fraction),
              "hbm": bytes_moved / hw.hbm_bytes_per_s, "overhead": model.launch_overhead_s}
     parts["total"] = max(parts["tensor"], parts["hbm"]) + parts["overhead"]
+    if facts.shape and model.products_at_estimate_where_faster:  # (m, n, k): per shape too
+        estimate = model_product(facts, hw, dataclasses.replace(model, calibrated=True))
+        if estimate.time < parts["total"]:
+            parts = dict(estimate.parts)
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
 
 
@@ -1269,7 +1282,8 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
     return rows
 
 
-PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "overhead")
+# The optimistic bound's parts (a product it prices at the estimate's price: its last tile)
+PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "last tile", "overhead")
 # The calibrated model's parts: its pipes, memory, what is not hidden (exposed: memory or
 # work a block cannot overlap; imbalance: the grid's uneven end), and a product's last tile
 CALIBRATED_PARTS = ("hbm", "l2", "tensor", "shared", "issue", "mufu", "exposed",
