@@ -41,6 +41,7 @@ each figure.
     python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
     python3 scripts/cost_model.py --registers cgImageAttentionBackward=128   # a what-if
     python3 scripts/cost_model.py --sensitivity   # what a 10% cut of each image would save
+    python3 scripts/cost_model.py --scale cgImageAttentionBackward=0.685   # a what-if
 """
 
 from __future__ import annotations
@@ -1258,6 +1259,30 @@ def print_sensitivity(name: str, config: str, program, audits, cut: float = 0.1,
         print(f"| {image} | {own * 1e6:,.1f} | {saved * 1e6:,.1f} | {share} |")
 
 
+def tokens_a_step(program) -> int:
+    """The tokens one step trains on (one rank's): its batch of sequences of its context."""
+    return int(program.roles["batch"]) * int(program.roles["context"])
+
+
+def print_scaled(name: str, config: str, program, audits, scales: dict,
+                 hw: Hardware = H200) -> None:
+    """--scale: the step (calibrated, the machine shared) with each named image's parts
+    scaled by its factor, its launch overheads kept, beside the step as built."""
+    def shared(scaled: dict) -> float:
+        price = Pricer(program, audits, 1, hw, CALIBRATED, scaled)
+        return program_seconds(program.body, price, machine_of(hw))
+    built, scaled = shared({}), shared(scales)
+    tokens = tokens_a_step(program)
+    what = ", ".join(f"{image} x {factor:g}" for image, factor in scales.items())
+    print(f"WHAT-IF, not the kernels as built: {name}, config {config}, {hw.name}, one GPU, "
+          f"calibrated estimate, the machine shared, with {what} (each image's parts, its "
+          "launch overheads kept). MODELLED figures, not measurements.")
+    print("| step | ms | tokens/s |")
+    print("| --- | ---: | ---: |")
+    print(f"| as built | {built * 1e3:.3f} | {tokens / built:,.0f} |")
+    print(f"| {what} | {scaled * 1e3:.3f} | {tokens / scaled:,.0f} |")
+
+
 # ---- the step, image by image -------------------------------------------------------
 
 def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = MODEL,
@@ -1379,7 +1404,7 @@ def scaling(program, audits, ranks_list, hw: Hardware = H200, model: Model = MOD
 def print_branches(name: str, program, audits, hw: Hardware = H200,
                    model: Model = MODEL) -> StepTimes:
     times = step_times(program, audits, 1, hw, model)
-    tokens = int(program.roles["batch"]) * int(program.roles["context"])
+    tokens = tokens_a_step(program)
     kind = "floor" if audits is None else \
         "calibrated estimate" if model.calibrated else "optimistic bound"
     print()
@@ -1413,7 +1438,7 @@ def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardw
         scaling(program_for, audits, ranks_list, hw, model)
     most = max(ranks_list)
     program = program_for(most)  # the calls and bytes it prints: at the most ranks
-    tokens = int(program.roles["batch"]) * int(program.roles["context"])
+    tokens = tokens_a_step(program)
     name = os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
     kind = "floor" if audits is None else \
         "calibrated estimate" if model.calibrated else "optimistic bound of the kernels as built"
@@ -1483,7 +1508,7 @@ def rate(row: dict, seconds: float) -> str:
 def print_step(name: str, config: str, program, audits, hw: Hardware = H200) -> None:
     """The step image by image: the floor, the calibrated estimate (the figure quoted) and
     the optimistic bound beside it, then the step's totals both ways."""
-    tokens = int(program.roles["batch"]) * int(program.roles["context"])
+    tokens = tokens_a_step(program)
     floor_rows = step_rows(program, None, hw)
     print(f"{name}, config {config}, {hw.name}: one step. MODELLED figures, not "
           f"measurements. Floor: bytes at {hw.hbm_bytes_per_s / 1e12:.1f} TB/s or products "
@@ -1549,6 +1574,19 @@ def parse_ranks(text: str) -> list:
     return ranks
 
 
+def parse_scale(text: str) -> tuple[str, float]:
+    """IMAGE=F of --scale."""
+    image, _, number = text.partition("=")
+    try:
+        factor = float(number)
+    except ValueError:
+        factor = -1.0
+    if not image or not 0 < factor <= 100 or not math.isfinite(factor):
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not IMAGE=F with a factor F above 0 and at most 100")
+    return image, factor
+
+
 def parse_registers(text: str) -> tuple[str, int]:
     """IMAGE=N of --registers."""
     image, _, number = text.partition("=")
@@ -1585,6 +1623,13 @@ def main() -> int:
                         "thread (its blocks an SM recomputed; its machine code otherwise as "
                         "built; N from 1 to 255; not with --floor); may be given again "
                         "for other images")
+    parser.add_argument("--scale", type=parse_scale, action="append", default=[],
+                        metavar="IMAGE=F",
+                        help="a what-if: the step (calibrated, the machine shared) with IMAGE's "
+                        "time (its parts, not its launch overheads) times F, beside the step "
+                        "as built, e.g. cgImageAttentionBackward=0.685; may be given again "
+                        "for other images (not with --floor, --parts, --ranks or "
+                        "--sensitivity)")
     parser.add_argument("--sensitivity", action="store_true",
                         help="what a 10%% cut of each image's time would save the step, and "
                         "how much of the step the SMs are at work (calibrated, the machine "
@@ -1600,9 +1645,14 @@ def main() -> int:
                      "--floor")
     if args.sensitivity and (args.parts or args.ranks):
         parser.error("--sensitivity prints a table of its own: not with --parts or --ranks")
-    what_if = dict(args.registers)
+    if args.scale and (args.floor or args.parts or args.ranks or args.sensitivity):
+        parser.error("--scale prints a table of its own from the kernels as built: not with "
+                     "--floor, --parts, --ranks or --sensitivity")
+    what_if, scales = dict(args.registers), dict(args.scale)
     if len(what_if) < len(args.registers):
         parser.error("--registers: an image given twice")
+    if len(scales) < len(args.scale):
+        parser.error("--scale: an image given twice")
     from cgc.cli import _count
     from cgc.core.diagnostics import CompileError, render_all
     from sass_audit import ToolchainMissing, audit_file
@@ -1614,6 +1664,11 @@ def main() -> int:
         if unknown:
             parser.error(f"--registers: {', '.join(unknown)}: not a kernel of {name} (its "
                          f"kernels: {', '.join(sorted(kernel_images(program)))})")
+        images = {launch.image.name for launch, _, _ in program.unrolled()}
+        unknown = sorted(set(scales) - images)
+        if unknown:
+            parser.error(f"--scale: {', '.join(unknown)}: not an image {name} launches (its "
+                         f"images: {', '.join(sorted(images))})")
         parallel = None
         if args.ranks:
             parallel_path = os.path.abspath(args.parallel)
@@ -1627,7 +1682,8 @@ def main() -> int:
                 audits = {**audit_file(os.path.abspath(args.parallel), args.config), **audits}
     except ToolchainMissing as error:
         # --floor needs no compiler, but prices no kernel as built: no what-if with it
-        hint = "" if what_if or args.sensitivity else " (or --floor for the floor alone)"
+        hint = "" if what_if or scales or args.sensitivity else \
+            " (or --floor for the floor alone)"
         print(f"cost_model: error: {error}{hint}", file=sys.stderr)
         return 1
     except CompileError as error:  # the schedule itself: cgc's own diagnostics
@@ -1641,6 +1697,9 @@ def main() -> int:
               f"{built.registers}, {built.occupancy.blocks})")
     if args.sensitivity:
         print_sensitivity(name, args.config, program, audits)
+        return 0
+    if scales:
+        print_scaled(name, args.config, program, audits, scales)
         return 0
     if args.parts and audits:
         print_parts(program, audits, model=CALIBRATED)

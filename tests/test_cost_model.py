@@ -806,6 +806,48 @@ def test_the_registers_what_if_from_the_command_line(audits, train):
     assert printed_ms == pytest.approx(expected, abs=5e-4) and printed_ms < step_ms(audits)
 
 
+# ---- --scale: an image's time scaled ----------------------------------------------------------
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--scale", "cgImageNope=0.5"], "cgImageNope: not an image schedules/train.cg launches"),
+    (["--scale", "cgImageAttention"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=0"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=-1"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=inf"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=nan"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=0.5", "--scale", "cgImageAttention=0.6"],
+     "an image given twice"),
+    (["--floor", "--scale", "cgImageAttention=0.5"], "not with --floor"),
+    (["--sensitivity", "--scale", "cgImageAttention=0.5"], "not with --floor")])
+def test_a_bad_scale_what_if_is_a_usage_error(arguments, message):
+    result = _script(*arguments)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_the_scale_what_if_prices_the_step_with_those_images_scaled(audits, train):
+    """Said to be a what-if; the step as built is the script's own estimate, the scaled one
+    what the Pricer gives with those factors (a product image too), and shorter."""
+    result = _script("--scale", "cgImageAttentionBackward=0.685",
+                     "--scale", "cgImageProductWeightSet=0.9")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("WHAT-IF, not the kernels as built:")
+    rows = [line.split("|") for line in lines[3:]]
+    built_ms, scaled_ms = float(rows[0][2]), float(rows[1][2])
+    assert rows[1][1].strip() == \
+        "cgImageAttentionBackward x 0.685, cgImageProductWeightSet x 0.9"
+
+    def step_ms(scaled):
+        price = cost_model.Pricer(train, audits, 1, H200, cost_model.CALIBRATED, scaled)
+        return cost_model.program_seconds(train.body, price, cost_model.machine_of(H200)) * 1e3
+    assert built_ms == pytest.approx(
+        cost_model.step_times(train, audits, 1, H200, cost_model.CALIBRATED).shared * 1e3,
+        abs=5e-4)
+    expected = step_ms({"cgImageAttentionBackward": 0.685, "cgImageProductWeightSet": 0.9})
+    assert scaled_ms == pytest.approx(expected, abs=5e-4) and scaled_ms < built_ms - 0.5
+
+
 @pytest.mark.parametrize("arguments,hint", [((), True),
                                             (("--registers", "cgImageAttention=128"), False)])
 def test_a_missing_compiler_is_one_line_with_the_way_out_that_fits(arguments, hint, monkeypatch,
