@@ -544,6 +544,23 @@ def test_a_scripts_own_ending_stands_when_its_reader_left(ending, status, said, 
             assert said in result.stderr, result.stderr
 
 
+def test_a_dump_that_fills_the_disk_partway_says_why_and_leaves_nothing(tmp_path):
+    """A dump larger than the disk allows (here a file-size limit: EFBIG, as a full disk's
+    ENOSPC): said with its reason, where numpy's writer said only '8192 requested and 5088
+    written'; exit 1, and no half-written dump or staging folder left."""
+    import resource
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    result = subprocess.run(
+        [sys.executable, "-m", "cgc", "run", str(SCHEDULES / "train.cg"), "--config", "tiny",
+         "--backend", "numpy", "--steps", "1", "--dump", "d"], cwd=tmp_path,
+        capture_output=True, text=True, env=_environment("buffered"), preexec_fn=small_files)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == "cgc: error: cannot write the dump d: File too large"
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_dump_the_disk_refuses_is_said_as_the_dumps(tmp_path, monkeypatch, capsys):
     from cgc.training import loop
 

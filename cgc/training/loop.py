@@ -454,8 +454,16 @@ def _install(staging: str, target: str) -> None:
 
 
 def _save(path: str, array: np.ndarray) -> None:
-    with new_file(path) as handle:  # in the staging folder cgc made: new, flushed
-        np.save(handle, array)
+    """`array` as a .npy file (np.save's bytes), in the staging folder cgc made: new, flushed.
+    Its bytes go through Python's write, so a disk that fills says why (ENOSPC, EFBIG),
+    where numpy's own (tofile) says only 'N requested and M written'."""
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        array = np.ascontiguousarray(array)
+    header = np.lib.format.header_data_from_array_1_0(array)
+    in_order = array.T if header["fortran_order"] else array  # its bytes as they lie
+    with new_file(path) as handle:
+        np.lib.format.write_array_header_1_0(handle, header)
+        handle.write(memoryview(in_order.reshape(-1).view(np.uint8)))
 
 
 def _write_dump_files(folder: str, run: Run, losses, ids, targets, before, gradients, after,
