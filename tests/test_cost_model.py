@@ -779,10 +779,20 @@ def test_fewer_registers_give_more_blocks_and_a_faster_backward_only_in_the_what
     (["--registers", "cgImageAttention=\u0661\u0662\u0668"], "is not IMAGE=N"),
     (["--registers", "cgImageAttention=128", "--registers", "cgImageAttention=168"],
      "an image given twice"),
-    (["--floor", "--registers", "cgImageAttention=128"], "not --floor")])
-def test_a_bad_registers_what_if_is_a_usage_error(arguments, message):
-    """Refused before the audit, so without a CUDA toolchain too, and before anything is
-    printed."""
+    (["--floor", "--registers", "cgImageAttention=128"], "not --floor"),
+    (["--scale", "cgImageNope=0.5"], "cgImageNope: not an image schedules/train.cg launches"),
+    (["--scale", "cgImageAttention"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=0"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=-1"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=inf"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=nan"], "is not IMAGE=F"),
+    (["--scale", "cgImageAttention=0.5", "--scale", "cgImageAttention=0.6"],
+     "an image given twice"),
+    (["--floor", "--scale", "cgImageAttention=0.5"], "not with --floor"),
+    (["--sensitivity", "--scale", "cgImageAttention=0.5"], "not with --floor")])
+def test_a_bad_what_if_is_a_usage_error(arguments, message):
+    """--registers and --scale: refused before the audit, so without a CUDA toolchain too,
+    and before anything is printed."""
     result = _script(*arguments)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert result.stdout == "" and "Traceback" not in result.stderr
@@ -807,23 +817,6 @@ def test_the_registers_what_if_from_the_command_line(audits, train):
 
 
 # ---- --scale: an image's time scaled ----------------------------------------------------------
-
-@pytest.mark.parametrize("arguments, message", [
-    (["--scale", "cgImageNope=0.5"], "cgImageNope: not an image schedules/train.cg launches"),
-    (["--scale", "cgImageAttention"], "is not IMAGE=F"),
-    (["--scale", "cgImageAttention=0"], "is not IMAGE=F"),
-    (["--scale", "cgImageAttention=-1"], "is not IMAGE=F"),
-    (["--scale", "cgImageAttention=inf"], "is not IMAGE=F"),
-    (["--scale", "cgImageAttention=nan"], "is not IMAGE=F"),
-    (["--scale", "cgImageAttention=0.5", "--scale", "cgImageAttention=0.6"],
-     "an image given twice"),
-    (["--floor", "--scale", "cgImageAttention=0.5"], "not with --floor"),
-    (["--sensitivity", "--scale", "cgImageAttention=0.5"], "not with --floor")])
-def test_a_bad_scale_what_if_is_a_usage_error(arguments, message):
-    result = _script(*arguments)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert result.stdout == "" and "Traceback" not in result.stderr
-
 
 def test_the_scale_what_if_prices_the_step_with_those_images_scaled(audits, train):
     """Said to be a what-if; the step as built is the script's own estimate, the scaled one
