@@ -862,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
     _QUIET_REQUEST[0] = _QUIETLY[0] = False
+    _REQUESTED.clear()
     _STEPPING.clear()
     previous_term = _take_sigterm()
     try:
@@ -869,7 +870,10 @@ def main(argv: list[str] | None = None) -> int:
         while not finished.is_set():
             try:
                 finished.wait(0.1)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C (SIGINT's own handler)
+                _REQUESTED.set()
+            if _REQUESTED.is_set():
+                _REQUESTED.clear()
                 status = _interrupted(requests)
                 if status is not None:
                     return status
@@ -877,6 +881,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = streams  # stopped now (Ctrl-C twice): not left to the worker
         sys.setrecursionlimit(previous)
         for number, handler in (previous_term or {}).items():
+            if argv is None and number != signal.SIGTERM and handler == signal.SIG_DFL:
+                # the process's own command has ended: a stop request now (a rank whose
+                # launcher's reader left as the run ended) is nothing to do, not a kill
+                handler = signal.SIG_IGN
             signal.signal(number, handler)
     if not result:
         return EXIT_INTERNAL
@@ -887,21 +895,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def _interrupted(requests: dict) -> int | None:
     """A stop request while a command runs (Ctrl-C; SIGTERM, SIGUSR1 and SIGUSR2 through
-    _take_sigterm): passed on to the ranks a `--ranks` run started; the same Ctrl-C again
-    (delivered to the process and its group) ignored; a training run stopped after the step
-    under way; anything else stopped now: its status returned. `requests`: when the last
+    _take_sigterm): the same Ctrl-C again (delivered to the process and its group) ignored;
+    passed on to the ranks a `--ranks` run started, which stop after their step, and asked
+    again, the ranks ended now; a training run stopped after the step under way; anything
+    else stopped now: its status returned. `requests`: when the last
     request came ("at") and whether one was passed on ("forwarded")."""
     # the last request says how the run ends: a quiet one (a rank whose launcher's reader
     # left) says nothing and ends with status 0
     quiet = _QUIETLY[0] = _QUIET_REQUEST[0]
     _QUIET_REQUEST[0] = False
-    from .training.ranks import forward_stop
-    if forward_stop():  # --ranks: the ranks stop after a step; wait for them
-        requests["forwarded"] = True
-        return None
+    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, forward_stop
     now = time.monotonic()
-    if _STOP.is_set() and now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:
+    if (_STOP.is_set() or requests["forwarded"]) and \
+            now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:
         return None  # the same Ctrl-C, delivered to the process and its group
+    if requests["forwarded"] and end_launched():  # --ranks, asked again: end them now
+        print("\ncgc: stopped", file=sys.stderr)
+        return _stopped_status()
+    # --ranks: the ranks stop after a step, quietly (each would say so, and end with a status
+    # mpirun would report as a failure); this process says so once, and ends with the status
+    if forward_stop(QUIET_STOP_SIGNAL):
+        requests["forwarded"], requests["at"] = True, now
+        if not quiet:
+            print("\ncgc: stopping after the step under way (Ctrl-C again to stop now)",
+                  file=sys.stderr)
+        return None
     if _STOP.is_set() or not _STEPPING.is_set():  # stop now
         if not quiet:
             print("\ncgc: stopped", file=sys.stderr)
@@ -920,10 +938,15 @@ _STOP_SIGNAL = [signal.SIGINT]
 # handled was quiet: the run ends with status 0, as one whose reader left (ranks.py).
 _QUIET_REQUEST = [False]
 _QUIETLY = [False]
+# A stop request by a signal _take_sigterm handles: main's loop takes it within 0.1 s (the
+# handlers raise nothing, so a request that comes as the command ends, past the loop, is
+# nothing: no KeyboardInterrupt out of main's last lines)
+_REQUESTED = threading.Event()
 
 
 def _stopped_status() -> int:
-    if _QUIETLY[0]:
+    from .training.ranks import LAUNCHED_RANK
+    if _QUIETLY[0] or os.environ.get(LAUNCHED_RANK):  # a rank: its launcher tells the outcome
         return EXIT_OK
     return EXIT_TERMINATED if _STOP_SIGNAL[0] == signal.SIGTERM else EXIT_INTERRUPTED
 
@@ -939,11 +962,11 @@ def _take_sigterm():
 
     def stop(signum, frame):
         _STOP_SIGNAL[0] = signal.SIGTERM
-        raise KeyboardInterrupt
+        _REQUESTED.set()
 
     def stop_quietly(signum, frame):
         _QUIET_REQUEST[0] = True
-        raise KeyboardInterrupt
+        _REQUESTED.set()
 
     # what mpirun forwards to a rank: STOP_SIGNAL as SIGTERM, QUIET_STOP_SIGNAL quietly
     from .training.ranks import QUIET_STOP_SIGNAL, STOP_SIGNAL

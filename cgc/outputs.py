@@ -372,9 +372,11 @@ class _Guarded:
             buffer = getattr(self._stream, "buffer", None)
             if buffer is None:
                 self._stream.write(data.decode("utf-8", "replace"))
-            else:
-                buffer.write(data)
-                buffer.flush()
+                return
+            view = memoryview(data)
+            while view:  # unbuffered (PYTHONUNBUFFERED), a raw file may take only a part
+                view = view[buffer.write(view):]
+            buffer.flush()
         self._guarded(act)
 
     def __getattr__(self, name):

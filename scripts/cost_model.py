@@ -1645,9 +1645,10 @@ def main() -> int:
                      "--floor")
     if args.sensitivity and (args.parts or args.ranks):
         parser.error("--sensitivity prints a table of its own: not with --parts or --ranks")
-    if args.scale and (args.floor or args.parts or args.ranks or args.sensitivity):
+    if args.scale and (args.floor or args.parts or args.ranks or args.sensitivity
+                       or args.registers):
         parser.error("--scale prints a table of its own from the kernels as built: not with "
-                     "--floor, --parts, --ranks or --sensitivity")
+                     "--floor, --parts, --ranks, --sensitivity or --registers")
     what_if, scales = dict(args.registers), dict(args.scale)
     if len(what_if) < len(args.registers):
         parser.error("--registers: an image given twice")

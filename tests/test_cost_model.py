@@ -789,7 +789,9 @@ def test_fewer_registers_give_more_blocks_and_a_faster_backward_only_in_the_what
     (["--scale", "cgImageAttention=0.5", "--scale", "cgImageAttention=0.6"],
      "an image given twice"),
     (["--floor", "--scale", "cgImageAttention=0.5"], "not with --floor"),
-    (["--sensitivity", "--scale", "cgImageAttention=0.5"], "not with --floor")])
+    (["--sensitivity", "--scale", "cgImageAttention=0.5"], "not with --floor"),
+    (["--registers", "cgImageAttention=128", "--scale", "cgImageAttention=0.5"],
+     "--sensitivity or --registers")])
 def test_a_bad_what_if_is_a_usage_error(arguments, message):
     """--registers and --scale: refused before the audit, so without a CUDA toolchain too,
     and before anything is printed."""

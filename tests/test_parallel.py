@@ -242,20 +242,22 @@ def test_sigterm_to_cgc_run_ranks_stops_every_rank_after_one_step_with_a_checkpo
 
 
 @needs_mpi
+@pytest.mark.parametrize("steps", [100000, 1])
 @pytest.mark.parametrize("buffering", [{}, {"PYTHONUNBUFFERED": "1"}], ids=["buffered",
                                                                            "unbuffered"])
 def test_cgc_run_ranks_whose_reader_left_stops_quietly_after_a_step_with_a_checkpoint(
-        buffering, tmp_path):
+        buffering, steps, tmp_path):
     """`cgc run --ranks 2 ... | head`: the ranks' lines pass through cgc (ranks.relay), so
     the reader's leaving is cgc's to see, as in a run of one process: the ranks stop after
     the step under way (QUIET_STOP_SIGNAL), rank 0 writes its checkpoint, exit 0, nothing
     said of it. Before, mpirun took the SIGPIPE itself ('prterun: SIGPIPE detected -
-    aborting', exit 1, no checkpoint)."""
+    aborting', exit 1, no checkpoint). At one step the reader leaves at the summary, as the
+    ranks end: a rank whose command had ended was killed by the stop request (exit 140)."""
     folder = tmp_path / "run"
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     process = subprocess.Popen(
         [sys.executable, "-m", "cgc", "run", PARALLEL, "--backend", "numpy", "--config", "tiny",
-         "--ranks", "2", "--steps", "100000", "--checkpoint-dir", str(folder)],
+         "--ranks", "2", "--steps", str(steps), "--checkpoint-dir", str(folder)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**environment, **MPI_ENVIRONMENT, **buffering})
     try:
@@ -267,7 +269,8 @@ def test_cgc_run_ranks_whose_reader_left_stops_quietly_after_a_step_with_a_check
             process.kill()
             process.communicate()
     assert process.returncode == 0, err
-    assert "SIGPIPE" not in err and "error" not in err and "stopping" not in err, err
+    assert "SIGPIPE" not in err and "error" not in err and "stopping" not in err \
+        and "signal" not in err, err
     from cgc.training import checkpoint
     _, manifest = checkpoint.load(checkpoint.latest(str(folder)))
     assert manifest["ranks"] == 2 and manifest["step"] >= 1
@@ -288,6 +291,97 @@ def test_cgc_run_ranks_whose_standard_output_is_refused_is_one_line_exit_1():
     lines = result.stderr.splitlines()
     assert lines[-1] == "cgc: error: cannot write the standard output: No space left on device"
     assert len(lines) == 2 and "2 ranks, 4 of 8 sequences a step each" in lines[0], lines
+
+
+def test_the_relay_writes_every_byte_to_a_standard_output_that_takes_a_part():
+    """Unbuffered (PYTHONUNBUFFERED), the standard output is a raw file, which may take only
+    a part of what the relay writes (a disk that fills, a file-size limit): the rest was
+    dropped without a word, exit 0. Every byte is tried again, and the error that follows
+    is the standard output's (WriteFailed)."""
+    from cgc.outputs import StandardOutput, WriteFailed
+
+    class Raw:  # a raw file that takes 3 bytes a write, then refuses past `room`
+        def __init__(self, room):
+            self.taken, self.room = b"", room
+
+        def write(self, data):
+            if len(self.taken) >= self.room:
+                raise OSError(27, "File too large")
+            self.taken += bytes(data[:3])
+            return min(3, len(data))
+
+        def flush(self):
+            pass
+
+    class Text:
+        def __init__(self, raw):
+            self.buffer = raw
+
+        def flush(self):
+            pass
+    roomy = Raw(100)
+    training_ranks._write_bytes(StandardOutput(Text(roomy)), b"step 1/3 loss 5.48\n")
+    assert roomy.taken == b"step 1/3 loss 5.48\n"
+    with pytest.raises(WriteFailed, match="File too large"):
+        training_ranks._write_bytes(StandardOutput(Text(Raw(9))), b"step 1/3 loss 5.48\n")
+
+
+@needs_mpi
+def test_ctrl_c_at_the_terminal_stops_the_ranks_after_a_step_and_keeps_their_lines(tmp_path):
+    """Ctrl-C at the terminal (SIGINT to the foreground process group): mpirun, in a group of
+    its own, does not take it; cgc passes it on, the ranks stop after a step, and what they
+    print after it (the later steps, the summary, the checkpoint) still comes through, said
+    to stop once, exit 130, no report of a rank's failure. Before, mpirun took the SIGINT too
+    and dropped what followed."""
+    folder = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", PARALLEL, "--backend", "numpy", "--config", "tiny",
+         "--ranks", "2", "--steps", "100000", "--checkpoint-dir", str(folder)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **MPI_ENVIRONMENT}, start_new_session=True)
+    try:
+        assert all(process.stdout.readline() for _ in range(2)), process.stderr.read()
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 130, err
+    assert "(stopped early) on 2 ranks" in out, out
+    assert err.count("stopping after the step under way") == 1, err
+    assert "wrote the checkpoint" in err and "prterun" not in err, err
+
+
+def test_a_second_stop_request_ends_the_ranks_at_once(monkeypatch):
+    """The first stop request is passed on (quietly: this process says so), the same one
+    again within a second is ignored, a later one ends mpirun at once (no waiting for a step
+    that may hang)."""
+    from cgc import cli
+
+    class Launched:
+        signals, ended = [], 0
+
+        def poll(self):
+            return None
+
+        def send_signal(self, number):
+            self.signals.append(number)
+
+        def terminate(self):
+            Launched.ended += 1
+    monkeypatch.setattr(training_ranks, "_LAUNCHED", [Launched()])
+    clock = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cli, "_STOP_SIGNAL", [signal.SIGINT])
+    requests = {"at": 0.0, "forwarded": False}
+    assert cli._interrupted(requests) is None and requests["forwarded"]
+    assert Launched.signals == [training_ranks.QUIET_STOP_SIGNAL] and Launched.ended == 0
+    clock[0] += 0.5
+    assert cli._interrupted(requests) is None and Launched.ended == 0  # the same Ctrl-C
+    clock[0] += 1.0
+    assert cli._interrupted(requests) == 130 and Launched.ended == 1
+    assert Launched.signals == [training_ranks.QUIET_STOP_SIGNAL]
 
 
 @needs_mpi

@@ -80,6 +80,13 @@ def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
             *arguments]
 
 
+# Set in the environment of the ranks launch_ranks starts: a rank's stop, whatever asked for
+# it (its own signal, or another rank's, agreed at a step), ends with status 0, and cgc, the
+# launcher, tells the run's outcome (130 or 143 for a stop it passed on, 0 where its reader
+# left, 1 where its standard output was refused). A rank's own status would hang on which
+# rank's signal came first, and mpirun reports any but 0 as a rank's failure.
+LAUNCHED_RANK = "CGC_LAUNCHED_RANK"
+
 # Open MPI refuses to run as root unless told (containers and CI run as root).
 ROOT_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -97,11 +104,14 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
     WriteFailed once they have ended."""
     import subprocess
     command = mpirun_command(ranks, arguments)
-    environment = dict(os.environ)
+    environment = {**os.environ, LAUNCHED_RANK: "1"}
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         environment.update(ROOT_ENVIRONMENT)
+    # its own process group: a Ctrl-C at the terminal reaches cgc alone, which passes it on
+    # as a stop request (forward_stop) while mpirun goes on passing the ranks' lines through;
+    # were it in cgc's group, mpirun would end the job at once and drop what they print
     process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, start_new_session=True)
     _LAUNCHED.append(process)
     try:
         refused = relay(process)
@@ -159,6 +169,16 @@ def _write_bytes(stream, data: bytes) -> None:
 # device refused what the ranks print, and the launcher tells the outcome.
 STOP_SIGNAL = signal.SIGUSR1
 QUIET_STOP_SIGNAL = signal.SIGUSR2
+
+
+def end_launched() -> bool:
+    """Ends the ranks this process launched at once (SIGTERM to mpirun, which ends the job:
+    no final checkpoint); False if it launched none still running."""
+    for process in list(_LAUNCHED):
+        if process.poll() is None:
+            process.terminate()
+            return True
+    return False
 
 
 def forward_stop(signal_number: int = STOP_SIGNAL) -> bool:
