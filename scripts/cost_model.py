@@ -327,6 +327,8 @@ DESIGNS = {
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
         inner_trips=_attention_inner_trips, pipelined=True, around_trips=_query_heads_a_block),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
+    # 8 floats a thread (load8), to the low type: ZeRO-1's step casts its shard's parameters
+    "cgImageCastDown": Design(inflight=32),
     # a block a row: a lane's pair in each of its warp's 6 of the 24 heads of q and k (two
     # bfloat16 a pair), all loaded before any is turned
     "cgImageRotary": Design(inflight=24),

@@ -945,3 +945,14 @@ def test_the_optimistic_bound_prices_no_image_slower_than_the_estimate(audits, t
     assert slower(MODEL) == []
     assert slower(Model(products_at_estimate_where_faster=False)) == [
         "cgImageProductData", "cgImageProductResidual", "cgImageProductTransposed"]
+
+
+@pytest.mark.parametrize("schedule", ["train.cg", "train_parallel.cg", "train_recompute.cg",
+                                      "train_zero.cg", "llama/train.cg",
+                                      "llama/train_parallel.cg", "llama/train_recompute.cg"])
+def test_every_kernel_a_step_launches_has_its_design(schedule):
+    """`--file` prices any step in schedules/: each kernel it launches needs its design facts
+    (train_zero.cg's cast-down had none: a KeyError, a traceback)."""
+    config = "tinyllama" if schedule.startswith("llama/") else "gpt2"
+    program = _program(ROOT / "schedules" / schedule, config=config)
+    assert cost_model.kernel_images(program) - set(cost_model.DESIGNS) == set()
