@@ -351,7 +351,11 @@ def test_ctrl_c_stops_a_run_after_the_step_under_way(tmp_path):
             assert line and time.monotonic() < deadline, "the run printed no steps"
             lines.append(line)
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        # the rest through the same reader: communicate reads the pipe itself, past what
+        # readline read ahead
+        out = process.stdout.read()
+        err = process.stderr.read()
+        process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
