@@ -861,7 +861,6 @@ def main(argv: list[str] | None = None) -> int:
     requests = {"at": 0.0, "forwarded": False}
     _STOP.clear()
     _STOP_SIGNAL[0] = signal.SIGINT
-    _QUIET_REQUEST[0] = _QUIETLY[0] = False
     _REQUESTED.clear()
     _STEPPING.clear()
     previous_term = _take_sigterm()
@@ -870,7 +869,9 @@ def main(argv: list[str] | None = None) -> int:
         while not finished.is_set():
             try:
                 finished.wait(0.1)
-            except KeyboardInterrupt:  # Ctrl-C (SIGINT's own handler)
+            except KeyboardInterrupt:  # Ctrl-C (SIGINT's own handler): never quiet
+                if _quiet():
+                    _STOP_SIGNAL[0] = signal.SIGINT
                 _REQUESTED.set()
             if _REQUESTED.is_set():
                 _REQUESTED.clear()
@@ -900,10 +901,7 @@ def _interrupted(requests: dict) -> int | None:
     again, the ranks ended now; a training run stopped after the step under way; anything
     else stopped now: its status returned. `requests`: when the last
     request came ("at") and whether one was passed on ("forwarded")."""
-    # the last request says how the run ends: a quiet one (a rank whose launcher's reader
-    # left) says nothing and ends with status 0
-    quiet = _QUIETLY[0] = _QUIET_REQUEST[0]
-    _QUIET_REQUEST[0] = False
+    quiet = _quiet()
     from .training.ranks import QUIET_STOP_SIGNAL, end_launched, forward_stop
     now = time.monotonic()
     if (_STOP.is_set() or requests["forwarded"]) and \
@@ -932,21 +930,23 @@ def _interrupted(requests: dict) -> int | None:
     return None
 
 
-# The signal that asked the run to stop: its exit status says which (128 + the signal).
+# The signal that asked the run to stop, the last one: its exit status says which (128 + the
+# signal), or QUIET_STOP_SIGNAL's (a rank whose launcher's reader left): nothing said, 0.
 _STOP_SIGNAL = [signal.SIGINT]
-# A quiet stop request (QUIET_STOP_SIGNAL) has come and not yet been handled; the last one
-# handled was quiet: the run ends with status 0, as one whose reader left (ranks.py).
-_QUIET_REQUEST = [False]
-_QUIETLY = [False]
 # A stop request by a signal _take_sigterm handles: main's loop takes it within 0.1 s (the
 # handlers raise nothing, so a request that comes as the command ends, past the loop, is
 # nothing: no KeyboardInterrupt out of main's last lines)
 _REQUESTED = threading.Event()
 
 
+def _quiet() -> bool:
+    from .training.ranks import QUIET_STOP_SIGNAL
+    return _STOP_SIGNAL[0] == QUIET_STOP_SIGNAL
+
+
 def _stopped_status() -> int:
     from .training.ranks import LAUNCHED_RANK
-    if _QUIETLY[0] or os.environ.get(LAUNCHED_RANK):  # a rank: its launcher tells the outcome
+    if _quiet() or os.environ.get(LAUNCHED_RANK):  # a rank: its launcher tells the outcome
         return EXIT_OK
     return EXIT_TERMINATED if _STOP_SIGNAL[0] == signal.SIGTERM else EXIT_INTERRUPTED
 
@@ -965,7 +965,7 @@ def _take_sigterm():
         _REQUESTED.set()
 
     def stop_quietly(signum, frame):
-        _QUIET_REQUEST[0] = True
+        _STOP_SIGNAL[0] = signum
         _REQUESTED.set()
 
     # what mpirun forwards to a rank: STOP_SIGNAL as SIGTERM, QUIET_STOP_SIGNAL quietly

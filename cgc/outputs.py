@@ -21,6 +21,7 @@ not have named) and `WriteFailed` (a write that the disk or device refused: exit
 from __future__ import annotations
 
 import contextlib
+import io
 import errno
 import os
 import re
@@ -369,14 +370,12 @@ class _Guarded:
         as UTF-8 text."""
         def act() -> None:
             self._stream.flush()
-            buffer = getattr(self._stream, "buffer", None)
-            if buffer is None:
+            try:
+                descriptor = self._stream.fileno()
+            except (AttributeError, ValueError, io.UnsupportedOperation):  # a StringIO
                 self._stream.write(data.decode("utf-8", "replace"))
-                return
-            view = memoryview(data)
-            while view:  # unbuffered (PYTHONUNBUFFERED), a raw file may take only a part
-                view = view[buffer.write(view):]
-            buffer.flush()
+            else:  # every byte, however few each write takes (a disk filling up)
+                _write_descriptor(descriptor, data)
         self._guarded(act)
 
     def __getattr__(self, name):

@@ -1211,6 +1211,14 @@ def step_times(program, audits: dict | None, ranks: int = 1, hw: Hardware = H200
                      program_seconds(program.body, price, machine_of(hw)))
 
 
+def shared_step(program, audits: dict, scaled: dict | None = None, hw: Hardware = H200,
+                model: Model = CALIBRATED, price: Pricer | None = None) -> float:
+    """The step on the shared machine (the model's figure), each image of `scaled` with its
+    parts times its factor (Pricer), or priced by `price`."""
+    price = price or Pricer(program, audits, 1, hw, model, scaled)
+    return program_seconds(program.body, price, machine_of(hw))
+
+
 def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
                 model: Model = CALIBRATED) -> list:
     """Per image, what cutting its every launch's time (but for the launch overhead) by `cut`
@@ -1219,16 +1227,13 @@ def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
     seconds.
     A launch off the critical path, or beside others that take the SMs it frees, saves less
     than its own cut."""
-    def shared(price: Pricer) -> float:
-        return program_seconds(program.body, price, machine_of(hw))
     own = defaultdict(float)
     price = Pricer(program, audits, 1, hw, model)
     for launch, _, point in program.unrolled():
         facts, modelled = price.facts(launch, point)
         own[facts.image] += modelled.time - modelled.parts.get("overhead", 0.0)
-    step = shared(price)
-    rows = [(image, seconds, step - shared(Pricer(program, audits, 1, hw, model,
-                                                  {image: 1 - cut})))
+    step = shared_step(program, audits, hw=hw, price=price)
+    rows = [(image, seconds, step - shared_step(program, audits, {image: 1 - cut}, hw, model))
             for image, seconds in own.items()]
     return sorted(rows, key=lambda row: -row[2])
 
@@ -1270,10 +1275,7 @@ def print_scaled(name: str, config: str, program, audits, scales: dict,
                  hw: Hardware = H200) -> None:
     """--scale: the step (calibrated, the machine shared) with each named image's parts
     scaled by its factor, its launch overheads kept, beside the step as built."""
-    def shared(scaled: dict) -> float:
-        price = Pricer(program, audits, 1, hw, CALIBRATED, scaled)
-        return program_seconds(program.body, price, machine_of(hw))
-    built, scaled = shared({}), shared(scales)
+    built, scaled = shared_step(program, audits, hw=hw), shared_step(program, audits, scales, hw)
     tokens = tokens_a_step(program)
     what = ", ".join(f"{image} x {factor:g}" for image, factor in scales.items())
     print(f"WHAT-IF, not the kernels as built: {name}, config {config}, {hw.name}, one GPU, "

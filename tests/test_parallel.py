@@ -293,37 +293,30 @@ def test_cgc_run_ranks_whose_standard_output_is_refused_is_one_line_exit_1():
     assert len(lines) == 2 and "2 ranks, 4 of 8 sequences a step each" in lines[0], lines
 
 
-def test_the_relay_writes_every_byte_to_a_standard_output_that_takes_a_part():
-    """Unbuffered (PYTHONUNBUFFERED), the standard output is a raw file, which may take only
-    a part of what the relay writes (a disk that fills, a file-size limit): the rest was
-    dropped without a word, exit 0. Every byte is tried again, and the error that follows
-    is the standard output's (WriteFailed)."""
-    from cgc.outputs import StandardOutput, WriteFailed
+def test_the_relay_writes_every_byte_to_a_standard_output_that_takes_a_part(tmp_path,
+                                                                             monkeypatch):
+    """Unbuffered (PYTHONUNBUFFERED), the standard output's writes may each take only a part
+    of what the relay passes on (a disk that fills, a file-size limit): the rest was dropped
+    without a word, exit 0. Every byte is tried again, and the error that follows is the
+    standard output's (WriteFailed)."""
+    from cgc import outputs
+    write, room = os.write, [100]
 
-    class Raw:  # a raw file that takes 3 bytes a write, then refuses past `room`
-        def __init__(self, room):
-            self.taken, self.room = b"", room
-
-        def write(self, data):
-            if len(self.taken) >= self.room:
-                raise OSError(27, "File too large")
-            self.taken += bytes(data[:3])
-            return min(3, len(data))
-
-        def flush(self):
-            pass
-
-    class Text:
-        def __init__(self, raw):
-            self.buffer = raw
-
-        def flush(self):
-            pass
-    roomy = Raw(100)
-    training_ranks._write_bytes(StandardOutput(Text(roomy)), b"step 1/3 loss 5.48\n")
-    assert roomy.taken == b"step 1/3 loss 5.48\n"
-    with pytest.raises(WriteFailed, match="File too large"):
-        training_ranks._write_bytes(StandardOutput(Text(Raw(9))), b"step 1/3 loss 5.48\n")
+    def a_few_bytes(descriptor, data):  # 3 bytes a write, then refused past `room`
+        if os.fstat(descriptor).st_size >= room[0]:
+            raise OSError(27, "File too large")
+        return write(descriptor, bytes(data[:3]))
+    monkeypatch.setattr(outputs.os, "write", a_few_bytes)
+    line = b"step 1/3 loss 5.48\n"
+    for room[0], refused in ((100, False), (9, True)):
+        path = tmp_path / f"out{room[0]}"
+        with open(path, "w") as stream:
+            if refused:
+                with pytest.raises(outputs.WriteFailed, match="File too large"):
+                    outputs.StandardOutput(stream).write_bytes(line)
+            else:
+                outputs.StandardOutput(stream).write_bytes(line)
+        assert path.read_bytes() == (line[:9] if refused else line)
 
 
 @needs_mpi

@@ -143,24 +143,15 @@ def relay(process):
                     selector.unregister(key.fileobj)
                     continue
                 try:
-                    _write_bytes(targets[key.fileobj], data)
+                    targets[key.fileobj].write_bytes(data)  # cgc's guarded streams
                 except WriteFailed as error:  # the standard output's (StandardOutput)
                     refused = refused or error
-                if not stopped and (refused or getattr(sys.stdout, "reader_left", False)):
-                    stopped = forward_stop(QUIET_STOP_SIGNAL) or True
+                if not stopped and (refused or sys.stdout.reader_left):
+                    forward_stop(QUIET_STOP_SIGNAL)
+                    stopped = True
     for pipe in targets:
         pipe.close()
     return refused
-
-
-def _write_bytes(stream, data: bytes) -> None:
-    """`data` onto `stream`: cgc's guarded streams take the bytes as they are; any other
-    (a library caller's own) takes UTF-8 text."""
-    if hasattr(stream, "write_bytes"):
-        stream.write_bytes(data)
-    else:
-        stream.write(data.decode("utf-8", "replace"))
-        stream.flush()
 
 
 # What mpirun passes on to every rank: Open MPI ends the job on SIGTERM and SIGINT but
@@ -171,25 +162,28 @@ STOP_SIGNAL = signal.SIGUSR1
 QUIET_STOP_SIGNAL = signal.SIGUSR2
 
 
+def _running_launch():
+    """The mpirun this process launched, while it runs; else None."""
+    return next((process for process in _LAUNCHED if process.poll() is None), None)
+
+
 def end_launched() -> bool:
     """Ends the ranks this process launched at once (SIGTERM to mpirun, which ends the job:
     no final checkpoint); False if it launched none still running."""
-    for process in list(_LAUNCHED):
-        if process.poll() is None:
-            process.terminate()
-            return True
-    return False
+    process = _running_launch()
+    if process is not None:
+        process.terminate()
+    return process is not None
 
 
 def forward_stop(signal_number: int = STOP_SIGNAL) -> bool:
     """Passes a stop request to the ranks this process launched (as `signal_number`, through
     mpirun); False if it launched none. The ranks agree on the step to stop after (the
     training loop's stop is decided by all of them), then checkpoint, as one run does."""
-    for process in list(_LAUNCHED):
-        if process.poll() is None:
-            process.send_signal(signal_number)
-            return True
-    return False
+    process = _running_launch()
+    if process is not None:
+        process.send_signal(signal_number)
+    return process is not None
 
 
 def without_ranks(arguments: list[str]) -> list[str]:
