@@ -1697,6 +1697,11 @@ def main() -> int:
     for image, registers in what_if.items():
         built = audits[image]
         audits[image] = with_registers(built, registers, H200)
+        if audits[image].occupancy.blocks < 1:  # no block fits an SM: it could not launch
+            parser.error(f"--registers {image}={registers}: a block of {built.threads} "
+                         f"threads at {registers} registers a thread does not fit in the "
+                         f"{H200.registers_per_block:,} registers a block may hold: the "
+                         "kernel could not launch")
         print(f"WHAT-IF, not the kernel as built: {image} priced at {_count(registers, 'register')} "
               f"a thread, {_count(audits[image].occupancy.blocks, 'block')} an SM (built: "
               f"{built.registers}, {built.occupancy.blocks})")

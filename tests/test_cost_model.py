@@ -803,6 +803,15 @@ def test_a_bad_what_if_is_a_usage_error(arguments, message):
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 
+def test_a_registers_what_if_no_block_of_which_fits_is_a_usage_error(audits):
+    """The classifier's 1,024 threads at 255 registers a thread: no block fits an SM, so the
+    kernel could not launch; once priced anyway (as one block an SM), now refused."""
+    result = _script("--registers", "cgImageClassifier=255")
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert "a block of 1024 threads at 255 registers a thread does not fit" in result.stderr
+    assert _script("--registers", "cgImageClassifier=64").returncode == 0
+
+
 def test_the_registers_what_if_from_the_command_line(audits, train):
     """The script's own what-if says it is one, and prices the step as with_registers does:
     faster than the kernel as built."""
