@@ -311,7 +311,8 @@ def _run_output_options(run) -> None:
                           "share of every step's sequences and the schedule's all-reduce "
                           "averages the gradients (schedules/train_parallel.cg, "
                           "docs/parallel.md); at most as many ranks as cores unless "
-                          "--oversubscribe")
+                          "--oversubscribe; ranks not all started in 120 s end the job "
+                          "(CGC_RANKS_START_SECONDS in the environment sets the time)")
     run.add_argument("--oversubscribe", action="store_true",
                      help="with --ranks: allow more ranks than this machine has cores (they "
                           "share them, each waiting its turn: for trying data parallel on a "
@@ -616,7 +617,7 @@ def _launch_ranks(args) -> int:
         raise CompileError(problems)
     try:
         return ranks.launch_ranks(args.ranks, ranks.without_ranks(args.argv))
-    except CommunicatorError as error:
+    except (CommunicatorError, ranks.LaunchFailed) as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
 
@@ -668,6 +669,9 @@ def _run(args) -> int:
     except parallel.CommunicatorError as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
+    if communicator.size > 1:
+        from .training.ranks import check_in
+        check_in(communicator.rank)  # to the `cgc run --ranks N` that started it, if one did
     if args.ranks is not None and args.ranks != communicator.size:
         raise _UsageError(f"--ranks {args.ranks}, but mpirun started {communicator.size}")
     _run_outputs(args)
@@ -902,13 +906,18 @@ def _interrupted(requests: dict) -> int | None:
     else stopped now: its status returned. `requests`: when the last
     request came ("at") and whether one was passed on ("forwarded")."""
     quiet = _quiet()
-    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, forward_stop
+    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, end_starting_launch, \
+        forward_stop
     now = time.monotonic()
     if (_STOP.is_set() or requests["forwarded"]) and \
             now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:
         return None  # the same Ctrl-C, delivered to the process and its group
     if requests["forwarded"] and end_launched():  # --ranks, asked again: end them now
         print("\ncgc: stopped", file=sys.stderr)
+        return _stopped_status()
+    if end_starting_launch():  # --ranks, the ranks not all up: nothing to keep, ended now
+        if not quiet:
+            print("\ncgc: stopped", file=sys.stderr)
         return _stopped_status()
     # --ranks: the ranks stop after a step, quietly (each would say so, and end with a status
     # mpirun would report as a failure); this process says so once, and ends with the status

@@ -346,35 +346,211 @@ def test_ctrl_c_at_the_terminal_stops_the_ranks_after_a_step_and_keeps_their_lin
     assert "wrote the checkpoint" in err and "prterun" not in err, err
 
 
-def test_a_second_stop_request_ends_the_ranks_at_once(monkeypatch):
+class _Launched:
+    """mpirun as a Launch sees it: running until ended."""
+
+    pid = -1  # never a process group: os.killpg is the test's (_launched)
+
+    def __init__(self):
+        self.signals, self.ended, self.killed = [], 0, []
+
+    def poll(self):
+        return 0 if self.ended else None
+
+    def send_signal(self, number):
+        self.signals.append(number)
+
+    def terminate(self):
+        self.ended += 1
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def _launched(monkeypatch, tmp_path, up: int, ranks: int = 2) -> _Launched:
+    """A launch of `ranks` ranks, `up` of them checked in, as the running one."""
+    process = _Launched()
+    for rank in range(up):
+        (tmp_path / str(rank)).touch()
+    launch = training_ranks.Launch(process, ranks, str(tmp_path), 60)
+    monkeypatch.setattr(training_ranks.os, "killpg",
+                        lambda group, number: process.killed.append((group, number)))
+    monkeypatch.setattr(training_ranks, "_LAUNCHED", [launch])
+    return process
+
+
+def test_a_second_stop_request_ends_the_ranks_at_once(monkeypatch, tmp_path):
     """The first stop request is passed on (quietly: this process says so), the same one
     again within a second is ignored, a later one ends mpirun at once (no waiting for a step
     that may hang)."""
     from cgc import cli
-
-    class Launched:
-        signals, ended = [], 0
-
-        def poll(self):
-            return None
-
-        def send_signal(self, number):
-            self.signals.append(number)
-
-        def terminate(self):
-            Launched.ended += 1
-    monkeypatch.setattr(training_ranks, "_LAUNCHED", [Launched()])
+    launched = _launched(monkeypatch, tmp_path, up=2)
     clock = [100.0]
     monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(cli, "_STOP_SIGNAL", [signal.SIGINT])
     requests = {"at": 0.0, "forwarded": False}
     assert cli._interrupted(requests) is None and requests["forwarded"]
-    assert Launched.signals == [training_ranks.QUIET_STOP_SIGNAL] and Launched.ended == 0
+    assert launched.signals == [training_ranks.QUIET_STOP_SIGNAL] and launched.ended == 0
     clock[0] += 0.5
-    assert cli._interrupted(requests) is None and Launched.ended == 0  # the same Ctrl-C
+    assert cli._interrupted(requests) is None and launched.ended == 0  # the same Ctrl-C
     clock[0] += 1.0
-    assert cli._interrupted(requests) == 130 and Launched.ended == 1
-    assert Launched.signals == [training_ranks.QUIET_STOP_SIGNAL]
+    assert cli._interrupted(requests) == 130 and launched.ended == 1
+    assert launched.signals == [training_ranks.QUIET_STOP_SIGNAL]
+    assert launched.killed == [(-1, signal.SIGKILL)]  # what is left of its group
+
+
+def test_a_stop_request_before_every_rank_is_up_ends_the_job_at_once(monkeypatch, tmp_path,
+                                                                      capsys):
+    """One rank of two up: a rank not yet up has not set its handlers, and would die of a
+    request passed on (the stop said 'after the step under way', and no step came). The job
+    is ended at once instead, said as a stop: exit 143, nothing passed on."""
+    from cgc import cli
+    launched = _launched(monkeypatch, tmp_path, up=1)
+    monkeypatch.setattr(cli, "_STOP_SIGNAL", [signal.SIGTERM])
+    requests = {"at": 0.0, "forwarded": False}
+    assert cli._interrupted(requests) == 143
+    assert launched.ended == 1 and launched.signals == [] and len(launched.killed) == 1
+    assert capsys.readouterr().err == "\ncgc: stopped\n"
+
+
+def test_a_rank_checks_in_to_the_folder_its_launcher_named(monkeypatch, tmp_path):
+    monkeypatch.setenv(training_ranks.CHECK_IN, str(tmp_path))
+    training_ranks.check_in(1)
+    assert os.listdir(tmp_path) == ["1"]
+    monkeypatch.setenv(training_ranks.CHECK_IN, str(tmp_path / "gone"))
+    training_ranks.check_in(0)  # the launcher has ended the job and removed it: no error
+    monkeypatch.delenv(training_ranks.CHECK_IN)
+    training_ranks.check_in(0)
+    assert os.listdir(tmp_path) == ["1"]
+
+
+# Stand-ins for mpirun (ranks.mpirun_command): Python that checks its ranks in (or not) and
+# ends as told; a child of its own shows whether its process group was ended.
+FAKE_MPIRUN = """
+import os, signal, subprocess, sys, time
+folder = os.environ["CGC_RANKS_CHECK_IN"]
+for rank in range({up}):
+    open(os.path.join(folder, str(rank)), "w").close()
+if {deaf}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep({seconds})
+child.kill()
+if {status} < 0:  # killed by a signal, as Python leaves SIGXFSZ ignored
+    signal.signal(-{status}, signal.SIG_DFL)
+    os.kill(os.getpid(), -{status})
+sys.exit({status})
+"""
+
+
+def _fake_launch(monkeypatch, up=0, deaf=False, seconds=0, status=0, limit=None):
+    """launch_ranks(2, ...) on FAKE_MPIRUN: its status or its failure, the seconds it took
+    and the pid of its child."""
+    from cgc import outputs
+    script = FAKE_MPIRUN.format(up=up, deaf=deaf, seconds=seconds, status=status)
+    monkeypatch.setattr(training_ranks, "mpirun_command",
+                        lambda ranks, arguments: [sys.executable, "-c", script])
+    monkeypatch.setenv(training_ranks.START_SECONDS_VARIABLE, "2")
+    monkeypatch.setattr(training_ranks, "END_GRACE_SECONDS", 1.0)
+    monkeypatch.setattr(training_ranks, "file_size_limit", lambda: limit)
+    def hung(signum, frame):  # a launcher that waits for ever fails here, not hangs
+        raise TimeoutError("launch_ranks was still waiting after 60 s")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    started = time.monotonic()
+    try:
+        with outputs.standard_streams_told():
+            captured = io.StringIO()
+            sys.stdout._stream = captured  # what the fake prints: its child's pid
+            try:
+                result = training_ranks.launch_ranks(2, [])
+            except training_ranks.LaunchFailed as failure:
+                result = failure
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return result, time.monotonic() - started, int(captured.getvalue())
+
+
+@pytest.mark.parametrize("deaf", [False, True], ids=["ends", "ignores-sigterm"])
+def test_a_start_up_that_never_finishes_is_ended_and_said(monkeypatch, deaf):
+    """Open MPI's start-up can fail without ending (under `ulimit -f 16`, prterun waited for
+    ever on a rank that had exited: cgc hung with it, and a timeout's SIGTERM was passed on
+    to ranks that were not there). Ranks not all up by the deadline: mpirun is ended (its
+    process group killed where it ignores SIGTERM), and cgc says so, nothing left running."""
+    result, seconds, child = _fake_launch(monkeypatch, up=1, deaf=deaf, seconds=600)
+    assert isinstance(result, training_ranks.LaunchFailed)
+    assert str(result) == ("Open MPI started 1 of the 2 ranks in 2 s and was ended (its "
+                           "start-up did not finish)")
+    assert seconds < 30
+    time.sleep(0.2)
+    assert _ended(child)  # the group killed: the child too
+
+
+def _ended(pid: int) -> bool:
+    """The process is gone, or dead and waiting to be reaped (a zombie: its parent, killed
+    with it, is not there to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_mpirun_s_own_failures_are_said_and_a_rank_s_status_is_kept(monkeypatch):
+    """A status no rank of cgc's gives (14: Open MPI's start-up failed; under `ulimit -f 8`
+    prterun was killed by SIGXFSZ and printed nothing) was cgc's own exit status, unexplained.
+    Now it is an error, with the file-size limit where there is one; 0, 1 and 2 are the
+    ranks' own (a rank's diagnostics are 1)."""
+    result, _, _ = _fake_launch(monkeypatch, up=0, status=14, limit=16384)
+    assert str(result) == (
+        "mpirun ended with status 14 after starting 0 of the 2 ranks; files are limited to "
+        "16,384 bytes here (`ulimit -f`), and Open MPI's start-up writes its shared memory as "
+        "files: raise the limit, or run one rank (no --ranks)")
+    result, _, _ = _fake_launch(monkeypatch, up=2, status=-signal.SIGXFSZ)
+    assert str(result) == "mpirun was killed by SIGXFSZ"
+    for status in (0, 1, 2):
+        assert _fake_launch(monkeypatch, up=2, status=status)[0] == status
+
+
+def test_the_start_up_deadline_is_told_as_it_is():
+    """`cgc run --help` and docs/parallel.md name the deadline and its variable as the code has them."""
+    from cgc.cli import build_parser
+    import contextlib
+    told = io.StringIO()
+    with contextlib.redirect_stdout(told), pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    help_text = " ".join(told.getvalue().split())
+    docs = " ".join((ROOT / "docs" / "parallel.md").read_text().split())
+    seconds = f"{training_ranks.RANKS_START_SECONDS:g} s"
+    assert f"not all started in {seconds} end the job" in help_text
+    assert f"up within {seconds} (`{training_ranks.START_SECONDS_VARIABLE}` sets it)" in docs
+    assert training_ranks.START_SECONDS_VARIABLE in help_text
+    assert f"`{training_ranks.CHECK_IN}`" in docs
+
+
+@needs_mpi
+def test_cgc_run_ranks_past_the_start_up_deadline_trains_on(tmp_path):
+    """The ranks check in once their communicator is up (cli._run), so a run longer than the
+    start-up deadline is not ended by it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cgc", "run", PARALLEL, "--backend", "numpy", "--config", "tiny",
+         "--ranks", "2", "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, **MPI_ENVIRONMENT,
+                        training_ranks.START_SECONDS_VARIABLE: "8"})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert process.stdout.readline().startswith("step "), process.stderr.read()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, err
+    assert "(stopped early) on 2 ranks" in out and "Open MPI" not in err, err
 
 
 @needs_mpi

@@ -8,8 +8,11 @@ The communicator itself, which the backends' collectives call, is the backends' 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import time
 
 # NumPy is imported where it is used: cli.py reads STOP_SIGNAL for every command, and
 # `cgc compile` loads no NumPy (tests/test_startup.py).
@@ -87,6 +90,118 @@ def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
 # rank's signal came first, and mpirun reports any but 0 as a rank's failure.
 LAUNCHED_RANK = "CGC_LAUNCHED_RANK"
 
+# Set in the environment of the ranks launch_ranks starts: a folder where each rank, once
+# its communicator is up (and its stop handlers set: cli.main sets them first), makes an
+# empty file named by its rank (check_in). Open MPI's start-up can fail without ending (under
+# a small file-size limit, `ulimit -f`, prterun may wait for ever on a rank that has exited),
+# and a stop request passed on before a rank has set its handlers would kill that rank: so
+# the launcher ends a job whose ranks are not all up in RANKS_START_SECONDS (the variable
+# CGC_RANKS_START_SECONDS may set it), and a stop request before then ends it at once.
+CHECK_IN = "CGC_RANKS_CHECK_IN"
+RANKS_START_SECONDS = 120.0
+START_SECONDS_VARIABLE = "CGC_RANKS_START_SECONDS"
+# How long mpirun has to end after SIGTERM before its process group is killed
+END_GRACE_SECONDS = 5.0
+
+
+def check_in(rank: int) -> None:
+    """This rank is up (CHECK_IN): said to the launcher that started it, if one did."""
+    folder = os.environ.get(CHECK_IN)
+    if folder:
+        try:
+            with open(os.path.join(folder, str(rank)), "w"):
+                pass
+        except OSError:  # the launcher's folder gone: it has ended the job, or is ending it
+            pass
+
+
+def _start_seconds() -> float:
+    text = os.environ.get(START_SECONDS_VARIABLE, "")
+    try:
+        seconds = float(text)
+    except ValueError:
+        return RANKS_START_SECONDS
+    return seconds if 0 < seconds < float("inf") else RANKS_START_SECONDS
+
+
+class Launch:
+    """One mpirun that launch_ranks started: the process, and the folder its ranks check in
+    to (CHECK_IN) by a deadline."""
+
+    def __init__(self, process, ranks: int, folder: str, seconds: float):
+        self.process, self.ranks, self.folder = process, ranks, folder
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.abandoned = False  # ended for its ranks not all up by the deadline
+        self.ended = False  # ended by this process (end): its status is no failure of its own
+
+    def up(self) -> int:
+        """How many of the ranks have checked in."""
+        try:
+            return len(os.listdir(self.folder))
+        except OSError:
+            return 0
+
+    def starting(self) -> bool:
+        return self.up() < self.ranks
+
+    def overdue(self) -> bool:
+        return not self.abandoned and time.monotonic() > self.deadline and self.starting()
+
+    def end(self) -> None:
+        """SIGTERM to mpirun, which ends the job; then, END_GRACE_SECONDS later at most, its
+        process group (its own: launch_ranks) killed, mpirun too if it has not heeded the
+        SIGTERM (a start-up that hangs may not): nothing of the job is left running, or
+        holding the pipes the relay reads."""
+        self.ended = True
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(END_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:  # none left
+            pass
+
+
+def file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (`ulimit -f`), in bytes, or
+    None where there is none."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+class LaunchFailed(Exception):
+    """mpirun ended without the run's own outcome: the ranks did not all start, or it ended
+    with a status no rank of cgc's gives. The message says which, and what may be why."""
+
+
+def _failure(launch: Launch, status: int) -> LaunchFailed | None:
+    """Why the launch failed, or None where its status is a rank's own (0, 1 or 2: cgc's)."""
+    if launch.abandoned:
+        what = (f"Open MPI started {launch.up()} of the {launch.ranks} ranks in "
+                f"{launch.seconds:g} s and was ended (its start-up did not finish)")
+    elif status in (0, 1, 2) or launch.ended:
+        return None
+    else:
+        what = (f"mpirun was killed by {signal.Signals(-status).name}" if status < 0 else
+                f"mpirun ended with status {status}")
+        if launch.starting():
+            what += f" after starting {launch.up()} of the {launch.ranks} ranks"
+    limit = file_size_limit()
+    if limit is not None:
+        what += (f"; files are limited to {limit:,} bytes here (`ulimit -f`), and Open MPI's "
+                 "start-up writes its shared memory as files: raise the limit, or run one "
+                 "rank (no --ranks)")
+    return LaunchFailed(what)
+
+
 # Open MPI refuses to run as root unless told (containers and CI run as root).
 ROOT_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -101,43 +216,63 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
     ranks print passes through this process (relay), so the rules of cgc's standard streams
     (cgc/outputs.py) hold for the whole run: a reader that left stops the ranks after their
     step, quietly (exit 0); a standard output the device refuses stops them too, and is
-    WriteFailed once they have ended."""
-    import subprocess
+    WriteFailed once they have ended. A job whose ranks are not all up in time (CHECK_IN), or
+    whose status is no rank's, is LaunchFailed."""
+    import atexit
+    import tempfile
     command = mpirun_command(ranks, arguments)
-    environment = {**os.environ, LAUNCHED_RANK: "1"}
+    folder = tempfile.mkdtemp(prefix="cgc-ranks-")
+
+    def remove_folder() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+    # also where this process ends first (a stop request that ended the job: main returns
+    # while this thread is still here)
+    atexit.register(remove_folder)
+    environment = {**os.environ, LAUNCHED_RANK: "1", CHECK_IN: folder}
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         environment.update(ROOT_ENVIRONMENT)
-    # its own process group: a Ctrl-C at the terminal reaches cgc alone, which passes it on
-    # as a stop request (forward_stop) while mpirun goes on passing the ranks' lines through;
-    # were it in cgc's group, mpirun would end the job at once and drop what they print
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, start_new_session=True)
-    _LAUNCHED.append(process)
     try:
-        refused = relay(process)
-        status = process.wait()
+        # its own process group: a Ctrl-C at the terminal reaches cgc alone, which passes it
+        # on as a stop request (forward_stop) while mpirun goes on passing the ranks' lines
+        # through; were it in cgc's group, mpirun would end the job at once and drop what
+        # they print
+        process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+        launch = Launch(process, ranks, folder, _start_seconds())
+        _LAUNCHED.append(launch)
+        try:
+            refused = relay(launch)
+            status = process.wait()
+        finally:
+            _LAUNCHED.remove(launch)
+        failure = _failure(launch, status)
     finally:
-        _LAUNCHED.remove(process)
+        remove_folder()
+        atexit.unregister(remove_folder)
     if refused is not None:
         raise refused
+    if failure is not None:
+        raise failure
     return status
 
 
-def relay(process):
-    """Passes the process's standard output and error on to this process's (sys.stdout and
+def relay(launch: Launch):
+    """Passes mpirun's standard output and error on to this process's (sys.stdout and
     sys.stderr, cgc's guarded streams), as they come, until both end. Where the standard
     output's reader left or its device refused a write, the ranks are asked to stop after
     the step under way, quietly (QUIET_STOP_SIGNAL), and what they print after is passed
-    into nothing. Returns the refusal (WriteFailed), or None."""
+    into nothing; where the ranks are not all up by the deadline, the job is ended
+    (Launch.abandoned). Returns the refusal (WriteFailed), or None."""
     import selectors
     from ..outputs import WriteFailed
+    process = launch.process
     targets = {process.stdout: sys.stdout, process.stderr: sys.stderr}
     refused, stopped = None, False
     with selectors.DefaultSelector() as selector:
         for pipe in targets:
             selector.register(pipe, selectors.EVENT_READ)
         while selector.get_map():
-            for key, _ in selector.select():
+            for key, _ in selector.select(_POLL_SECONDS):
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     selector.unregister(key.fileobj)
@@ -147,11 +282,18 @@ def relay(process):
                 except WriteFailed as error:  # the standard output's (StandardOutput)
                     refused = refused or error
                 if not stopped and (refused or sys.stdout.reader_left):
-                    forward_stop(QUIET_STOP_SIGNAL)
+                    end_starting_launch() or forward_stop(QUIET_STOP_SIGNAL)
                     stopped = True
+            if launch.overdue():
+                launch.abandoned = True
+                launch.end()
     for pipe in targets:
         pipe.close()
     return refused
+
+
+# How often the relay looks at the start-up deadline while mpirun prints nothing
+_POLL_SECONDS = 0.5
 
 
 # What mpirun passes on to every rank: Open MPI ends the job on SIGTERM and SIGINT but
@@ -162,28 +304,41 @@ STOP_SIGNAL = signal.SIGUSR1
 QUIET_STOP_SIGNAL = signal.SIGUSR2
 
 
-def _running_launch():
+def _running_launch() -> Launch | None:
     """The mpirun this process launched, while it runs; else None."""
-    return next((process for process in _LAUNCHED if process.poll() is None), None)
+    return next((launch for launch in _LAUNCHED if launch.process.poll() is None), None)
 
 
 def end_launched() -> bool:
-    """Ends the ranks this process launched at once (SIGTERM to mpirun, which ends the job:
-    no final checkpoint); False if it launched none still running."""
-    process = _running_launch()
-    if process is not None:
-        process.terminate()
-    return process is not None
+    """Ends the ranks this process launched at once (mpirun ended: no final checkpoint);
+    False if it launched none still running."""
+    launch = _running_launch()
+    if launch is not None:
+        launch.end()
+    return launch is not None
+
+
+def end_starting_launch() -> bool:
+    """Ends the job this process launched if its ranks are not all up yet (CHECK_IN): asked
+    to stop then, there is nothing to keep, and a rank that has not set its handlers would
+    die of a request passed on. False if there is no such job."""
+    launch = _running_launch()
+    if launch is None or not launch.starting():
+        return False
+    launch.end()
+    return True
 
 
 def forward_stop(signal_number: int = STOP_SIGNAL) -> bool:
     """Passes a stop request to the ranks this process launched (as `signal_number`, through
-    mpirun); False if it launched none. The ranks agree on the step to stop after (the
+    mpirun); False if it launched none, or if they are not all up yet (end_starting_launch
+    ends such a job). The ranks agree on the step to stop after (the
     training loop's stop is decided by all of them), then checkpoint, as one run does."""
-    process = _running_launch()
-    if process is not None:
-        process.send_signal(signal_number)
-    return process is not None
+    launch = _running_launch()
+    if launch is None or launch.starting():
+        return False
+    launch.process.send_signal(signal_number)
+    return True
 
 
 def without_ranks(arguments: list[str]) -> list[str]:
