@@ -844,6 +844,17 @@ _STEPPING = threading.Event()
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`cgc ARGV` (the process's own arguments where None). A library caller's standard
+    descriptors are theirs again after it (a reader that left had the null device put
+    there, for a process that ends: outputs.descriptors_kept)."""
+    if argv is None:
+        return _main_on_a_thread(argv)
+    from .outputs import descriptors_kept
+    with descriptors_kept((sys.stdout, sys.stderr)):
+        return _main_on_a_thread(argv)
+
+
+def _main_on_a_thread(argv: list[str] | None) -> int:
     """Runs the command on a thread with a deep stack: terms nest, and so does the compiler."""
     result: list[int] = []
     threading.stack_size(_STACK_BYTES)

@@ -319,12 +319,46 @@ def discard(stream) -> None:
         os.close(devnull)
 
 
+@contextlib.contextmanager
+def descriptors_kept(streams):
+    """The descriptors under `streams` (a library caller's sys.stdout and sys.stderr) as they
+    were before the block, whatever it discarded (a reader that left: discard puts the null
+    device there, for a process that is about to end). What their buffers hold by then goes
+    where the block left it, so nothing of the block's is written after."""
+    saved = {}
+    for stream in streams:
+        try:
+            descriptor = stream.fileno()
+            saved.setdefault(descriptor, (stream, os.dup(descriptor)))
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass  # no descriptor (a StringIO, a closed stream): nothing to keep
+    try:
+        yield
+    finally:
+        for descriptor, (stream, copy) in saved.items():
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+            try:
+                if not os.path.samestat(os.fstat(descriptor), os.fstat(copy)):
+                    os.dup2(copy, descriptor)
+            except OSError:
+                pass
+            finally:
+                os.close(copy)
+
+
 def reader_gone(descriptor: int) -> None:
-    """The reader of `descriptor` left: discarded; if it is the standard output's (an
-    output written to /dev/stdout), the standard output says so (StandardOutput.reader_left),
-    as it does for what is printed."""
+    """The reader of `descriptor` left. During a command (standard_streams_told): discarded,
+    and if it is the standard output's (an output written to /dev/stdout), the standard
+    output says so (StandardOutput.reader_left), as it does for what is printed. Outside one
+    (a library call) the descriptor is the caller's, left as it is: write_file's False says
+    what happened."""
+    if not isinstance(sys.stdout, StandardOutput):
+        return
     discard(descriptor)
-    if isinstance(sys.stdout, StandardOutput) and _same_file(descriptor, sys.stdout):
+    if _same_file(descriptor, sys.stdout):
         sys.stdout.gone = sys.stdout.reader_left = True
 
 

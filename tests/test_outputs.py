@@ -562,3 +562,34 @@ def test_an_output_to_a_pipe_whose_reader_left_is_silent_like_print():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stderr == ""
+
+
+# A library caller whose standard output is a pipe its reader has left: cgc's command (or an
+# output written to /dev/stdout) ends, then the caller looks at its own descriptor 1.
+CALLER = """
+import os, sys
+sys.path.insert(0, {root!r})
+reader, writer = os.pipe()
+os.close(reader)  # the reader has left
+os.dup2(writer, 1)
+os.close(writer)
+before = os.fstat(1)
+{call}
+after = os.fstat(1)
+print(result, os.path.samestat(before, after), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("call", [
+    "from cgc.cli import main\n"
+    f"result = main(['check', {str(SCHEDULES / 'train.cg')!r}, '--config', 'tiny', '--memory'])",
+    "from cgc.outputs import write_file\nresult = write_file('/dev/stdout', 'a line\\n')",
+], ids=["cli.main", "write_file"])
+def test_a_library_caller_s_descriptors_are_its_own_after_a_reader_left(call):
+    """`cgc.cli.main([...])` (or write_file to /dev/stdout) called in a process whose
+    standard output's reader had left: cgc put the null device on the caller's descriptor 1
+    and left it there (the caller's own later writes vanished without an error). A process's
+    own command may (it is about to end); a library call leaves the caller's as it was."""
+    done = subprocess.run([sys.executable, "-c", CALLER.format(root=str(ROOT), call=call)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stderr.split()[-2:] == ["0" if "main" in call else "False", "True"], done.stderr
