@@ -440,7 +440,7 @@ class Modelled:
 
     @property
     def bound(self) -> str:
-        return max((k for k in self.parts if k not in ("total", "overhead")),
+        return max((k for k in self.parts if k not in ("total", "overhead", "tail")),
                    key=lambda k: self.parts[k])
 
 
@@ -543,9 +543,10 @@ def model_kernel(facts: LaunchFacts, audit: KernelAudit, design: Design, roles: 
     parts["issue"] = issue / (clock * model.issue_per_clock)
     parts["overhead"] = model.launch_overhead_s
     busiest = max(v for k, v in parts.items() if k != "overhead")
+    # the last wave as long as a whole one, however few blocks it runs
+    parts["tail"] = busiest * (1 / tail(facts.blocks, per_sm * hw.sms) - 1)
     parts["last block"] = last_block_seconds(facts, design, roles, hw, model)
-    parts["total"] = busiest / tail(facts.blocks, per_sm * hw.sms) + parts["last block"] \
-        + parts["overhead"]
+    parts["total"] = busiest + parts["tail"] + parts["last block"] + parts["overhead"]
     return Modelled(floor_time(facts.floor_bytes, facts.flops, hw), parts)
 
 
@@ -1311,8 +1312,11 @@ def step_rows(program, audits: dict | None, hw: Hardware = H200, model: Model = 
     return rows
 
 
-# The optimistic bound's parts (a product it prices at the estimate's price: its last tile)
-PARTS = ("hbm", "l2", "tensor", "shared", "issue", "last block", "last tile", "overhead")
+# The optimistic bound's parts (a product it prices at the estimate's price: its last tile):
+# a launch costs its busiest part, its tail (the last wave's idle slots), its last block or
+# tile and its overhead; the other parts are hidden under the busiest
+PARTS = ("hbm", "l2", "tensor", "shared", "issue", "tail", "last block", "last tile",
+         "overhead")
 # The calibrated model's parts: its pipes, memory, what is not hidden (exposed: memory or
 # work a block cannot overlap; imbalance: the grid's uneven end), and a product's last tile
 CALIBRATED_PARTS = ("hbm", "l2", "tensor", "shared", "issue", "mufu", "exposed",

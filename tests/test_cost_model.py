@@ -958,3 +958,21 @@ def test_the_optimistic_bound_prices_no_image_slower_than_the_estimate(audits, t
     assert slower(Model(products_at_estimate_where_faster=False)) == [
         "cgImageProductData", "cgImageProductResidual", "cgImageProductTransposed"]
 
+
+
+def test_the_optimistic_parts_add_up_to_each_launch_s_time(train, audits):
+    """In the optimistic bound a launch costs its busiest part, its tail, its last block or
+    tile and its overhead; `--parts` shows each (the tail had no column, so a row's busiest
+    part and overhead fell short of its time: the attention backward's by 40.8 us)."""
+    price = cost_model.Pricer(train, audits, 1, cost_model.H200, cost_model.MODEL)
+    hidden = ("hbm", "l2", "tensor", "shared", "issue")
+    tails = 0.0
+    for launch, _, point in train.unrolled():
+        _, modelled = price.facts(launch, point)
+        parts = modelled.parts
+        shown = max(parts.get(k, 0.0) for k in hidden) + sum(
+            parts.get(k, 0.0) for k in ("tail", "last block", "last tile", "overhead"))
+        assert shown == pytest.approx(parts["total"], rel=1e-12, abs=1e-15), launch.image.name
+        assert set(parts) - {"total"} <= set(cost_model.PARTS), launch.image.name
+        tails += parts.get("tail", 0.0)
+    assert tails > 0  # some grid ends in a part wave
