@@ -916,7 +916,8 @@ def _interrupted(requests: dict) -> int | None:
     again, the ranks ended now; a training run stopped after the step under way; anything
     else stopped now: its status returned. `requests`: when the last
     request came ("at") and whether one was passed on ("forwarded")."""
-    quiet = _quiet()
+    from .backends.parallel import launched_rank
+    quiet = _quiet() or launched_rank() > 0  # of a run on ranks, rank 0 alone says it
     from .training.ranks import QUIET_STOP_SIGNAL, end_launched, end_starting_launch, \
         forward_stop
     now = time.monotonic()

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -411,6 +412,24 @@ def test_a_stop_request_before_every_rank_is_up_ends_the_job_at_once(monkeypatch
     assert cli._interrupted(requests) == 143
     assert launched.ended == 1 and launched.signals == [] and len(launched.killed) == 1
     assert capsys.readouterr().err == "\ncgc: stopped\n"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_of_ranks_started_by_hand_rank_0_alone_says_it_stops(monkeypatch, capsys, rank):
+    """`mpirun -n 2 cgc run ...` and SIGUSR1 to mpirun, which forwards it to every rank:
+    each rank stops after the step they agree on, and each said so (one line a rank);
+    rank 0 alone says it now."""
+    from cgc import cli
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", str(rank))
+    monkeypatch.setattr(training_ranks, "_LAUNCHED", [])
+    monkeypatch.setattr(cli, "_STOP_SIGNAL", [signal.SIGTERM])
+    monkeypatch.setattr(cli, "_STOP", threading.Event())
+    monkeypatch.setattr(cli, "_STEPPING", threading.Event())
+    cli._STEPPING.set()
+    assert cli._interrupted({"at": 0.0, "forwarded": False}) is None and cli._STOP.is_set()
+    said = capsys.readouterr().err
+    assert said == ("\ncgc: stopping after the step under way (Ctrl-C again to stop now)\n"
+                    if rank == 0 else ""), said
 
 
 def test_a_rank_checks_in_to_the_folder_its_launcher_named(monkeypatch, tmp_path):

@@ -27,6 +27,9 @@ from ..resources import install_hint
 # MPI (PMI), PMIx launchers. Without one, cgc runs as one rank and never loads MPI (whose
 # start-up as a singleton costs a second and may need a network).
 LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+# ... and this process's rank among them, before MPI is up (a stop request's message, which
+# rank 0 alone gives)
+LAUNCHER_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
 class CommunicatorError(RuntimeError):
@@ -192,6 +195,15 @@ def launched_size() -> int:
         if text.isdigit():
             return int(text)
     return 1
+
+
+def launched_rank() -> int:
+    """This process's rank, as its MPI launcher told it (0 when none did)."""
+    for name in LAUNCHER_RANK_VARIABLES:
+        text = os.environ.get(name, "")
+        if text.isdigit():
+            return int(text)
+    return 0
 
 
 def world() -> Communicator:
