@@ -740,3 +740,16 @@ def test_a_failed_collective_in_the_emulated_program_stops_it_with_the_reason():
     assert "cgc: error: rank 0: rank 0 of 2: the reduction failed: peer gone" in done.stderr
     assert "cgImageAllReduce: NCCL error: remote process exited or there was a network " \
            "error" in done.stderr, done.stderr
+
+
+def test_no_folder_for_the_ranks_to_check_in_to_is_said(monkeypatch):
+    import tempfile
+
+    def full(*arguments, **options):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    monkeypatch.setattr(training_ranks, "mpirun_command", lambda ranks, arguments: ["true"])
+    with pytest.raises(training_ranks.LaunchFailed,
+                       match=r"cannot make a folder for the ranks to say they are up in \(.*\): "
+                             "No space left on device"):
+        training_ranks.launch_ranks(2, [])

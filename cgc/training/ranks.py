@@ -221,7 +221,11 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
     import atexit
     import tempfile
     command = mpirun_command(ranks, arguments)
-    folder = tempfile.mkdtemp(prefix="cgc-ranks-")
+    try:
+        folder = tempfile.mkdtemp(prefix="cgc-ranks-")
+    except OSError as error:
+        raise LaunchFailed(f"cannot make a folder for the ranks to say they are up in "
+                           f"({tempfile.gettempdir()}): {error.strerror or error}") from None
 
     def remove_folder() -> None:
         shutil.rmtree(folder, ignore_errors=True)
