@@ -605,6 +605,10 @@ def _launch_ranks(args) -> int:
         raise _UsageError(f"--ranks {args.ranks} is more ranks than this machine's {cores} "
                           "cores: each rank would wait for a core; give --oversubscribe to "
                           "run them anyway")
+    try:
+        ranks.start_seconds()
+    except ValueError as error:
+        raise _UsageError(str(error)) from None
     _readable([args.file])
     # each rank's program, as that rank will evaluate it (a sharded step differs by rank)
     for rank in range(args.ranks):
@@ -918,8 +922,8 @@ def _interrupted(requests: dict) -> int | None:
     request came ("at") and whether one was passed on ("forwarded")."""
     from .backends.parallel import launched_rank
     quiet = _quiet() or launched_rank() > 0  # of a run on ranks, rank 0 alone says it
-    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, end_starting_launch, \
-        forward_stop
+    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, forward_stop, \
+        starting_launch
     now = time.monotonic()
     if (_STOP.is_set() or requests["forwarded"]) and \
             now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:
@@ -927,9 +931,11 @@ def _interrupted(requests: dict) -> int | None:
     if requests["forwarded"] and end_launched():  # --ranks, asked again: end them now
         print("\ncgc: stopped", file=sys.stderr)
         return _stopped_status()
-    if end_starting_launch():  # --ranks, the ranks not all up: nothing to keep, ended now
-        if not quiet:
+    starting = starting_launch()
+    if starting is not None:  # --ranks, the ranks not all up: nothing to keep, ended now
+        if not quiet:  # said first: a start-up that hangs takes seconds to end
             print("\ncgc: stopped", file=sys.stderr)
+        starting.end()
         return _stopped_status()
     # --ranks: the ranks stop after a step, quietly (each would say so, and end with a status
     # mpirun would report as a failure); this process says so once, and ends with the status

@@ -188,22 +188,23 @@ class MpiCommunicator(Communicator):
         self._call("barrier", self.comm.Barrier)
 
 
-def launched_size() -> int:
-    """How many ranks an MPI launcher started (1 when none did)."""
-    for name in LAUNCHER_SIZE_VARIABLES:
+def _launcher_number(names: tuple, default: int) -> int:
+    """The first of these environment variables that holds a whole number, or `default`."""
+    for name in names:
         text = os.environ.get(name, "")
         if text.isdigit():
             return int(text)
-    return 1
+    return default
+
+
+def launched_size() -> int:
+    """How many ranks an MPI launcher started (1 when none did)."""
+    return _launcher_number(LAUNCHER_SIZE_VARIABLES, 1)
 
 
 def launched_rank() -> int:
     """This process's rank, as its MPI launcher told it (0 when none did)."""
-    for name in LAUNCHER_RANK_VARIABLES:
-        text = os.environ.get(name, "")
-        if text.isdigit():
-            return int(text)
-    return 0
+    return _launcher_number(LAUNCHER_RANK_VARIABLES, 0)
 
 
 def world() -> Communicator:

@@ -7,6 +7,7 @@ The communicator itself, which the backends' collectives call, is the backends' 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -115,13 +116,21 @@ def check_in(rank: int) -> None:
             pass
 
 
-def _start_seconds() -> float:
-    text = os.environ.get(START_SECONDS_VARIABLE, "")
+def start_seconds() -> float:
+    """How long the ranks have to be up (CHECK_IN): RANKS_START_SECONDS, or the number of
+    seconds above 0 that START_SECONDS_VARIABLE gives (inf: no limit). ValueError, saying
+    why, for anything else."""
+    text = os.environ.get(START_SECONDS_VARIABLE)
+    if text is None:
+        return RANKS_START_SECONDS
     try:
         seconds = float(text)
     except ValueError:
-        return RANKS_START_SECONDS
-    return seconds if 0 < seconds < float("inf") else RANKS_START_SECONDS
+        seconds = math.nan
+    if not seconds > 0:  # NaN too
+        raise ValueError(f"{START_SECONDS_VARIABLE} in the environment must be a number of "
+                         f"seconds above 0 (inf: no limit), not {text!r}")
+    return seconds
 
 
 class Launch:
@@ -185,8 +194,8 @@ class LaunchFailed(Exception):
 def _failure(launch: Launch, status: int) -> LaunchFailed | None:
     """Why the launch failed, or None where its status is a rank's own (0, 1 or 2: cgc's)."""
     if launch.abandoned:
-        what = (f"Open MPI started {launch.up()} of the {launch.ranks} ranks in "
-                f"{launch.seconds:g} s and was ended (its start-up did not finish)")
+        what = (f"{launch.up()} of the {launch.ranks} ranks were up after {launch.seconds:g} s "
+                f"({START_SECONDS_VARIABLE} sets the time), and mpirun was ended")
     elif status in (0, 1, 2) or launch.ended:
         return None
     else:
@@ -195,7 +204,7 @@ def _failure(launch: Launch, status: int) -> LaunchFailed | None:
         if launch.starting():
             what += f" after starting {launch.up()} of the {launch.ranks} ranks"
     limit = file_size_limit()
-    if limit is not None:
+    if limit is not None and launch.starting():  # a start-up that failed
         what += (f"; files are limited to {limit:,} bytes here (`ulimit -f`), and Open MPI's "
                  "start-up writes its shared memory as files: raise the limit, or run one "
                  "rank (no --ranks)")
@@ -222,6 +231,10 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
     import tempfile
     command = mpirun_command(ranks, arguments)
     try:
+        seconds = start_seconds()
+    except ValueError as error:
+        raise LaunchFailed(str(error)) from None
+    try:
         folder = tempfile.mkdtemp(prefix="cgc-ranks-")
     except OSError as error:
         raise LaunchFailed(f"cannot make a folder for the ranks to say they are up in "
@@ -242,7 +255,7 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
         # they print
         process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, start_new_session=True)
-        launch = Launch(process, ranks, folder, _start_seconds())
+        launch = Launch(process, ranks, folder, seconds)
         _LAUNCHED.append(launch)
         try:
             refused = relay(launch)
@@ -257,7 +270,9 @@ def launch_ranks(ranks: int, arguments: list[str]) -> int:
         raise refused
     if failure is not None:
         raise failure
-    return status
+    # ended by this process: its reader left before the ranks were all up (a stop request
+    # that ended it has its status from cli.main)
+    return 0 if launch.ended else status
 
 
 def relay(launch: Launch):
@@ -286,7 +301,11 @@ def relay(launch: Launch):
                 except WriteFailed as error:  # the standard output's (StandardOutput)
                     refused = refused or error
                 if not stopped and (refused or sys.stdout.reader_left):
-                    end_starting_launch() or forward_stop(QUIET_STOP_SIGNAL)
+                    starting = starting_launch()
+                    if starting is not None:
+                        starting.end()
+                    else:
+                        forward_stop(QUIET_STOP_SIGNAL)
                     stopped = True
             if launch.overdue():
                 launch.abandoned = True
@@ -322,21 +341,18 @@ def end_launched() -> bool:
     return launch is not None
 
 
-def end_starting_launch() -> bool:
-    """Ends the job this process launched if its ranks are not all up yet (CHECK_IN): asked
-    to stop then, there is nothing to keep, and a rank that has not set its handlers would
-    die of a request passed on. False if there is no such job."""
+def starting_launch() -> Launch | None:
+    """The job this process launched if its ranks are not all up yet (CHECK_IN): asked to
+    stop then, there is nothing to keep, and a rank that has not set its handlers would die
+    of a request passed on (forward_stop): it is ended (Launch.end). Else None."""
     launch = _running_launch()
-    if launch is None or not launch.starting():
-        return False
-    launch.end()
-    return True
+    return launch if launch is not None and launch.starting() else None
 
 
 def forward_stop(signal_number: int = STOP_SIGNAL) -> bool:
     """Passes a stop request to the ranks this process launched (as `signal_number`, through
-    mpirun); False if it launched none, or if they are not all up yet (end_starting_launch
-    ends such a job). The ranks agree on the step to stop after (the
+    mpirun); False if it launched none, or if they are not all up yet (starting_launch).
+    The ranks agree on the step to stop after (the
     training loop's stop is decided by all of them), then checkpoint, as one run does."""
     launch = _running_launch()
     if launch is None or launch.starting():
