@@ -921,9 +921,12 @@ def _interrupted(requests: dict) -> int | None:
     else stopped now: its status returned. `requests`: when the last
     request came ("at") and whether one was passed on ("forwarded")."""
     from .backends.parallel import launched_rank
-    quiet = _quiet() or launched_rank() > 0  # of a run on ranks, rank 0 alone says it
-    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, forward_stop, \
+    from .training.ranks import LAUNCHED_RANK, QUIET_STOP_SIGNAL, end_launched, forward_stop, \
         starting_launch
+    # of ranks started by hand, rank 0 alone says it; a rank `cgc run --ranks N` started
+    # never does: its launcher says what it passes on (quietly), and another request is
+    # mpirun's own ending of the job (a rank died), which the launcher tells
+    quiet = _quiet() or launched_rank() > 0 or bool(os.environ.get(LAUNCHED_RANK))
     now = time.monotonic()
     if (_STOP.is_set() or requests["forwarded"]) and \
             now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:

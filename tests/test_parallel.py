@@ -417,13 +417,20 @@ def test_a_stop_request_before_every_rank_is_up_ends_the_job_at_once(monkeypatch
     assert capsys.readouterr().err == "\ncgc: stopped\n"
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_of_ranks_started_by_hand_rank_0_alone_says_it_stops(monkeypatch, capsys, rank):
+@pytest.mark.parametrize("rank,launched", [(0, False), (1, False), (0, True)])
+def test_of_ranks_started_by_hand_rank_0_alone_says_it_stops(monkeypatch, capsys, rank,
+                                                             launched):
     """`mpirun -n 2 cgc run ...` and SIGUSR1 to mpirun, which forwards it to every rank:
     each rank stops after the step they agree on, and each said so (one line a rank);
-    rank 0 alone says it now."""
+    rank 0 alone says it now. A rank `cgc run --ranks 2` started says nothing: a SIGTERM
+    there is mpirun ending the job because another rank died, and rank 0 said 'stopping
+    after the step under way' beside mpirun's report of the dead rank."""
     from cgc import cli
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", str(rank))
+    if launched:
+        monkeypatch.setenv(training_ranks.LAUNCHED_RANK, "1")
+    else:
+        monkeypatch.delenv(training_ranks.LAUNCHED_RANK, raising=False)
     monkeypatch.setattr(training_ranks, "_LAUNCHED", [])
     monkeypatch.setattr(cli, "_STOP_SIGNAL", [signal.SIGTERM])
     monkeypatch.setattr(cli, "_STOP", threading.Event())
@@ -432,7 +439,7 @@ def test_of_ranks_started_by_hand_rank_0_alone_says_it_stops(monkeypatch, capsys
     assert cli._interrupted({"at": 0.0, "forwarded": False}) is None and cli._STOP.is_set()
     said = capsys.readouterr().err
     assert said == ("\ncgc: stopping after the step under way (Ctrl-C again to stop now)\n"
-                    if rank == 0 else ""), said
+                    if rank == 0 and not launched else ""), said
 
 
 def test_a_rank_checks_in_to_the_folder_its_launcher_named(monkeypatch, tmp_path):
