@@ -606,7 +606,7 @@ def _launch_ranks(args) -> int:
                           "cores: each rank would wait for a core; give --oversubscribe to "
                           "run them anyway")
     try:
-        ranks.start_seconds()
+        seconds = ranks.start_seconds()
     except ValueError as error:
         raise _UsageError(str(error)) from None
     _readable([args.file])
@@ -620,7 +620,7 @@ def _launch_ranks(args) -> int:
     if problems:
         raise CompileError(problems)
     try:
-        return ranks.launch_ranks(args.ranks, ranks.without_ranks(args.argv))
+        return ranks.launch_ranks(args.ranks, ranks.without_ranks(args.argv), seconds)
     except (CommunicatorError, ranks.LaunchFailed) as error:
         print(f"cgc: error: {error}", file=sys.stderr)
         return EXIT_DIAGNOSTICS
@@ -921,12 +921,12 @@ def _interrupted(requests: dict) -> int | None:
     else stopped now: its status returned. `requests`: when the last
     request came ("at") and whether one was passed on ("forwarded")."""
     from .backends.parallel import launched_rank
-    from .training.ranks import LAUNCHED_RANK, QUIET_STOP_SIGNAL, end_launched, forward_stop, \
-        starting_launch
+    from .training.ranks import QUIET_STOP_SIGNAL, end_launched, forward_stop, \
+        launched_by_cgc, starting_launch
     # of ranks started by hand, rank 0 alone says it; a rank `cgc run --ranks N` started
     # never does: its launcher says what it passes on (quietly), and another request is
     # mpirun's own ending of the job (a rank died), which the launcher tells
-    quiet = _quiet() or launched_rank() > 0 or bool(os.environ.get(LAUNCHED_RANK))
+    quiet = _quiet() or launched_rank() > 0 or launched_by_cgc()
     now = time.monotonic()
     if (_STOP.is_set() or requests["forwarded"]) and \
             now - requests["at"] < _DUPLICATE_SIGNAL_SECONDS:
@@ -975,8 +975,8 @@ def _quiet() -> bool:
 
 
 def _stopped_status() -> int:
-    from .training.ranks import LAUNCHED_RANK
-    if _quiet() or os.environ.get(LAUNCHED_RANK):  # a rank: its launcher tells the outcome
+    from .training.ranks import launched_by_cgc
+    if _quiet() or launched_by_cgc():  # a rank: its launcher tells the outcome
         return EXIT_OK
     return EXIT_TERMINATED if _STOP_SIGNAL[0] == signal.SIGTERM else EXIT_INTERRUPTED
 

@@ -1637,8 +1637,9 @@ def main() -> int:
                         "time (its parts, not its launch overheads) times F, beside the step "
                         "as built, e.g. cgImageAttentionBackward=0.685; may be given again "
                         "for other images (not with --floor, --parts, --ranks, "
-                        "--sensitivity or --registers); the step is not monotone in F (concurrent "
-                        "branches' launches start in another order as one shrinks)")
+                        "--sensitivity or --registers); the step is not monotone in F "
+                        "(concurrent branches' launches start in another order as one "
+                        "shrinks)")
     parser.add_argument("--sensitivity", action="store_true",
                         help="what a 10%% cut of each image's time would save the step, and "
                         "how much of the step the SMs are at work (calibrated, the machine "

@@ -480,7 +480,6 @@ def _fake_launch(monkeypatch, up=0, deaf=False, seconds=0, status=0, limit=None)
     script = FAKE_MPIRUN.format(up=up, deaf=deaf, seconds=seconds, status=status)
     monkeypatch.setattr(training_ranks, "mpirun_command",
                         lambda ranks, arguments: [sys.executable, "-c", script])
-    monkeypatch.setenv(training_ranks.START_SECONDS_VARIABLE, "2")
     monkeypatch.setattr(training_ranks, "END_GRACE_SECONDS", 1.0)
     monkeypatch.setattr(training_ranks, "file_size_limit", lambda: limit)
     def hung(signum, frame):  # a launcher that waits for ever fails here, not hangs
@@ -493,7 +492,7 @@ def _fake_launch(monkeypatch, up=0, deaf=False, seconds=0, status=0, limit=None)
             captured = io.StringIO()
             sys.stdout._stream = captured  # what the fake prints: its child's pid
             try:
-                result = training_ranks.launch_ranks(2, [])
+                result = training_ranks.launch_ranks(2, [], seconds=2)
             except training_ranks.LaunchFailed as failure:
                 result = failure
     finally:

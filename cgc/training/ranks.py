@@ -91,6 +91,11 @@ def mpirun_command(ranks: int, arguments: list[str]) -> list[str]:
 # rank's signal came first, and mpirun reports any but 0 as a rank's failure.
 LAUNCHED_RANK = "CGC_LAUNCHED_RANK"
 
+
+def launched_by_cgc() -> bool:
+    """This process is a rank that `cgc run --ranks N` started (LAUNCHED_RANK)."""
+    return bool(os.environ.get(LAUNCHED_RANK))
+
 # Set in the environment of the ranks launch_ranks starts: a folder where each rank, once
 # its communicator is up (and its stop handlers set: cli.main sets them first), makes an
 # empty file named by its rank (check_in). Open MPI's start-up can fail without ending (under
@@ -193,18 +198,19 @@ class LaunchFailed(Exception):
 
 def _failure(launch: Launch, status: int) -> LaunchFailed | None:
     """Why the launch failed, or None where its status is a rank's own (0, 1 or 2: cgc's)."""
+    up = launch.up()
     if launch.abandoned:
-        what = (f"{launch.up()} of the {launch.ranks} ranks were up after {launch.seconds:g} s "
+        what = (f"{up} of the {launch.ranks} ranks were up after {launch.seconds:g} s "
                 f"({START_SECONDS_VARIABLE} sets the time), and mpirun was ended")
     elif status in (0, 1, 2) or launch.ended:
         return None
     else:
         what = (f"mpirun was killed by {signal.Signals(-status).name}" if status < 0 else
                 f"mpirun ended with status {status}")
-        if launch.starting():
-            what += f" after starting {launch.up()} of the {launch.ranks} ranks"
+        if up < launch.ranks:
+            what += f" after starting {up} of the {launch.ranks} ranks"
     limit = file_size_limit()
-    if limit is not None and launch.starting():  # a start-up that failed
+    if limit is not None and up < launch.ranks:  # a start-up that failed
         what += (f"; files are limited to {limit:,} bytes here (`ulimit -f`), and Open MPI's "
                  "start-up writes its shared memory as files: raise the limit, or run one "
                  "rank (no --ranks)")
@@ -220,20 +226,18 @@ ROOT_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFI
 _LAUNCHED: list = []
 
 
-def launch_ranks(ranks: int, arguments: list[str]) -> int:
+def launch_ranks(ranks: int, arguments: list[str],
+                 seconds: float = RANKS_START_SECONDS) -> int:
     """Runs `cgc ARGUMENTS` on `ranks` MPI ranks and returns mpirun's exit status. What the
     ranks print passes through this process (relay), so the rules of cgc's standard streams
     (cgc/outputs.py) hold for the whole run: a reader that left stops the ranks after their
     step, quietly (exit 0); a standard output the device refuses stops them too, and is
-    WriteFailed once they have ended. A job whose ranks are not all up in time (CHECK_IN), or
-    whose status is no rank's, is LaunchFailed."""
+    WriteFailed once they have ended. A job whose ranks are not all up in `seconds`
+    (CHECK_IN; the command's is start_seconds()), or whose status is no rank's, is
+    LaunchFailed."""
     import atexit
     import tempfile
     command = mpirun_command(ranks, arguments)
-    try:
-        seconds = start_seconds()
-    except ValueError as error:
-        raise LaunchFailed(str(error)) from None
     try:
         folder = tempfile.mkdtemp(prefix="cgc-ranks-")
     except OSError as error:
@@ -301,9 +305,8 @@ def relay(launch: Launch):
                 except WriteFailed as error:  # the standard output's (StandardOutput)
                     refused = refused or error
                 if not stopped and (refused or sys.stdout.reader_left):
-                    starting = starting_launch()
-                    if starting is not None:
-                        starting.end()
+                    if launch.starting():  # nothing to keep yet (starting_launch)
+                        launch.end()
                     else:
                         forward_stop(QUIET_STOP_SIGNAL)
                     stopped = True
