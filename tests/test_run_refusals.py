@@ -71,8 +71,8 @@ def test_a_schedule_without_a_standalone_whole_step_is_told_what_one_is(tmp_path
 def no_mpirun(monkeypatch):
     """Records a launch instead of starting mpirun: a refusal must come before it."""
     launched = []
-    monkeypatch.setattr(ranks, "launch_ranks",
-                        lambda ranks, arguments: launched.append((ranks, arguments)) or 0)
+    monkeypatch.setattr(ranks, "launch_ranks", lambda ranks, arguments, seconds:
+                        launched.append((ranks, arguments, seconds)) or 0)
     return launched
 
 
@@ -94,6 +94,7 @@ def test_more_ranks_than_cores_need_oversubscribe(no_mpirun, capsys, monkeypatch
     status, _, _ = cgc(capsys, "run", PARALLEL, "--ranks", "3", "--steps", "1",
                        "--oversubscribe")
     assert status == 0 and no_mpirun[0][0] == 3
+    assert no_mpirun[0][2] == 120  # the start-up deadline, read once by the command
     status, _, _ = cgc(capsys, "run", PARALLEL, "--ranks", "2", "--steps", "1")
     assert status == 0 and no_mpirun[1][0] == 2
 
