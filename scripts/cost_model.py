@@ -39,7 +39,7 @@ each figure.
     python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
     python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
     python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
-    python3 scripts/cost_model.py --registers cgImageAttentionBackward=128   # a what-if
+    python3 scripts/cost_model.py --registers cgImageAdamW=32   # a what-if
     python3 scripts/cost_model.py --sensitivity   # what a 10% cut of each image would save
     python3 scripts/cost_model.py --scale cgImageAttentionBackward=0.685   # a what-if
 """
@@ -179,8 +179,10 @@ class Design:
     block_work: object = None
     loop_trips: object = None
     # around_trips(roles, launch, around): for each loop around the main loops (the audit's
-    #     around_tiles: the grouped-query backward's loop over the query heads a block
-    #     serves) its trips a warp; its body outside the main loops runs that many times.
+    #     around_tiles: the attention backward's loops over tiles around its chunk loops,
+    #     and the grouped-query backward's loops over the query heads a block serves) its
+    #     trips a warp; its own body (outside the main loops and the other loops around
+    #     them) runs that many times.
     around_trips: object = None
 
 
@@ -248,9 +250,10 @@ def _sort_keys(r) -> int:
 
 
 def _attention_inner_trips(r, launch, inner) -> tuple:
-    """The attention kernels' tiled loops hold no loop: each cp.async copy of a streamed tile
-    is kCopies chunks a thread, a count the shape fixes, unrolled into the loop's body, where
-    the SASS counts it (q and k arrive turned by cgImageRotary: no rotary loop either). A
+    """The attention kernels' tiled loops (the forward's key-tile loop, the backward's chunk
+    loops) hold no loop: each cp.async copy of a streamed tile is kCopies chunks a thread, a
+    count the shape fixes, unrolled into the body of the loop over tiles, where the SASS
+    counts it (q and k arrive turned by cgImageRotary: no rotary loop either). A
     loop found inside is work this design does not price, so it is refused, not priced as
     one trip."""
     assert not inner, f"{launch.image}: the attention loop holds {len(inner)} loops: the " \
@@ -258,15 +261,33 @@ def _attention_inner_trips(r, launch, inner) -> tuple:
     return ()
 
 
-def _query_heads_a_block(r, launch, around) -> tuple:
-    """The attention backward's loops over the query heads its key/value head serves (one
-    around the dK/dV main loop, one around the dQ loop): heads / kvHeads trips a warp each,
-    the peeled diagonal step inside them each time. Without grouping there is no such loop
-    (kGroup = 1: the compiler drops it)."""
+def _backward_chunks(r) -> tuple:
+    """The attention backward's chunk loops (16 queries, then 16 keys, a trip), block-wide
+    iterations, in address order: the dK/dV pass's diagonal step (once a query head and
+    block), its steps off the diagonal, the dQ pass's steps off the diagonal, its diagonal
+    step. A loop at a shape without pairs off the diagonal (a context of one tile) may be
+    gone from the machine code (tile_loop_work drops the zeros)."""
+    chunks = r["attentionTile"] // 16
+    diagonal = r["batch"] * r["heads"] * (r["context"] // r["attentionTile"]) * chunks
+    off = _off_diagonal_tiles(r) * chunks
+    return diagonal, off, off, diagonal
+
+
+def _backward_around(r, launch, around) -> tuple:
+    """The attention backward's loops around its chunk loops, in address order, each pass's:
+    the grouped-query backward's loop over the query heads a block serves (heads / kvHeads
+    trips a block; none without grouping: kGroup = 1, the compiler drops it), then the loop
+    over the query (dK/dV) or key (dQ) tiles off the diagonal (their pairs over the blocks,
+    a block's mean: none at a context of one tile, where the loop may be gone from the
+    machine code too). Trips a warp: a block's."""
     group = r["heads"] // r.get("kvHeads", r["heads"])
-    assert len(around) == (2 if group > 1 else 0), \
-        f"{launch.image}: {len(around)} loops around the main loops at a group of {group}"
-    return (group,) * len(around)
+    heads = (group,) if group > 1 else ()
+    tiles = (_off_diagonal_tiles(r) / launch.blocks,)
+    for one_pass in (heads + tiles, heads if tiles == (0,) else None):
+        if one_pass is not None and len(around) == 2 * len(one_pass):
+            return one_pass * 2
+    raise AssertionError(f"{launch.image}: {len(around)} loops around the chunk loops, the "
+                         f"design expects {2 * len(heads + tiles)} (a group of {group})")
 
 
 def _attention_forward_work(r, launch) -> list:
@@ -318,14 +339,14 @@ DESIGNS = {
                                l2_bytes=_attention_rereads,
                                inner_trips=_attention_inner_trips,
                                pipelined=True, block_work=_attention_forward_work),
-    # the dK/dV loop over query tiles > j, then the dQ loop over key tiles < j: each runs
-    # over the causal tile pairs off the diagonal (the diagonal pair, peeled and masked, once
-    # a block outside each); the streamed pair of tiles (q and dO, then k and v) in flight
+    # the dK/dV pass over query tiles >= j, then the dQ pass over key tiles <= j, each tile
+    # pair 16 queries (keys) at a time in a chunk loop (_backward_chunks); the streamed pair
+    # of tiles (q and dO, then k and v: 2 x 64 x 64 bfloat16 over 64 threads) in flight
     "cgImageAttentionBackward": Design(
-        inflight=128,
-        tile_iterations=lambda r: (_off_diagonal_tiles(r), _off_diagonal_tiles(r)),
+        inflight=256,
+        tile_iterations=_backward_chunks,
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
-        inner_trips=_attention_inner_trips, pipelined=True, around_trips=_query_heads_a_block),
+        inner_trips=_attention_inner_trips, pipelined=True, around_trips=_backward_around),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
     # 8 floats a thread (load8), to the low type: ZeRO-1's step casts its shard's parameters
     "cgImageCastDown": Design(inflight=32),
@@ -479,8 +500,8 @@ def tile_loop_work(facts: LaunchFacts, audit: KernelAudit, design: Design, roles
     work["wavefronts"] += shared_wavefronts(audit.straight, conflicts) * grid_warps
     work["issue"] += audit.straight.get("instructions", 0) * grid_warps
     work["mufu"] += audit.straight.get("mufu", 0) * grid_warps
-    # a loop around the main loops runs its body outside them (a peeled diagonal step) its
-    # trips a warp
+    # a loop around the main loops runs its own body (a tile's copies and wait, a peeled
+    # diagonal step's code outside its chunk loop) its trips a warp
     around = audit.around_tiles
     trips = design.around_trips(roles, facts, around) if design.around_trips else ()
     assert len(trips) == len(around), \

@@ -260,8 +260,9 @@ class KernelCode:
     def tile_loops(self) -> list[tuple[Loop, Counter]]:
         """The innermost loops that issue tensor-core instructions (no loop inside them
         does), each with the counts of its body: one iteration of a tiled kernel's main loop.
-        A loop around them (the grouped-query backward's loop over the query heads a block
-        serves) is not one: KernelCode.around_tiles."""
+        A loop around them (the attention backward's loops over tiles around its chunk
+        loops; the grouped-query backward's over the query heads a block serves) is not
+        one: KernelCode.around_tiles."""
         found = []
         tensor_loops = [loop for loop in self.loops if self._issues_tensor(loop)]
         for loop in sorted(tensor_loops, key=lambda l: l.start):
@@ -272,16 +273,23 @@ class KernelCode:
         return found
 
     def around_tiles(self) -> list[Counter]:
-        """The outermost loops that hold main loops (tile_loops) without being one, each
-        with the counts of its body outside those main loops, one trip, in address order: the
-        peeled diagonal steps the grouped-query backward takes once per query head."""
+        """The loops that hold main loops (tile_loops) without being one, in address order,
+        each with the counts of one trip of its own code: its body outside those main loops
+        and outside the other such loops it holds (the attention backward's loops over query
+        and key tiles around its chunk loops, the peeled diagonal steps, and the
+        grouped-query backward's loops over the query heads a block serves around those)."""
         tiles = [loop for loop, _ in self.tile_loops()]
+        spans = {(loop.start, loop.end): loop for loop in self.loops
+                 if any(loop.start <= t.start and t.end <= loop.end for t in tiles)
+                 and all((t.start, t.end) != (loop.start, loop.end) for t in tiles)}
+        arounds = [spans[span] for span in sorted(spans)]
         found = []
-        for loop in sorted(self.outermost_loops(), key=lambda l: l.start):
-            held = [tile for tile in tiles if loop.start <= tile.start and tile.end <= loop.end]
-            if held and all((t.start, t.end) != (loop.start, loop.end) for t in held):
-                found.append(self.counts(lambda i, loop=loop, held=held: loop.holds(i.address)
-                                         and not any(t.holds(i.address) for t in held)))
+        for loop in arounds:
+            inside = [o for o in arounds if o is not loop and loop.start <= o.start
+                      and o.end <= loop.end]
+            found.append(self.counts(
+                lambda i, loop=loop, inside=inside: loop.holds(i.address)
+                and not any(t.holds(i.address) for t in tiles + inside)))
         return found
 
     def outside_tiles(self) -> Counter:

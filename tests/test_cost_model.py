@@ -757,21 +757,25 @@ def test_scaling_prints_in_one_run_without_a_compiler():
 
 # ---- --registers: the occupancy what-if -----------------------------------------------------
 
-def test_fewer_registers_give_more_blocks_and_a_faster_backward_only_in_the_what_if(audits, train):
-    """The attention backward as built (252 registers, 2 blocks an SM) against the same machine
-    code at 168 and 128 registers (3 and 4 blocks): each more warps a scheduler hide more of the
-    pipes under its busiest, so the step's estimate falls; the audit itself is left as built."""
-    built = audits["cgImageAttentionBackward"]
-    steps = []
-    for registers, blocks in ((None, 2), (168, 3), (128, 4)):
+def test_fewer_registers_change_the_blocks_only_in_the_what_if(audits, train):
+    """The attention backward as built: 255 registers, 4 blocks of 2 warps an SM, held there
+    by its registers and by its shared memory alike (4 x 56 KB), so fewer registers give it
+    no more blocks and leave the step as it is; AdamW at 45 registers takes 5 blocks an SM,
+    at 32 it would take 8 (its threads the limit), and the step's estimate moves. The audits
+    themselves are left as built."""
+    backward, adam = audits["cgImageAttentionBackward"], audits["cgImageAdamW"]
+    assert backward.registers > 168 and backward.occupancy.blocks == 4
+    built = cost_model.step_times(train, audits, 1, H200, cost_model.CALIBRATED).shared
+    for name, registers, blocks, limiter in (("cgImageAttentionBackward", 168, 4, "shared memory"),
+                                             ("cgImageAdamW", 32, 8, "threads")):
         what_if = dict(audits)
-        if registers is not None:
-            what_if[built.name] = cost_model.with_registers(built, registers)
-            assert what_if[built.name].counts == built.counts
-        assert what_if[built.name].occupancy.blocks == blocks
-        steps.append(cost_model.step_times(train, what_if, 1, H200, cost_model.CALIBRATED).shared)
-    assert steps[0] > steps[1] > steps[2]
-    assert built.registers > 168 and built.occupancy.blocks == 2
+        what_if[name] = cost_model.with_registers(audits[name], registers)
+        assert what_if[name].counts == audits[name].counts
+        assert (what_if[name].occupancy.blocks, what_if[name].occupancy.limiter) == \
+            (blocks, limiter)
+        step = cost_model.step_times(train, what_if, 1, H200, cost_model.CALIBRATED).shared
+        assert (step == built) == (name == "cgImageAttentionBackward")
+    assert backward.occupancy.blocks == 4 and adam.occupancy.blocks == 5
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -98,9 +98,10 @@ def tensor_per_tile(*designed: int):
     """Each main loop (outermost loop issuing HMMA) issues one of the designed counts per
     iteration, in order, and the HMMA outside loops (a peeled diagonal tile) add up to a sum
     of designed counts. Attention forward: per warp and key tile, S = Q K^T (32 x 64 x 64:
-    2 row tiles x 8 n-tiles x 4 k-steps of m16n8k16) and O += P V (the same), 128 HMMA. Backward: per
-    warp and tile, 4 products in the dK/dV loop (S, dP, dV, dK: 128) and 3 in the dQ loop
-    (S, dP, dQ: 96)."""
+    2 row tiles x 8 n-tiles x 4 k-steps of m16n8k16) and O += P V (the same), 128 HMMA.
+    Backward: per warp and chunk of 16 queries (keys), 4 products in each dK/dV chunk loop
+    (S, dP, dV, dK over 32 key rows: 64) and 3 in each dQ chunk loop (S, dP, dQ over 32 query
+    rows: 48); no HMMA outside them."""
     def promise(a: KernelAudit) -> bool:
         loops = tuple(t["tensor"] for t in a.tile_loops)
         return loops == designed and _sum_of(a.tensor_outside_loops, designed)
@@ -126,13 +127,14 @@ def exp2_per_logit(logits: int, corrections: int, rescales: int):
 def backward_exp2_per_logit(logits: int, row_terms: int):
     """The backward recomputes each probability as one MUFU.EX2 of one FFMA (the scale and
     the row's lse in log2 units folded in) and each dS as one FFMA and one FMUL
-    (P (dP scale - delta scale)), in both main loops: per warp and tile pair, 16 rows x 64
-    columns (dK/dV: the warp's keys, every query) or 32 x 32 (dQ: the warp's queries, half
-    the keys) over 32 lanes = 32 logits a lane. EX2 = MUFU = logits (no other special
-    function), FFMA at least two a logit, FMUL at most one a logit and the rows' terms
-    (the dK/dV loop scales each of its 16 queries' lse and delta a lane: 32)."""
+    (P (dP scale - delta scale)), in each of its four chunk loops (each pass's diagonal tile
+    pair and the pairs off it): per warp and chunk, 32 rows x 16 columns (dK/dV: the warp's
+    keys, 16 queries; dQ: the warp's queries, 16 keys) over 32 lanes = 16 logits a lane.
+    EX2 = MUFU = logits (no other special function), FFMA at least two a logit, FMUL at most
+    one a logit and the rows' terms (the dK/dV chunk scales its 16 queries' lse and delta,
+    4 of each a lane: 8)."""
     def promise(a: KernelAudit) -> bool:
-        return len(a.tile_loops) == 2 and all(
+        return len(a.tile_loops) == 4 and all(
             loop["ex2"] == loop["mufu"] == logits and loop["op:FFMA"] >= 2 * logits
             and loop["op:FMUL"] <= logits + row_terms for loop in a.tile_loops)
     promise.__name__ = f"backward_exp2_per_logit_{logits}"
@@ -146,21 +148,38 @@ def mask_on_the_diagonal_only(a: KernelAudit) -> bool:
         and a.outside_tiles["op:FSEL"] > 0
 
 
+def mask_on_the_diagonal_chunks_only(*diagonal: bool):
+    """The causal mask's compare-and-select runs in the diagonal tile pair's chunk loops only
+    (`diagonal`: which of the main loops, in order, is one): selects there, and no select or
+    float compare in the chunk loops of the pairs off the diagonal (the backward: each
+    pass's diagonal step, peeled, takes its chunks in a loop of its own)."""
+    def promise(a: KernelAudit) -> bool:
+        return len(a.tile_loops) == len(diagonal) and all(
+            loop["op:FSEL"] > 0 if masked else loop["op:FSEL"] == loop["op:FSETP"] == 0
+            for loop, masked in zip(a.tile_loops, diagonal))
+    promise.__name__ = "mask_on_the_diagonal_chunks_only"
+    return promise
+
+
 def main_loops_read_no_global_memory(a: KernelAudit) -> bool:
     """The main loops take what they stream from shared memory only: the tiles, and the
     backward's lse and delta of each query tile, arrive by cp.async with the stage (no LDG
-    in a main loop: nothing reloaded from global memory per fragment or per logit)."""
-    return bool(a.tile_loops) and all(loop["global"] == 0 and loop["ldgsts"] > 0
-                                      for loop in a.tile_loops)
+    in a main loop: nothing reloaded from global memory per fragment or per logit). The
+    copies are issued in each main loop, or, where the main loops are chunk loops inside a
+    loop over tiles (the backward), in each loop around them."""
+    return bool(a.tile_loops) and all(loop["global"] == 0 for loop in a.tile_loops) and all(
+        loop["ldgsts"] > 0 for loop in a.around_tiles or a.tile_loops)
 
 
 def hmma_per_ldmatrix(*at_least: Fraction):
     """HMMA a fragment load in each main loop, in order: each fragment an ldmatrix brings
     feeds this many products or more (exactly: a Fraction each). Forward, 32 query rows a
     warp: 128 HMMA over 32 ldmatrix.x4 (4: each K and V fragment feeds both row tiles; 16
-    rows a warp gave 64 over 36). Backward: the dK/dV loop, 16 key rows a warp,
-    128 over 64 (2); the dQ loop, 32 query rows a warp over half of each key tile's keys, 96
-    over 24 (4: each K and V fragment feeds both of the warp's row tiles)."""
+    rows a warp gave 64 over 36). Backward, a chunk of 16 queries or keys: the dK/dV pass, 32
+    key rows a warp, 64 over 24 (8/3: each q and dO fragment feeds both of the warp's row
+    tiles, v's fragments loaded again each chunk; at 16 key rows a warp a tile took 128 over
+    64); the dQ pass, 32 query rows a warp, 48 over 12 (4: each K and V fragment feeds both
+    of the warp's row tiles)."""
     def promise(a: KernelAudit) -> bool:
         return len(a.tile_loops) == len(at_least) and all(
             loop["tensor"] * least.denominator >= least.numerator * loop["ldsm"]
@@ -220,15 +239,19 @@ def _sum_of(total: int, parts: tuple[int, ...]) -> bool:
 
 EVERY_KERNEL = (no_local_memory, no_generic_accesses, no_atomics, launchable)
 
+# The attention backward's four chunk loops, in order: the dK/dV pass's diagonal tile pair,
+# its pairs off the diagonal, the dQ pass's pairs off the diagonal, its diagonal pair.
+BACKWARD_MASK = mask_on_the_diagonal_chunks_only(True, False, False, True)
+BACKWARD_LOADS = hmma_per_ldmatrix(Fraction(8, 3), Fraction(8, 3), Fraction(4), Fraction(4))
+
 PROMISES = {
     "cgImageAttention": (tensor_per_tile(128), at_least(2), ldmatrix, cp_async,
                          conflict_free_ldmatrix, exp2_per_logit(64, 4, 64),
                          mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(4)),
                          main_loops_read_no_global_memory),
-    "cgImageAttentionBackward": (tensor_per_tile(128, 96), at_least(2), ldmatrix, cp_async,
-                                 conflict_free_ldmatrix, backward_exp2_per_logit(32, 32),
-                                 mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(2), Fraction(4)),
-                                 main_loops_read_no_global_memory),
+    "cgImageAttentionBackward": (tensor_per_tile(64, 64, 48, 48), at_least(4), ldmatrix,
+                                 cp_async, conflict_free_ldmatrix, backward_exp2_per_logit(16, 8),
+                                 BACKWARD_MASK, BACKWARD_LOADS, main_loops_read_no_global_memory),
     # float4 or 16-byte packs (docs/kernels.md)
     "cgImageEmbedding": (wide_global_accesses,),
     "cgImageLayerNorm": (wide_global_accesses,),
@@ -417,31 +440,36 @@ def test_pending_promises_are_promises():
 
 
 def test_audit_reads_the_attention_design(gpt2_audit):
-    """The FlashAttention-2 design as issue 13 describes it, read from the SASS: each key-tile
-    loop (one forward; backward the dK/dV loop, then the dQ loop) feeds its HMMA from
-    ldmatrix, streams the next tile by cp.async (16 bytes a thread a copy: 4 wavefronts
-    each; the backward's dK/dV loop also its query rows' lse and delta, 4 bytes a thread: 1
-    wavefront) and has no generic access; the diagonal tile pair is peeled from every loop
-    (the forward's one tile's 128 HMMA outside its loop, the backward's 128 + 96, one pair of
-    each of its loops)."""
+    """The FlashAttention-2 design as issue 13 describes it, read from the SASS. The forward's
+    key-tile loop feeds its HMMA from ldmatrix, streams the next tile by cp.async (16 bytes a
+    thread a copy: 4 wavefronts each) and has no generic access; its diagonal tile is peeled
+    (its 128 HMMA outside the loop). The backward takes each tile pair 16 queries (dK/dV) or
+    keys (dQ) at a time in a chunk loop, four of them (each pass's diagonal pair, peeled, and
+    the pairs off it): ldmatrix and HMMA, no copy, no generic access, no loop inside, no HMMA
+    outside them; the loops over query and key tiles around them stream the next tiles (the
+    dK/dV pass's also its query rows' lse and delta, 4 bytes a copy: 1 wavefront)."""
     forward, backward = gpt2_audit["cgImageAttention"], gpt2_audit["cgImageAttentionBackward"]
-    assert forward.tensor_outside_loops == 128 and backward.tensor_outside_loops == 128 + 96
-    for audit, rows in ((forward, (0,)), (backward, (1, 0))):
-        assert len(audit.tile_loops) == len(rows)
-        for tile, row_copies in zip(audit.tile_loops, rows):
-            assert tile["tensor"] > 0 and tile["ldsm"] > 0 and tile["ldgsts"] > 0
+    assert forward.tensor_outside_loops == 128 and backward.tensor_outside_loops == 0
+    for audit, loops in ((forward, forward.tile_loops), (backward, backward.around_tiles)):
+        # the next two tiles, 64 x 64 bfloat16 each, over the block's 64 threads: 8 copies a
+        # thread each, unrolled in the body (kCopies: a count the shape fixes)
+        tile_copies = 2 * 64 * 64 // 8 // audit.threads
+        rows = (0,) if audit is forward else (2, 0)  # a thread's query row's lse and delta
+        assert len(loops) == len(rows)
+        for loop, row_copies in zip(loops, rows):
+            assert loop["ldgsts"] == tile_copies + row_copies
+            assert loop["wavefronts:ldgsts"] == 4 * tile_copies + row_copies
+    assert len(backward.tile_loops) == 4 and all(t["ldgsts"] == 0 for t in backward.tile_loops)
+    for audit in (forward, backward):
+        for tile in audit.tile_loops:
+            assert tile["tensor"] > 0 and tile["ldsm"] > 0
             assert tile["generic"] == 0 and tile["atomic"] == 0
-            # the next two tiles, 64 x 64 bfloat16 each, over the block's threads (forward 64:
-            # 8 copies a thread each; backward 128: 4), unrolled in the body (kCopies: a count
-            # the shape fixes)
-            tile_copies = 2 * 64 * 64 // 8 // audit.threads
-            assert tile["ldgsts"] == tile_copies + row_copies
-            assert tile["wavefronts:ldgsts"] == 4 * tile_copies + row_copies
         # and no loop inside (the cost model prices none): the copies are unrolled, and q and
         # k arrive turned (a rotary loop put back would add inner loops with STS)
-        assert audit.inner_loops == [[]] * len(rows)
+        assert audit.inner_loops == [[]] * len(audit.tile_loops)
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
-    assert forward.counts["tensor"] == 2 * 128 and backward.counts["tensor"] == 2 * 224
+    # each loop's body once: the forward's loop and peeled tile; the backward's four chunks
+    assert forward.counts["tensor"] == 2 * 128 and backward.counts["tensor"] == 64 + 64 + 48 + 48
 
 
 def test_every_kernel_of_the_file_is_audited(gpt2_audit):
@@ -627,7 +655,7 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
 # The attention kernels' designs undone, in two builds. "exponential": e^(scale x - m) by
 # __expf of the scaled difference again (an FMUL a logit and __expf's own guard), forward and
 # backward. "mask and fragments": every key tile masked as the diagonal is (forward; the
-# backward's dQ loop), and a K fragment loaded again where one load fed several products
+# backward's dQ pass: its chunk loop off the diagonal), and a K fragment loaded again where one load fed several products
 # (the forward's S = Q K^T: one load a product instead of one for two; the backward's dQ =
 # dS K: one load a row tile instead of one for the warp's two; from another address, or
 # ptxas would drop the load as the same as the last). Numbers wrong on purpose (only the
@@ -691,26 +719,25 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     """Each of the attention kernels' promises fails on the mutation that undoes its choice
     and holds on the other build: __expf breaks the exponential promises (and, its guard a
     compare, the mask's too); the backward's lse and delta read from global memory in the
-    dK/dV loop break main_loops_read_no_global_memory; masking every tile breaks
-    mask_on_the_diagonal_only with the exponentials intact; a fragment load a product breaks
-    hmma_per_ldmatrix. Two nvcc builds of GPT-2 small's file."""
+    dK/dV pass's chunks break main_loops_read_no_global_memory; masking every tile breaks
+    mask_on_the_diagonal_only (mask_on_the_diagonal_chunks_only in the backward) with the
+    exponentials intact; a fragment load a product breaks hmma_per_ldmatrix. Two nvcc builds
+    of GPT-2 small's file."""
     exponential = _mutated_audits(tmp_path, monkeypatch, "exponential",
                                   ATTENTION_MUTATIONS["exponential and reloads"])
     forward, backward = exponential["cgImageAttention"], exponential["cgImageAttentionBackward"]
     assert not exp2_per_logit(64, 4, 64)(forward)
-    assert not backward_exp2_per_logit(32, 32)(backward)
+    assert not backward_exp2_per_logit(16, 8)(backward)
     assert not main_loops_read_no_global_memory(backward)
     assert main_loops_read_no_global_memory(forward)
-    assert hmma_per_ldmatrix(Fraction(4))(forward)
-    assert hmma_per_ldmatrix(Fraction(2), Fraction(4))(backward)
+    assert hmma_per_ldmatrix(Fraction(4))(forward) and BACKWARD_LOADS(backward)
     masked = _mutated_audits(tmp_path, monkeypatch, "masked",
                              ATTENTION_MUTATIONS["mask and fragments"])
     forward, backward = masked["cgImageAttention"], masked["cgImageAttentionBackward"]
-    assert exp2_per_logit(64, 4, 64)(forward) and backward_exp2_per_logit(32, 32)(backward)
-    assert not mask_on_the_diagonal_only(forward) and not mask_on_the_diagonal_only(backward)
-    assert not hmma_per_ldmatrix(Fraction(4))(forward)
-    assert not hmma_per_ldmatrix(Fraction(2), Fraction(4))(backward)
-    assert tensor_per_tile(128)(forward) and tensor_per_tile(128, 96)(backward)
+    assert exp2_per_logit(64, 4, 64)(forward) and backward_exp2_per_logit(16, 8)(backward)
+    assert not mask_on_the_diagonal_only(forward) and not BACKWARD_MASK(backward)
+    assert not hmma_per_ldmatrix(Fraction(4))(forward) and not BACKWARD_LOADS(backward)
+    assert tensor_per_tile(128)(forward) and tensor_per_tile(64, 64, 48, 48)(backward)
     assert main_loops_read_no_global_memory(forward)
     assert main_loops_read_no_global_memory(backward)
 

@@ -794,22 +794,21 @@ __device__ __forceinline__ void cg_wgmma_bf16_rs(float (&d)[N / 2], const unsign
 // global memory (rows `stride` elements apart) into shared memory (rows kStride apart), by
 // cp.async over kThreads threads: kCopies chunks of 16 bytes a thread, a count the shape
 // fixes (counted from the thread up to the tile's chunks instead, a thread's trips are a
-// run-time count the compiler cannot see; at a head of 16 ptxas then spilled). kRowsApart:
-// where the threads are a whole number of rows, a thread's chunks are rows apart in one
-// column, one address each side and constant offsets (the attention forward: from each
-// chunk's index ptxas held an address a chunk, 11 local loads and stores at 255 registers);
-// false, each chunk's row and column from its index (the attention backward: rows apart,
-// its TinyLlama and Llama float32 files spilled, 6 and 4 local loads and stores).
+// run-time count the compiler cannot see; at a head of 16 ptxas then spilled). Where the
+// threads are a whole number of rows, a thread's chunks are rows apart in one column, one
+// address each side and constant offsets (from each chunk's index, ptxas held an address a
+// chunk: 11 local loads and stores at 255 registers in the attention forward); otherwise
+// each chunk's row and column come from its index.
 // `thread`: threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be
 // computed at the call, not hoisted out of a loop and held.
-template <int kThreads, int kRows, int kColumns, int kStride, bool kRowsApart>
+template <int kThreads, int kRows, int kColumns, int kStride>
 __device__ __forceinline__ void cg_copy_tile(low_t* to, const low_t* matrix, size_t row,
                                              int column, size_t stride, int thread) {
   constexpr int kChunk = 16 / sizeof(low_t), kChunks = kColumns / kChunk;  // a row's
   static_assert(kColumns % kChunk == 0 && kRows * kChunks % kThreads == 0,
                 "whole copies for every thread");
   constexpr int kCopies = kRows * kChunks / kThreads;
-  if constexpr (kRowsApart && kThreads % kChunks == 0) {
+  if constexpr (kThreads % kChunks == 0) {
     constexpr int kApart = kThreads / kChunks;  // rows between a thread's chunks
     const int r = thread / kChunks, c = thread % kChunks * kChunk;
     to += r * kStride + c;
@@ -1058,8 +1057,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
   // (cg_copy_tile: where the threads cover whole rows, a thread's chunks rows apart).
   auto copy_tile = [&](low_t* to, size_t row, int part) {
     const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
-    cg_copy_tile<64, T, D, kStride, true>(to, qkv, row, column, kQkvWidth,
-                                                     threadIdx.x);
+    cg_copy_tile<64, T, D, kStride>(to, qkv, row, column, kQkvWidth, threadIdx.x);
   };
   FragmentA<low_t> query[2][D / 16];  // the warp's 32 rows of q (two row tiles), all of D
   Accumulator out[2][D / 8];          // O, 2 x 16 rows x D
@@ -1198,12 +1196,15 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
 
 // cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), key/value head and sequence: the block sums dk and dv over the query heads its key/value head serves and writes their dq (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
 // Attention backward, FlashAttention-2's split, deterministic (no atomics), with delta =
-// rowsum(dO * O) from the pre-pass (attention_delta). The block of tile j first accumulates
-// dK_j and dV_j over the query tiles i >= j (each warp 16 key rows: S^T = K Q^T and dP^T =
-// V dO^T recomputed, P^T from lse, dS^T = P^T * (dP^T - delta) * scale; dV += P^T dO, dK +=
-// dS^T Q), then, as query tile j, dQ_j over the key tiles <= j (each warp 32 query rows and
-// half of each key tile's keys: dQ += dS K, the two halves added at the end). K, V, dK, dV (then Q, dO, dQ), the scores and the probabilities stay in
-// mma.m16n8k16 registers; the streamed tiles arrive by cp.async into two stages of padded
+// rowsum(dO * O) from the pre-pass (attention_delta). Two warps a block. The block of tile j
+// first accumulates dK_j and dV_j over the query tiles i >= j (each warp 32 key rows, two row
+// tiles of 16: S^T = K Q^T and dP^T = V dO^T recomputed, P^T from lse, dS^T = P^T * (dP^T -
+// delta) * scale; dV += P^T dO, dK += dS^T Q; each Q and dO fragment an ldmatrix brings feeds
+// both row tiles), then, as query tile j, dQ_j over the key tiles <= j (each warp 32 query
+// rows over all of each key tile's keys: dQ += dS K, each K and V fragment feeding both row
+// tiles); each pass takes a tile pair 16 queries (keys) at a time, a loop. K, dK, dV (then
+// Q, dO, dQ), the scores and the probabilities stay in mma.m16n8k16 registers (V's fragments
+// are loaded again in each chunk); the streamed tiles arrive by cp.async into two stages of padded
 // shared memory, a query tile's lse and delta with it (4-byte copies: a row's are kHeads
 // apart), so that the dK/dV loop reads them on chip, never from global memory. q and k
 // arrive already rotated (the rotary pass); dQ and dK, the gradients at
@@ -1218,11 +1219,11 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
 // query heads it serves (a qkv row is q's kHeads heads, then k's and v's kKvHeads each): dK_j
 // and dV_j sum over those heads' query tiles in registers, and the block writes each one's
 // dQ_j in turn; no other block writes them, so nothing is added atomically.
-extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float* __restrict__ gradientQkv, const float* __restrict__ qkv, const float* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
+extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(float* __restrict__ gradientQkv, const float* __restrict__ qkv, const float* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kTiles = kContext / T;
-  static_assert(T == 64 && 128 == 128,
-                "4 warps: 16 key rows each (dK, dV), 32 query rows over 32 keys each (dQ)");
+  static_assert(T == 64 && 64 == 64,
+                "2 warps: 32 key rows each (dK, dV), 32 query rows over all keys each (dQ)");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
   low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (then q, dO) of tile j
@@ -1238,16 +1239,16 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
   if (tile * T >= kContext || kv_head >= kKvHeads) return;
   int head = kv_head * kGroup;  // the query head in hand
   size_t base = static_cast<size_t>(sequence) * kContext;  // recomputed for dQ
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 32;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
   const float scale_log2 = scale * kLog2e;  // e^(scale x - lse) = 2^(scale log2(e) x - lse log2(e))
 
   // The T rows of tile `index` of part `part` (0 q, 1 k, 2 v; 3 the output's gradient), by
-  // cp.async (cg_copy_tile: each chunk from its index).
+  // cp.async (cg_copy_tile: a thread's chunks rows apart).
   // With `rows` (the output's gradient into a stage), its query rows' (lse, delta) pairs after
-  // it as well: one 4-byte copy a thread.
-  static_assert(2 * T == 128, "a thread a row's lse or delta");
+  // it as well: two 4-byte copies a thread, a row's lse and delta.
+  static_assert(T == 64, "a thread a row's lse and delta");
   // `thread`: threadIdx.x, or the same made opaque (cg_opaque) where the addresses must be
   // computed at the call, not hoisted out of a loop and held.
   auto copy_tile = [&](low_t* to, int index, int part, int query_head, bool rows = false,
@@ -1256,14 +1257,15 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
     const int column =
         part == 0 ? query_head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
     if (part < 3)
-      cg_copy_tile<128, T, D, kStride, false>(to, qkv, row, column, kQkvWidth, thread);
+      cg_copy_tile<64, T, D, kStride>(to, qkv, row, column, kQkvWidth, thread);
     else
-      cg_copy_tile<128, T, D, kStride, false>(to, gradientOutput, row, query_head * D,
+      cg_copy_tile<64, T, D, kStride>(to, gradientOutput, row, query_head * D,
                                                         kWidth, thread);
     if (rows) {
-      const size_t at = (row + threadIdx.x / 2) * kHeads + query_head;
-      cg_cp_async_4(reinterpret_cast<float*>(to + T * kStride) + threadIdx.x,
-                    threadIdx.x % 2 ? delta + at : lse + at);
+      const size_t at = (row + threadIdx.x) * kHeads + query_head;
+      float* pair = reinterpret_cast<float*>(to + T * kStride) + 2 * threadIdx.x;
+      cg_cp_async_4(pair, lse + at);
+      cg_cp_async_4(pair + 1, delta + at);
     }
   };
   // Writes 16 rows (from `first_row` of the tile) of a T x D gradient in registers into part
@@ -1294,10 +1296,17 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
   };
 
   // ---- dK and dV of key tile `tile` ----
-  FragmentA<low_t> held_a[D / 16], held_b[D / 16];  // k and v: the warp's 16 rows
-  Accumulator first_sum[D / 8], second_sum[D / 8];  // dK and dV
+  // 32 key rows a warp (two row tiles of 16): each q and dO fragment an ldmatrix brings
+  // feeds both row tiles, twice the products of a load at 16 rows a warp. k's fragments for
+  // the warp's 32 rows are held; v's are loaded again in each chunk of 16 queries (held as
+  // well, beside dK and dV for 32 rows, ptxas spilled: 6 local loads and stores at GPT-2
+  // small), so a chunk at a head of 64 takes 24 ldmatrix for its 64 HMMA, not 16 for 32.
+  FragmentA<low_t> held_k[2][D / 16];
+  Accumulator first_sum[2][D / 8], second_sum[2][D / 8];  // dK and dV
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) zero(first_sum[n]), zero(second_sum[n]);
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) zero(first_sum[m][n]), zero(second_sum[m][n]);
   copy_tile(held, tile, 1, head);
   copy_tile(held + T * kStride, tile, 2, head);
   copy_tile(streamed, tile, 0, head);
@@ -1317,30 +1326,49 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
     const bool later = query_tile + 1 < kTiles;
     if (later || head + 1 < (kv_head + 1) * kGroup) {
       low_t* next = streamed + (1 - stage) * kStage;
-      copy_tile(next, later ? query_tile + 1 : tile, 0, later ? head : head + 1);
-      copy_tile(next + T * kStride, later ? query_tile + 1 : tile, 3, later ? head : head + 1, true);
+      // the copies' addresses computed here, not held through the step (held beside k, dK
+      // and dV for 32 rows, they spilled)
+      const int thread = cg_opaque(threadIdx.x);
+      copy_tile(next, later ? query_tile + 1 : tile, 0, later ? head : head + 1, false, thread);
+      copy_tile(next + T * kStride, later ? query_tile + 1 : tile, 3, later ? head : head + 1,
+                true, thread);
     }
     cg_cp_async_commit();
-    if constexpr (decltype(diagonal)::value) {  // a head's first step: load this block's k, v
+    if constexpr (decltype(diagonal)::value) {  // a head's first step: load this block's k
 #pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        load_a(held_a[d], held + top * kStride + d * 16, kStride);
-        load_a(held_b[d], held + T * kStride + top * kStride + d * 16, kStride);
-      }
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d) {
+          load_a(held_k[m][d], held + (top + 16 * m) * kStride + d * 16, kStride);
+        }
     }
-#pragma unroll
+    // a loop, not unrolled: unrolled, ptxas overlapped one chunk's products with the next
+    // chunk's and spilled (77 to 148 local loads and stores), and kept one chunk's v
+    // fragments for all four
+#pragma unroll 1
     for (int c = 0; c < T / 16; ++c) {  // 16 queries at a time
-      Accumulator scores[2], gradients[2];  // S^T and dP^T: 16 keys x 16 queries
-      zero(scores[0]), zero(scores[1]), zero(gradients[0]), zero(gradients[1]);
+      Accumulator scores[2][2], gradients[2][2];  // S^T and dP^T: 2 x 16 keys x 16 queries
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        zero(scores[m][0]), zero(scores[m][1]), zero(gradients[m][0]), zero(gradients[m][1]);
+      const low_t* v_rows = held + (T + top) * kStride;  // the warp's rows of v
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         FragmentB<low_t> left, right;
         load_b_transposed(left, right, q + c * 16 * kStride + d * 16, kStride);
-        mma(scores[0], held_a[d], left);
-        mma(scores[1], held_a[d], right);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma(scores[m][0], held_k[m][d], left);
+          mma(scores[m][1], held_k[m][d], right);
+        }
         load_b_transposed(left, right, dout + c * 16 * kStride + d * 16, kStride);
-        mma(gradients[0], held_b[d], left);
-        mma(gradients[1], held_b[d], right);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          FragmentA<low_t> v;  // from shared memory (see held_k)
+          load_a(v, v_rows + 16 * m * kStride + d * 16, kStride);
+          mma(gradients[m][0], v, left);
+          mma(gradients[m][1], v, right);
+        }
       }
 #pragma unroll
       for (int n = 0; n < 2; ++n)
@@ -1350,28 +1378,39 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
           const float2 pair = tile_rows[c * 16 + n * 8 + 2 * t + e];
           const float lse_log2 = pair.x * kLog2e, delta_scaled = pair.y * scale;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& p = scores[n].x[2 * h + e];
-            p = cg_exp2_approx(fmaf(p, scale_log2, -lse_log2));
-            if constexpr (decltype(diagonal)::value) {
-              if (top + g + 8 * h > c * 16 + n * 8 + 2 * t + e) p = 0.0f;  // a key after the query
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float& p = scores[m][n].x[2 * h + e];
+              p = cg_exp2_approx(fmaf(p, scale_log2, -lse_log2));
+              if constexpr (decltype(diagonal)::value) {
+                if (top + 16 * m + g + 8 * h > c * 16 + n * 8 + 2 * t + e) p = 0.0f;  // a key after the query
+              }
+              float& ds = gradients[m][n].x[2 * h + e];
+              ds = p * fmaf(ds, scale, -delta_scaled);
             }
-            float& ds = gradients[n].x[2 * h + e];
-            ds = p * fmaf(ds, scale, -delta_scaled);
-          }
         }
-      FragmentA<low_t> p, ds;
-      to_a(p, scores[0], scores[1]);
-      to_a(ds, gradients[0], gradients[1]);
+      FragmentA<low_t> p[2], ds[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        to_a(p[m], scores[m][0], scores[m][1]);
+        to_a(ds[m], gradients[m][0], gradients[m][1]);
+      }
 #pragma unroll
       for (int n = 0; n < D / 16; ++n) {
         FragmentB<low_t> left, right;
         load_b(left, right, dout + c * 16 * kStride + n * 16, kStride);  // dV += P^T dO
-        mma(second_sum[2 * n], p, left);
-        mma(second_sum[2 * n + 1], p, right);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma(second_sum[m][2 * n], p[m], left);
+          mma(second_sum[m][2 * n + 1], p[m], right);
+        }
         load_b(left, right, q + c * 16 * kStride + n * 16, kStride);  // dK += dS^T Q
-        mma(first_sum[2 * n], ds, left);
-        mma(first_sum[2 * n + 1], ds, right);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma(first_sum[m][2 * n], ds[m], left);
+          mma(first_sum[m][2 * n + 1], ds[m], right);
+        }
       }
     }
   };
@@ -1381,29 +1420,28 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
     for (int query_tile = tile + 1; query_tile < kTiles; ++query_tile)
       query_step(query_tile, cg_false{});
   }
-  store(first_sum, 1, top);
-  store(second_sum, 2, top);
+  // dV first: its registers free before dK's are turned (the angles' registers beside both
+  // spilled)
+#pragma unroll
+  for (int m = 0; m < 2; ++m) store(second_sum[m], 2, top + 16 * m);
+#pragma unroll
+  for (int m = 0; m < 2; ++m) store(first_sum[m], 1, top + 16 * m);
 
   // ---- dQ of query tile `tile`, for each query head in turn ----
-  // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over half of each
-  // key tile's keys (two chunks of 16): each K and V fragment an ldmatrix brings feeds both
-  // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 24
-  // ldmatrix a tile, not 48). The two warps of a row half then add their partial dQ, the
-  // earlier keys' first and the later keys' (through shared memory) second; the first stores.
-  // The registers: q's and dO's fragments and dQ for 32 rows, where the dK/dV pass held k's,
-  // v's, dK and dV for 16.
+  // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over all of each
+  // key tile's keys (four chunks of 16): each K and V fragment an ldmatrix brings feeds both
+  // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 48
+  // ldmatrix a key tile a warp). The registers: q's and dO's fragments and dQ for 32 rows,
+  // where the dK/dV pass held k's, v's, dK and dV for 32.
   // Its addresses, and the values below, computed from here: ptxas would compute them at
   // the start and hold them through the dK/dV loop (a spill at 255 registers).
   tile = cg_opaque(tile);
   base = static_cast<size_t>(cg_opaque(sequence)) * kContext;
-  const int half = cg_opaque(warp % 2);
-  const int rows = half * 32, keys = cg_opaque(warp / 2) * 32;  // this warp's halves
-  float4* partner = reinterpret_cast<float4*>(streamed) + half * 8 * D;  // the later keys' dQ
-  static_assert(2 * 32 * D * sizeof(float) <= 2 * kStage * sizeof(low_t), "dQ halves fit");
+  const int rows = cg_opaque(warp) * 32;  // this warp's query rows
   for (int member = 0; member < kGroup; ++member) {
     head = kv_head * kGroup + member;
     __syncthreads();  // every warp is done with the shared tiles the copies below replace
-    Accumulator dq[2][D / 8];  // the warp's 32 rows of dQ, over its half of the keys
+    Accumulator dq[2][D / 8];  // the warp's 32 rows of dQ
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -1439,8 +1477,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
         copy_tile(next + T * kStride, key_tile + 1, 2, head);
       }
       cg_cp_async_commit();
-#pragma unroll
-      for (int c = keys / 16; c < keys / 16 + 2; ++c) {  // 16 keys at a time
+#pragma unroll 1  // (as the dK/dV pass's chunks)
+      for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
         Accumulator scores[2][2], gradients[2][2];  // S and dP: 2 x 16 queries x 16 keys
 #pragma unroll
         for (int m = 0; m < 2; ++m)
@@ -1506,30 +1544,8 @@ extern "C" __global__ void __launch_bounds__(128) cgImageAttentionBackward(float
       }
     for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
     key_step(tile, cg_true{});
-    // The row half's two partial sums: the later keys' warp hands its own over (lane-major
-    // float4: each lane's 16 bytes beside the next lane's, no bank conflict).
-    __syncthreads();  // every warp is done with the last key tile, which the halves replace
-    if (keys) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-          partner[(m * D / 8 + n) * 32 + lane] =
-              make_float4(dq[m][n].x[0], dq[m][n].x[1], dq[m][n].x[2], dq[m][n].x[3]);
-    }
-    __syncthreads();  // the later keys' partial sums are in shared memory
-    if (!keys) {
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          const float4 other = partner[(m * D / 8 + n) * 32 + lane];
-          dq[m][n].x[0] += other.x, dq[m][n].x[1] += other.y;
-          dq[m][n].x[2] += other.z, dq[m][n].x[3] += other.w;
-        }
-        store(dq[m], 0, rows + 16 * m);
-      }
-    }
+    for (int m = 0; m < 2; ++m) store(dq[m], 0, rows + 16 * m);
   }
 }
 
@@ -2408,7 +2424,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
     CG_LAUNCHED("library.cg:262:43 (from backward.cg:68:11) cgImageAttentionDelta");
     // library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(128, 1, 1), 37888, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(64, 1, 1), 37888, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
     CG_LAUNCHED("library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[1], "library.cg:231:33");
