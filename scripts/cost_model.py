@@ -39,9 +39,9 @@ each figure.
     python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
     python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
     python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
-    python3 scripts/cost_model.py --registers cgImageAdamW=32   # a what-if
+    python3 scripts/cost_model.py --registers cgImageAttention=128   # a what-if
     python3 scripts/cost_model.py --sensitivity   # what a 10% cut of each image would save
-    python3 scripts/cost_model.py --scale cgImageAttentionBackward=0.685   # a what-if
+    python3 scripts/cost_model.py --scale cgImageAttentionBackward=0.800   # a what-if
 """
 
 from __future__ import annotations
@@ -193,8 +193,9 @@ def _causal_tiles(r) -> int:
 
 
 def _off_diagonal_tiles(r) -> int:
-    """The pairs off the diagonal: the forward's main loop and each of the backward's two
-    (the diagonal pair, peeled, masked, runs once a block outside them)."""
+    """The pairs off the diagonal: the forward's main loop runs once each, and each of the
+    backward's two passes takes each in its loop over tiles (the diagonal pair, peeled,
+    masked, runs once a block and query head outside them)."""
     return _causal_tiles(r) - r["batch"] * r["heads"] * (r["context"] // r["attentionTile"])
 
 
@@ -500,6 +501,10 @@ def tile_loop_work(facts: LaunchFacts, audit: KernelAudit, design: Design, roles
     work["wavefronts"] += shared_wavefronts(audit.straight, conflicts) * grid_warps
     work["issue"] += audit.straight.get("instructions", 0) * grid_warps
     work["mufu"] += audit.straight.get("mufu", 0) * grid_warps
+    if not audit.tile_loops and not audit.counts.get("tensor", 0):
+        # float32 fragments (the tiny32 configurations) multiply by shuffles and FMAs: no
+        # HMMA, so no tiled loop and none around one (its loops are untiled_loops)
+        return work
     # a loop around the main loops runs its own body (a tile's copies and wait, a peeled
     # diagonal step's code outside its chunk loop) its trips a warp
     around = audit.around_tiles
@@ -1656,7 +1661,7 @@ def main() -> int:
                         metavar="IMAGE=F",
                         help="a what-if: the step (calibrated, the machine shared) with IMAGE's "
                         "time (its parts, not its launch overheads) times F, beside the step "
-                        "as built, e.g. cgImageAttentionBackward=0.685; may be given again "
+                        "as built, e.g. cgImageAttentionBackward=0.800; may be given again "
                         "for other images (not with --floor, --parts, --ranks, "
                         "--sensitivity or --registers); the step is not monotone in F "
                         "(concurrent branches' launches start in another order as one "

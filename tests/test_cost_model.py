@@ -757,25 +757,46 @@ def test_scaling_prints_in_one_run_without_a_compiler():
 
 # ---- --registers: the occupancy what-if -----------------------------------------------------
 
-def test_fewer_registers_change_the_blocks_only_in_the_what_if(audits, train):
+def test_fewer_registers_than_its_shared_memory_allows_change_nothing(audits, train):
     """The attention backward as built: 255 registers, 4 blocks of 2 warps an SM, held there
-    by its registers and by its shared memory alike (4 x 56 KB), so fewer registers give it
-    no more blocks and leave the step as it is; AdamW at 45 registers takes 5 blocks an SM,
-    at 32 it would take 8 (its threads the limit), and the step's estimate moves. The audits
-    themselves are left as built."""
-    backward, adam = audits["cgImageAttentionBackward"], audits["cgImageAdamW"]
-    assert backward.registers > 168 and backward.occupancy.blocks == 4
-    built = cost_model.step_times(train, audits, 1, H200, cost_model.CALIBRATED).shared
-    for name, registers, blocks, limiter in (("cgImageAttentionBackward", 168, 4, "shared memory"),
-                                             ("cgImageAdamW", 32, 8, "threads")):
-        what_if = dict(audits)
-        what_if[name] = cost_model.with_registers(audits[name], registers)
-        assert what_if[name].counts == audits[name].counts
-        assert (what_if[name].occupancy.blocks, what_if[name].occupancy.limiter) == \
-            (blocks, limiter)
-        step = cost_model.step_times(train, what_if, 1, H200, cost_model.CALIBRATED).shared
-        assert (step == built) == (name == "cgImageAttentionBackward")
-    assert backward.occupancy.blocks == 4 and adam.occupancy.blocks == 5
+    by its registers and by its shared memory alike (4 x 56 KB), so at 168 registers it
+    takes no more blocks (shared memory the limit) and the step is as it was; the audit
+    itself is left as built."""
+    built = audits["cgImageAttentionBackward"]
+    assert built.registers > 168 and built.occupancy.blocks == 4
+    what_if = dict(audits)
+    what_if[built.name] = cost_model.with_registers(built, 168)
+    assert what_if[built.name].counts == built.counts
+    assert (what_if[built.name].occupancy.blocks, what_if[built.name].occupancy.limiter) == \
+        (4, "shared memory")
+    steps = [cost_model.step_times(train, each, 1, H200, cost_model.CALIBRATED).shared
+             for each in (audits, what_if)]
+    assert steps[0] == steps[1]
+    assert built.occupancy.blocks == 4 and built.registers > 168
+
+
+def test_fewer_registers_give_more_blocks_and_a_faster_step_only_in_the_what_if():
+    """TinyLlama's rotary pass as built holds 12 blocks of 128 threads an SM, by its 40
+    registers a thread; at 30 it would hold 16 (its threads the limit): more rows' loads in
+    flight (Little's law), so the launches and the step's estimate fall; the audit itself is
+    left as built."""
+    from sass_audit import ToolchainMissing, audit_file
+    path = ROOT / "schedules" / "llama" / "train.cg"
+    try:
+        audits = audit_file(str(path), "tinyllama")
+    except ToolchainMissing as error:
+        pytest.skip(f"no CUDA toolchain for the audit: {error}")
+    program = _program(path, config="tinyllama")
+    built = audits["cgImageRotary"]
+    assert built.occupancy == Occupancy(12, "registers", 48)
+    what_if = dict(audits)
+    what_if[built.name] = cost_model.with_registers(built, 30)
+    assert what_if[built.name].occupancy.blocks == 16
+    assert what_if[built.name].counts == built.counts
+    steps = [cost_model.step_times(program, each, 1, H200, cost_model.CALIBRATED).shared
+             for each in (audits, what_if)]
+    assert steps[1] < steps[0]
+    assert audits["cgImageRotary"].occupancy.blocks == 12
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -879,14 +900,47 @@ def test_a_missing_compiler_is_one_line_with_the_way_out_that_fits(arguments, hi
     assert captured.out == ""
 
 
-def test_a_context_of_one_attention_tile_is_priced_not_refused(audits):
+@pytest.mark.parametrize("arguments", [
+    ("--config", "tiny"), ("--config", "tiny32"),
+    ("--file", str(ROOT / "schedules" / "llama" / "train.cg"), "--config", "tiny32")],
+    ids=["tiny", "tiny32", "llama-tiny32"])
+def test_a_context_of_one_attention_tile_is_priced_not_refused(audits, arguments):
     """At config tiny (a context of 64: one attention tile) no tile pair is off the diagonal,
-    and nvcc removes the attention kernels' main loops: the script once stopped with an
-    AssertionError (the design names 1 tiled loop, the SASS has 0); the step is priced.
-    (`audits`: the CUDA compiler the audit needs is here.)"""
-    result = _script("--config", "tiny")
+    and nvcc may remove the attention kernels' loops over them: the script once stopped with
+    an AssertionError (the design names 1 tiled loop, the SASS has 0); the step is priced.
+    In float32 (tiny32) the fragments multiply by FMAs, no HMMA, so there is no tiled loop
+    at all (the script stopped so for the Llama file, and for GPT's once its backward's
+    chunk loops were priced). (`audits`: the CUDA compiler the audit needs is here.)"""
+    result = _script(*arguments)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "side by side, the machine shared (the model)" in result.stdout
+
+
+def test_the_backward_chunk_loops_and_the_loops_around_them_by_hand():
+    """GPT-2 small: 16 tiles a sequence, 8 x 12 (sequence, head) pairs, 136 causal tile pairs
+    each (13,056), 16 on the diagonal (1,536): the chunk loops (16 queries or keys a trip, 4
+    a tile pair) run 1,536 x 4 = 6,144 times a launch on the diagonal and 11,520 x 4 =
+    46,080 off it, in the order of the machine code (dK/dV's diagonal, its pairs off it,
+    dQ's, dQ's diagonal); each loop over tiles runs 11,520 trips over 1,536 blocks, 7.5 a
+    block. TinyLlama (32 query heads on 4 key/value heads): the loops over a block's 8
+    query heads come first in each pass."""
+    gpt2 = {"batch": 8, "heads": 12, "context": 1024, "attentionTile": 64}
+    assert cost_model._backward_chunks(gpt2) == (6144, 46080, 46080, 6144)
+    launch = LaunchFacts("cgImageAttentionBackward", 16 * 12 * 8, 64, 0, 0)
+    assert cost_model._backward_around(gpt2, launch, [Counter()] * 2) == (7.5, 7.5)
+    with pytest.raises(AssertionError, match="3 loops around the chunk loops"):
+        cost_model._backward_around(gpt2, launch, [Counter()] * 3)
+    llama = {"batch": 4, "heads": 32, "kvHeads": 4, "context": 2048, "attentionTile": 64}
+    blocks = 32 * 4 * 4
+    off = 4 * 32 * (32 * 33 // 2 - 32)
+    assert cost_model._backward_around(
+        llama, LaunchFacts("cgImageAttentionBackward", blocks, 64, 0, 0), [Counter()] * 4) == \
+        (8, off / blocks, 8, off / blocks)
+    # a context of one tile: no pair off the diagonal, the loops over tiles run no trip
+    one = {**gpt2, "context": 64}
+    assert cost_model._backward_chunks(one) == (8 * 12 * 4, 0, 0, 8 * 12 * 4)
+    assert cost_model._backward_around(one, launch, [Counter()] * 2) == (0, 0)
+    assert cost_model._backward_around(one, launch, []) == ()
 
 
 def test_sensitivity_of_a_serial_step_is_each_images_own_cut(audits):

@@ -95,7 +95,7 @@ def at_least(blocks: int):
 
 
 def tensor_per_tile(*designed: int):
-    """Each main loop (outermost loop issuing HMMA) issues one of the designed counts per
+    """Each main loop (innermost loop issuing HMMA) issues one of the designed counts per
     iteration, in order, and the HMMA outside loops (a peeled diagonal tile) add up to a sum
     of designed counts. Attention forward: per warp and key tile, S = Q K^T (32 x 64 x 64:
     2 row tiles x 8 n-tiles x 4 k-steps of m16n8k16) and O += P V (the same), 128 HMMA.
@@ -903,6 +903,55 @@ def test_doctored_listing_loops_ignore_the_jump_back_from_an_out_of_line_path():
     assert [(l.start, l.end) for l in code.loops] == [(0x30, 0x90)]
     assert [t["tensor"] for _, t in code.tile_loops()] == [2]
     assert code.tensor_outside_loops() == 1
+
+
+# The attention backward's shape of loops, grouped queries: a loop over a block's query heads
+# (0x10..0xe0) holds a peeled diagonal step's chunk loop (0x30..0x50) and a loop over tiles
+# (0x70..0xd0) that holds the chunk loop of the pairs off the diagonal (0x90..0xb0).
+NESTED = """
+//--------------------- .text.nested --------------------------
+\t.section\t.text.nested,"ax",@progbits
+nested:
+.text.nested:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64] ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_1:
+        /*0030*/                   LDSM.16.M88.4 R8, [R3] ;
+        /*0040*/                   HMMA.16816.F32.BF16 R12, R8, R4, R12 ;
+        /*0050*/              @P0 BRA `(.L_x_1) ;
+        /*0060*/                   IADD3 R6, R6, 0x1, RZ ;
+.L_x_2:
+        /*0070*/                   LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64] ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_3:
+        /*0090*/                   LDSM.16.M88.4 R8, [R3] ;
+        /*00a0*/                   HMMA.16816.F32.BF16 R12, R8, R4, R12 ;
+        /*00b0*/              @P1 BRA `(.L_x_3) ;
+        /*00c0*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*00d0*/              @P2 BRA `(.L_x_2) ;
+        /*00e0*/              @P3 BRA `(.L_x_0) ;
+        /*00f0*/                   EXIT ;
+.L_x_9:
+        /*0100*/                   BRA `(.L_x_9) ;
+"""
+
+
+def test_each_loop_around_main_loops_has_its_own_body():
+    """around_tiles gives every loop that holds main loops (the innermost loops issuing
+    HMMA) one trip of its own code, in address order: the loop over heads its copy, barrier,
+    the IADD3 between the steps and its own branch (4 instructions), nothing of the loop
+    over tiles it holds; the loop over tiles its copy, barrier, IADD3 and branch (4). The model
+    multiplies each by its own trips (cost_model._backward_around). Before, only the
+    outermost such loop was one, its body counted with the inner loop's code once."""
+    code = sass_audit.parse_sass(NESTED)["nested"]
+    assert [t["tensor"] for _, t in code.tile_loops()] == [1, 1]
+    heads, tiles = code.around_tiles()
+    assert (heads["instructions"], heads["ldgsts"], heads["barrier"]) == (4, 1, 1)
+    assert (tiles["instructions"], tiles["ldgsts"], tiles["barrier"]) == (4, 1, 1)
+    assert heads["tensor"] == tiles["tensor"] == 0
+    assert code.tensor_outside_loops() == 0
 
 
 def test_doctored_audit_fails_each_promise():

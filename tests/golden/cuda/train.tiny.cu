@@ -1443,7 +1443,7 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
   // key tile's keys (four chunks of 16): each K and V fragment an ldmatrix brings feeds both
   // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 48
   // ldmatrix a key tile a warp). The registers: q's and dO's fragments and dQ for 32 rows,
-  // where the dK/dV pass held k's, v's, dK and dV for 32.
+  // where the dK/dV pass held k's, dK and dV for 32.
   // Its addresses, and the values below, computed from here: ptxas would compute them at
   // the start and hold them through the dK/dV loop (a spill at 255 registers).
   tile = cg_opaque(tile);
