@@ -39,7 +39,8 @@ each figure.
     python3 scripts/cost_model.py             # needs nvcc (cuda-tools) for the audit
     python3 scripts/cost_model.py --floor     # the floor alone, no compiler needed
     python3 scripts/cost_model.py --ranks 1,2,4,8   # and the data-parallel step's scaling
-    python3 scripts/cost_model.py --registers cgImageAttention=128   # a what-if
+    python3 scripts/cost_model.py --file schedules/llama/train.cg --config tinyllama \\
+        --registers cgImageRotary=30   # a what-if: 16 blocks an SM, not 12
     python3 scripts/cost_model.py --sensitivity   # what a 10% cut of each image would save
     python3 scripts/cost_model.py --scale cgImageAttentionBackward=0.800   # a what-if
 """
@@ -283,12 +284,13 @@ def _backward_around(r, launch, around) -> tuple:
     machine code too). Trips a warp: a block's."""
     group = r["heads"] // r.get("kvHeads", r["heads"])
     heads = (group,) if group > 1 else ()
-    tiles = (_off_diagonal_tiles(r) / launch.blocks,)
-    for one_pass in (heads + tiles, heads if tiles == (0,) else None):
-        if one_pass is not None and len(around) == 2 * len(one_pass):
-            return one_pass * 2
-    raise AssertionError(f"{launch.image}: {len(around)} loops around the chunk loops, the "
-                         f"design expects {2 * len(heads + tiles)} (a group of {group})")
+    tiles = _off_diagonal_tiles(r) / launch.blocks
+    if len(around) == 2 * len(heads) + 2:
+        return (*heads, tiles) * 2
+    assert tiles == 0 and len(around) == 2 * len(heads), \
+        f"{launch.image}: {len(around)} loops around the chunk loops, the design expects " \
+        f"{2 * len(heads) + 2} (a group of {group})"
+    return heads * 2  # the loops over tiles gone: no pair off the diagonal
 
 
 def _attention_forward_work(r, launch) -> list:

@@ -1270,8 +1270,8 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
     if (part < 3)
       cg_copy_tile<64, T, D, kStride>(to, qkv, row, column, kQkvWidth, thread);
     else
-      cg_copy_tile<64, T, D, kStride>(to, gradientOutput, row, query_head * D,
-                                                        kWidth, thread);
+      cg_copy_tile<64, T, D, kStride>(to, gradientOutput, row, query_head * D, kWidth,
+                                                 thread);
     if (rows) {
       const size_t at = (row + threadIdx.x) * kHeads + query_head;
       float* pair = reinterpret_cast<float*>(to + T * kStride) + 2 * threadIdx.x;
@@ -1331,6 +1331,7 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
     low_t* q = streamed + stage * kStage;
     low_t* dout = q + T * kStride;
     const float2* tile_rows = reinterpret_cast<const float2*>(dout + T * kStride);
+    const low_t* v_rows = held + (T + top) * kStride;  // the warp's rows of v
     cg_cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and the other stage is no longer read
     // the next: this head's next query tile, else the next head's first
@@ -1349,9 +1350,8 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int d = 0; d < D / 16; ++d) {
+        for (int d = 0; d < D / 16; ++d)
           load_a(held_k[m][d], held + (top + 16 * m) * kStride + d * 16, kStride);
-        }
     }
     // a loop, not unrolled: unrolled, ptxas overlapped one chunk's products with the next
     // chunk's and spilled (77 to 148 local loads and stores), and kept one chunk's v
@@ -1362,7 +1362,6 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
 #pragma unroll
       for (int m = 0; m < 2; ++m)
         zero(scores[m][0]), zero(scores[m][1]), zero(gradients[m][0]), zero(gradients[m][1]);
-      const low_t* v_rows = held + (T + top) * kStride;  // the warp's rows of v
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         FragmentB<low_t> left, right;
