@@ -150,8 +150,8 @@ def exampleLayerProducts : (Nat -> Schedule) =
                 (cgPointer (cgArgument 1) (cgItem (cgArena cgSavedAttention) layer)
                   (cgPointer (cgArgument 2) (cgArena cgGradientAttention) cgNoSlots))))
           (cgThen
-            (cgLaunch cgImageAttentionBackward (naturalDivideUnchecked cgContext cgAttentionTile)
-              cgHeads cgBatch
+            (cgLaunch cgImageAttentionBackward cgHeads cgBatch
+              cgAttentionBackwardBlocks
               (cgPointer (cgArgument 0) (cgArena cgGradientQkv)
                 (cgPointer (cgArgument 1) (cgItem (cgArena cgSavedQkv) layer)
                   (cgPointer (cgArgument 2) (cgArena cgGradientAttention)

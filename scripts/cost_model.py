@@ -185,6 +185,9 @@ class Design:
     #     trips a warp; its own body (outside the main loops and the other loops around
     #     them) runs that many times.
     around_trips: object = None
+    # roles: the blocks each take one of this many passes (the attention backward's dK/dV
+    #     and dQ blocks): a pair of blocks runs the code outside the loops once between them
+    roles: int = 1
 
 
 def _causal_tiles(r) -> int:
@@ -264,33 +267,40 @@ def _attention_inner_trips(r, launch, inner) -> tuple:
 
 
 def _backward_chunks(r) -> tuple:
-    """The attention backward's chunk loops (16 queries, then 16 keys, a trip), block-wide
-    iterations, in address order: the dK/dV pass's diagonal step (once a query head and
-    block), its steps off the diagonal, the dQ pass's steps off the diagonal, its diagonal
-    step. A loop at a shape without pairs off the diagonal (a context of one tile) may be
-    gone from the machine code (tile_loop_work drops the zeros)."""
+    """The attention backward's chunk loops (16 keys, then 16 queries, a trip), block-wide
+    iterations, in address order: the dQ blocks' steps off the diagonal, their diagonal step
+    (once a query head and block), the dK/dV blocks' diagonal step, their steps off the
+    diagonal. At a context of one tile (no pair off the diagonal) the dQ blocks' loop over
+    the key tiles before theirs is gone from the machine code (nvcc sees their tile below
+    one), the dK/dV blocks' loop over the query tiles after theirs stays (nvcc cannot see
+    their tile at least 0), running no iteration."""
     chunks = r["attentionTile"] // 16
     diagonal = r["batch"] * r["heads"] * (r["context"] // r["attentionTile"]) * chunks
     off = _off_diagonal_tiles(r) * chunks
-    return diagonal, off, off, diagonal
+    return (off, diagonal, diagonal, off) if off else (diagonal, diagonal, 0)
 
 
 def _backward_around(r, launch, around) -> tuple:
-    """The attention backward's loops around its chunk loops, in address order, each pass's:
-    the grouped-query backward's loop over the query heads a block serves (heads / kvHeads
-    trips a block; none without grouping: kGroup = 1, the compiler drops it), then the loop
-    over the query (dK/dV) or key (dQ) tiles off the diagonal (their pairs over the blocks,
-    a block's mean: none at a context of one tile, where the loop may be gone from the
-    machine code too). Trips a warp: a block's."""
+    """The attention backward's loops around its chunk loops, in address order, each pass's
+    (the dQ blocks', then the dK/dV blocks'): the grouped-query backward's loop over the query
+    heads a block serves (heads / kvHeads trips a block; none without grouping: kGroup = 1,
+    the compiler drops it), then the loop over the key (dQ) or query (dK/dV) tiles off the
+    diagonal. Trips a warp, over the whole grid (tile_loop_work multiplies by its warps): each
+    pass's pairs off the diagonal over all blocks, though only its own blocks (half of them)
+    run it. At a context of one tile there is no pair off the diagonal: the dQ loop over
+    tiles is gone from the machine code, the dK/dV loop stays, running no trip
+    (_backward_chunks says why)."""
     group = r["heads"] // r.get("kvHeads", r["heads"])
     heads = (group,) if group > 1 else ()
     tiles = _off_diagonal_tiles(r) / launch.blocks
     if len(around) == 2 * len(heads) + 2:
         return (*heads, tiles) * 2
-    assert tiles == 0 and len(around) == 2 * len(heads), \
+    assert tiles == 0 and len(around) in (2 * len(heads), 2 * len(heads) + 1), \
         f"{launch.image}: {len(around)} loops around the chunk loops, the design expects " \
         f"{2 * len(heads) + 2} (a group of {group})"
-    return heads * 2  # the loops over tiles gone: no pair off the diagonal
+    if len(around) == 2 * len(heads) + 1:
+        return (*heads, *heads, 0)  # the dK/dV loop over tiles kept, no trip
+    return heads * 2  # both loops over tiles gone
 
 
 def _attention_forward_work(r, launch) -> list:
@@ -301,6 +311,19 @@ def _attention_forward_work(r, launch) -> list:
     block, balanced."""
     tiles, pairs = r["context"] // r["attentionTile"], r["batch"] * r["heads"]
     return [tiles - linear // pairs for linear in range(tiles * pairs)]
+
+
+def _attention_backward_work(r, launch) -> list:
+    """The backward's blocks in dispatch order (blockIdx.x fastest: the key/value heads, then
+    the sequences, then z), each its chunk loops' products: z = 2i takes dK and dV of key
+    tile i (the query tiles from i on, 4 products a chunk), z = 2i + 1 dQ of query tile
+    tiles - 1 - i (as many key tiles, 3 products a chunk), each for the query heads its
+    key/value head serves: longest first, but for the passes' products a chunk."""
+    tiles = r["context"] // r["attentionTile"]
+    group = r["heads"] // r.get("kvHeads", r["heads"])
+    pairs = r["batch"] * r.get("kvHeads", r["heads"])
+    return [group * (tiles - z // 2) * (4 if z % 2 == 0 else 3)
+            for z in range(2 * tiles) for _ in range(pairs)]
 
 
 def _classifier_trips(r, launch, loops) -> tuple:
@@ -349,7 +372,8 @@ DESIGNS = {
         inflight=256,
         tile_iterations=_backward_chunks,
         l2_bytes=lambda r, launch: 2 * _attention_rereads(r, launch),
-        inner_trips=_attention_inner_trips, pipelined=True, around_trips=_backward_around),
+        inner_trips=_attention_inner_trips, pipelined=True, around_trips=_backward_around,
+        block_work=_attention_backward_work, roles=2),
     "cgImageAttentionDelta": Design(inflight=12),  # a row of output and its gradient
     # 8 floats a thread (load8), to the low type: ZeRO-1's step casts its shard's parameters
     "cgImageCastDown": Design(inflight=32),
@@ -499,10 +523,11 @@ def tile_loop_work(facts: LaunchFacts, audit: KernelAudit, design: Design, roles
     # the code outside the main loops (the prologue, a peeled last tile, the epilogue) runs
     # once a warp
     grid_warps = facts.blocks * facts.warps
-    work["hmma"] += audit.straight.get("tensor", 0) * grid_warps
-    work["wavefronts"] += shared_wavefronts(audit.straight, conflicts) * grid_warps
-    work["issue"] += audit.straight.get("instructions", 0) * grid_warps
-    work["mufu"] += audit.straight.get("mufu", 0) * grid_warps
+    straight_warps = grid_warps / design.roles
+    work["hmma"] += audit.straight.get("tensor", 0) * straight_warps
+    work["wavefronts"] += shared_wavefronts(audit.straight, conflicts) * straight_warps
+    work["issue"] += audit.straight.get("instructions", 0) * straight_warps
+    work["mufu"] += audit.straight.get("mufu", 0) * straight_warps
     if not audit.tile_loops and not audit.counts.get("tensor", 0):
         # float32 fragments (the tiny32 configurations) multiply by shuffles and FMAs: no
         # HMMA, so no tiled loop and none around one (its loops are untiled_loops)

@@ -249,8 +249,9 @@ def test_the_read_before_write_rule_needs_the_whole_step(schedules):
 @pytest.mark.parametrize("image,pattern", [
     ("cgImageAttention", r"(\(cgLaunch cgImageAttention\s+)\(naturalDivideUnchecked\s+cgContext"
                          r"\s+cgAttentionTile\)"),
-    ("cgImageAttentionBackward", r"(\(cgLaunch cgImageAttentionBackward\s+)\(naturalDivideUnchecked"
-                                 r"\s+cgContext\s+cgAttentionTile\)"),
+    # its tiles are z (twice: the dK/dV and the dQ blocks), after the heads and sequences
+    ("cgImageAttentionBackward", r"(\(cgLaunch cgImageAttentionBackward\s+cgHeads\s+cgBatch\s+)"
+                                 r"cgAttentionBackwardBlocks"),
     # rows left unturned would reach the attention kernels with q and k as the product left them
     ("cgImageRotary", r"(\(cgLaunch cgImageRotary\s+)cgContext"),
 ])

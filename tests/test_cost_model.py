@@ -837,22 +837,31 @@ def test_a_registers_what_if_no_block_of_which_fits_is_a_usage_error(audits):
     assert _script("--registers", "cgImageClassifier=64").returncode == 0
 
 
-def test_the_registers_what_if_from_the_command_line(audits, train):
+def test_the_registers_what_if_from_the_command_line(audits):
     """The script's own what-if says it is one, and prices the step as with_registers does:
-    faster than the kernel as built."""
-    result = _script("--registers", "cgImageAttentionBackward=128")
+    faster than the kernel as built (TinyLlama's rotary pass at 30 registers, 16 blocks an
+    SM; in GPT-2 small's file no kernel's registers hold back its step: the attention
+    kernels' shared memory holds them to 4 blocks as well, the layer-norm backward pipelines
+    its rows). (`audits`: the CUDA compiler the audit needs is here.)"""
+    from sass_audit import audit_file
+    path = ROOT / "schedules" / "llama" / "train.cg"
+    result = _script("--file", str(path), "--config", "tinyllama",
+                     "--registers", "cgImageRotary=30")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("WHAT-IF, not the kernel as built: cgImageAttentionBackward "
-                                    "priced at 128 registers a thread, 4 blocks an SM (built: ")
+    assert result.stdout.startswith("WHAT-IF, not the kernel as built: cgImageRotary "
+                                    "priced at 30 registers a thread, 16 blocks an SM (built: ")
     shared = [line for line in result.stdout.splitlines()
               if line.startswith("| side by side, the machine shared")]
     printed_ms = float(shared[0].split("|")[2])
+    llama_audits = audit_file(str(path), "tinyllama")
+    program = _program(path, config="tinyllama")
 
     def step_ms(what_if):
-        return cost_model.step_times(train, what_if, 1, H200, cost_model.CALIBRATED).shared * 1e3
-    backward = audits["cgImageAttentionBackward"]
-    expected = step_ms({**audits, backward.name: cost_model.with_registers(backward, 128)})
-    assert printed_ms == pytest.approx(expected, abs=5e-4) and printed_ms < step_ms(audits)
+        return cost_model.step_times(program, what_if, 1, H200,
+                                     cost_model.CALIBRATED).shared * 1e3
+    rotary = llama_audits["cgImageRotary"]
+    expected = step_ms({**llama_audits, rotary.name: cost_model.with_registers(rotary, 30)})
+    assert printed_ms == pytest.approx(expected, abs=5e-4) and printed_ms < step_ms(llama_audits)
 
 
 # ---- --scale: an image's time scaled ----------------------------------------------------------
@@ -918,29 +927,51 @@ def test_a_context_of_one_attention_tile_is_priced_not_refused(audits, arguments
 
 def test_the_backward_chunk_loops_and_the_loops_around_them_by_hand():
     """GPT-2 small: 16 tiles a sequence, 8 x 12 (sequence, head) pairs, 136 causal tile pairs
-    each (13,056), 16 on the diagonal (1,536): the chunk loops (16 queries or keys a trip, 4
+    each (13,056), 16 on the diagonal (1,536): the chunk loops (16 keys or queries a trip, 4
     a tile pair) run 1,536 x 4 = 6,144 times a launch on the diagonal and 11,520 x 4 =
-    46,080 off it, in the order of the machine code (dK/dV's diagonal, its pairs off it,
-    dQ's, dQ's diagonal); each loop over tiles runs 11,520 trips over 1,536 blocks, 7.5 a
-    block. TinyLlama (32 query heads on 4 key/value heads): the loops over a block's 8
-    query heads come first in each pass."""
+    46,080 off it, in the order of the machine code (the dQ blocks' pairs off the diagonal,
+    their diagonal, the dK/dV blocks' diagonal, their pairs off it); each loop over tiles
+    runs 11,520 trips in its pass's 1,536 blocks, 3.75 a block of the grid's 3,072 (dK/dV
+    and dQ blocks). TinyLlama (32 query heads on 4 key/value heads): the loops over a
+    block's 8 query heads come first in each pass."""
     gpt2 = {"batch": 8, "heads": 12, "context": 1024, "attentionTile": 64}
-    assert cost_model._backward_chunks(gpt2) == (6144, 46080, 46080, 6144)
-    launch = LaunchFacts("cgImageAttentionBackward", 16 * 12 * 8, 64, 0, 0)
-    assert cost_model._backward_around(gpt2, launch, [Counter()] * 2) == (7.5, 7.5)
+    assert cost_model._backward_chunks(gpt2) == (46080, 6144, 6144, 46080)
+    launch = LaunchFacts("cgImageAttentionBackward", 2 * 16 * 12 * 8, 64, 0, 0)
+    assert cost_model._backward_around(gpt2, launch, [Counter()] * 2) == (3.75, 3.75)
     with pytest.raises(AssertionError, match="3 loops around the chunk loops"):
         cost_model._backward_around(gpt2, launch, [Counter()] * 3)
     llama = {"batch": 4, "heads": 32, "kvHeads": 4, "context": 2048, "attentionTile": 64}
-    blocks = 32 * 4 * 4
+    blocks = 2 * 32 * 4 * 4
     off = 4 * 32 * (32 * 33 // 2 - 32)
     assert cost_model._backward_around(
         llama, LaunchFacts("cgImageAttentionBackward", blocks, 64, 0, 0), [Counter()] * 4) == \
         (8, off / blocks, 8, off / blocks)
-    # a context of one tile: no pair off the diagonal, the loops over tiles run no trip
+    # a context of one tile: no pair off the diagonal; the dQ blocks' loops over key tiles
+    # (and their chunk loop) are gone from the machine code, the dK/dV blocks' run no trip
     one = {**gpt2, "context": 64}
-    assert cost_model._backward_chunks(one) == (8 * 12 * 4, 0, 0, 8 * 12 * 4)
+    assert cost_model._backward_chunks(one) == (8 * 12 * 4, 8 * 12 * 4, 0)
     assert cost_model._backward_around(one, launch, [Counter()] * 2) == (0, 0)
+    assert cost_model._backward_around(one, launch, [Counter()]) == (0,)
     assert cost_model._backward_around(one, launch, []) == ()
+    grouped = {**llama, "context": 64}
+    assert cost_model._backward_around(grouped, launch, [Counter()] * 3) == (8, 8, 0)
+
+
+def test_the_backward_blocks_run_longest_first():
+    """The backward's grid (x: key/value heads, y: sequences, z: the work) in dispatch order:
+    every (head, sequence) pair's dK/dV block of key tile 0 (4 products a chunk, 16 query
+    tiles), then its dQ block of query tile 15 (3 products a chunk, 16 key tiles), then key
+    tile 1's, query tile 14's, and so on: longest first but for the passes' products."""
+    gpt2 = {"batch": 8, "heads": 12, "context": 1024, "attentionTile": 64}
+    launch = LaunchFacts("cgImageAttentionBackward", 2 * 16 * 12 * 8, 64, 0, 0)
+    work = cost_model._attention_backward_work(gpt2, launch)
+    pairs = 8 * 12
+    assert len(work) == launch.blocks
+    assert work[:pairs] == [16 * 4] * pairs and work[pairs:2 * pairs] == [16 * 3] * pairs
+    assert work[-pairs:] == [1 * 3] * pairs
+    assert all(a >= b for a, b in zip(work[::2 * pairs], work[2 * pairs::2 * pairs]))
+    llama = {"batch": 4, "heads": 32, "kvHeads": 4, "context": 2048, "attentionTile": 64}
+    assert cost_model._attention_backward_work(llama, launch)[0] == 8 * 32 * 4
 
 
 def test_sensitivity_of_a_serial_step_is_each_images_own_cut(audits):

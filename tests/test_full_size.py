@@ -81,6 +81,7 @@ class Partition:
     # attention: block (x, y, z), grid -> the query heads and the key/value head it serves
     # (the reference then runs on those heads of the part's sequence alone)
     heads_of: object = None
+    tiles_axis: int = 0  # attention: the grid axis of the tiles (a heads sub-launch keeps it)
 
     def part(self, block, grid) -> int:
         return self.part_of(block, grid) if self.part_of else block[self.axis]
@@ -117,9 +118,18 @@ def forward_heads(c):
 
 
 def backward_heads(c):
-    """A backward attention block's key/value head (its y) and the query heads it serves."""
+    """A backward attention block's key/value head (its x) and the query heads it serves."""
     group = query_group(c)
-    return lambda block, grid: (tuple(range(block[1] * group, (block[1] + 1) * group)), block[1])
+    return lambda block, grid: (tuple(range(block[0] * group, (block[0] + 1) * group)), block[0])
+
+
+def backward_place(block, grid) -> tuple:
+    """A backward attention block's pass and tile: z orders the work longest first
+    (templates/kernels/attention_backward.cu.j2): z = 2i is dK and dV of key tile i, z = 2i + 1
+    dQ of query tile Z / 2 - 1 - i."""
+    z, tiles = block[2], grid[2] // 2
+    keys = z % 2 == 0
+    return keys, (z // 2 if keys else tiles - 1 - z // 2)
 
 
 def qkv_width(c) -> int:
@@ -140,9 +150,10 @@ def partitions(c, grid) -> dict:
         "cgImageRmsNorm": Partition(0, {"output": W, "statistics": 1, "input": W}),
         "cgImageAttention": Partition(2, {"output": T * W, "lse": T * H, "qkv": T * Q},
                                       part_of=attention_sequence, heads_of=forward_heads(c)),
-        "cgImageAttentionBackward": Partition(2, {"gradientQkv": T * Q, "qkv": T * Q,
+        "cgImageAttentionBackward": Partition(1, {"gradientQkv": T * Q, "qkv": T * Q,
                                                   "gradientOutput": T * W, "lse": T * H,
-                                                  "delta": T * H}, heads_of=backward_heads(c)),
+                                                  "delta": T * H}, heads_of=backward_heads(c),
+                                              tiles_axis=2),
         "cgImageAttentionDelta": Partition(0, {"delta": H, "output": W, "gradientOutput": W}),
         "cgImageRotary": Partition(1, {"qkv": T * Q}),
         "cgImageGelu": Partition(0, {"output": 2048, "input": 2048}, 2048),
@@ -192,7 +203,6 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
         return [(r * width + a, r * width + b) for r in range(first, first + count)
                 for a, b in columns]
 
-    attention_rows = (z * T + x * tile, tile)
     if image == "cgImageAttention":  # longest first: the grid's linear index, tiles last
         X, Y, Z = grid
         linear, pairs = x + X * (y + Y * z), Y * Z
@@ -200,10 +210,11 @@ def owned(image: str, pointer: str, block, grid, scalars, c) -> list[tuple[int, 
         first = (sequence * T + (X - 1 - linear // pairs) * tile, tile)
         return {"output": rows(*first, W, [(head * D, (head + 1) * D)]),
                 "lse": rows(*first, H, [(head, head + 1)])}[pointer]
-    if image == "cgImageAttentionBackward":  # block y: key/value head y and its query heads
-        heads = [(y * group * D, (y + 1) * group * D),  # dq of the group's query heads
-                 ((H + y) * D, (H + y + 1) * D), ((H + KV + y) * D, (H + KV + y + 1) * D)]
-        return rows(*attention_rows, Q, heads)
+    if image == "cgImageAttentionBackward":  # block x: key/value head x and its query heads
+        keys, tile_index = backward_place(block, grid)
+        heads = [((H + x) * D, (H + x + 1) * D), ((H + KV + x) * D, (H + KV + x + 1) * D)] \
+            if keys else [(x * group * D, (x + 1) * group * D)]  # dk, dv; or the group's dq
+        return rows(y * T + tile_index * tile, tile, Q, heads)
     if image == "cgImageRotary":  # q and k of the row, in place
         return rows(y * T + x, 1, Q, [(0, (H + KV) * D)])
     if image in ("cgImageSwiGlu", "cgImageSwiGluBackward"):
@@ -394,7 +405,8 @@ def _pointer(machine, label: str, bound_pointer, array) -> Pointer:
                    element_bytes(view.storage.element, machine.low))
 
 
-def _heads_sub_launch(machine, launch, bound, sequence: int, query_heads: tuple, kv_head: int):
+def _heads_sub_launch(machine, launch, bound, sequence: int, query_heads: tuple, kv_head: int,
+                      tiles_axis: int):
     """An attention image's reference on one sequence and the heads one block serves (its
     query heads and their key/value head) alone: each pointer's rows of the sequence, its
     columns of those heads, as a problem of len(query_heads) heads sharing one key/value
@@ -424,7 +436,7 @@ def _heads_sub_launch(machine, launch, bound, sequence: int, query_heads: tuple,
                                             b, part.reshape(-1))
     constants = {**c, "heads": len(query_heads), "kvHeads": 1, "width": len(query_heads) * D}
     scalars = {s.parameter.name: s.value for s in bound.scalars}
-    grid = (int(bound.grid[0]), 1, 1)
+    grid = tuple(int(n) if axis == tiles_axis else 1 for axis, n in enumerate(bound.grid))
     machine.kernels[launch.image.name](Kernel(pointers, scalars, grid, launch.image.block,
                                               constants))
     for rows, chosen, part in put_back:
@@ -503,7 +515,8 @@ def check_sampled_blocks_of_every_kernel_at_full_size(runs, only=None):
             for sequence, (query_heads, kv_head) in sorted(
                     {(partition.part(xyz, grid), partition.heads_of(xyz, grid))
                      for xyz in coordinates}):
-                _heads_sub_launch(machine, launch, bound, sequence, query_heads, kv_head)
+                _heads_sub_launch(machine, launch, bound, sequence, query_heads, kv_head,
+                                  partition.tiles_axis)
         else:
             for part in parts:
                 _sub_launch(machine, launch, bound, partition, part)

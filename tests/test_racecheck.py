@@ -94,9 +94,13 @@ KERNELS_OF = {
 # longer than one window (32 rows) refills: the space of byte tokens, at a position that
 # blocks 0 and 1 do not hold; its runs are the dump's ids in the order cgImageScatterOrder
 # sorts them, one block, which the sample runs whole; its races are within a block: one
+# worker. The attention backward's blocks 0 and 1 are the dK/dV blocks of key tile 0 of two
+# heads (its grid orders the work by z, longest first: the dQ blocks start at z = 1): its
+# barriers are removed with every block run, both passes; its races are within a block: one
 # worker.
 UNSAMPLED_KERNELS = {**{function: (NORM_KERNELS, 2) for function in NORM_FUNCTIONS},
-                     "cgImageScatterSorted": (("cgImageScatterSorted",), 1)}
+                     "cgImageScatterSorted": (("cgImageScatterSorted",), 1),
+                     "cgImageAttentionBackward": (("cgImageAttentionBackward",), 1)}
 assert all(set(NORM_KERNELS) <= set(kernels) for kernels, workers in UNSAMPLED_KERNELS.values()
            if workers > 1)
 # Every function whose barriers the campaign must reach (at least one site each).
@@ -107,8 +111,8 @@ COVERED = {"cgImageAttention", "cgImageAttentionBackward", "block_reduce", *NORM
 # barriers, from 0), and why. Not removed from the templates here: reported. The campaign
 # found one that guarded nothing anywhere (the second __syncwarp of the attention's row
 # loop: the next row touches only its own values, and row r's statistics are read again only
-# after the __syncwarp that ends the key tile), and the template dropped it. The one listed
-# guards something the campaign's step does not run.
+# after the __syncwarp that ends the key tile), and the template dropped it. The ones listed
+# guard something the campaign's step does not run.
 REDUNDANT: dict = {
     # block_reduce's first barrier keeps a call's writes to `scratch` after every thread's
     # reads of the call before it on the same scratch. Since the layer norm went to a warp a
@@ -118,6 +122,12 @@ REDUNDANT: dict = {
     # them (rows wider than 1,024: two sums a row, and the RMSNorm backward's one, in a loop
     # over rows, on one scratch: TinyLlama's width of 2,048), which the campaign does not run.
     ("block_reduce", 0): "guards a second call on one scratch; only wide rows make one",
+    # The attention backward's dQ blocks take their key/value head's query heads in turn: the
+    # barrier before a head's copies keeps them after every warp's reads of the head before.
+    # The campaign's step (GPT, tiny) has no grouped heads: a dQ block takes one head, and
+    # the barrier (member > 0) never runs.
+    ("cgImageAttentionBackward", 0): "guards the next query head's copies; only grouped "
+                                     "heads (kvHeads < heads) have one",
 }
 
 

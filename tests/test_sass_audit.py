@@ -99,9 +99,9 @@ def tensor_per_tile(*designed: int):
     iteration, in order, and the HMMA outside loops (a peeled diagonal tile) add up to a sum
     of designed counts. Attention forward: per warp and key tile, S = Q K^T (32 x 64 x 64:
     2 row tiles x 8 n-tiles x 4 k-steps of m16n8k16) and O += P V (the same), 128 HMMA.
-    Backward: per warp and chunk of 16 queries (keys), 4 products in each dK/dV chunk loop
-    (S, dP, dV, dK over 32 key rows: 64) and 3 in each dQ chunk loop (S, dP, dQ over 32 query
-    rows: 48); no HMMA outside them."""
+    Backward: per warp and chunk of 16 keys (queries), 3 products in each dQ chunk loop (S,
+    dP, dQ over 32 query rows: 48) and 4 in each dK/dV chunk loop (S, dP, dV, dK over 32 key
+    rows: 64); no HMMA outside them."""
     def promise(a: KernelAudit) -> bool:
         loops = tuple(t["tensor"] for t in a.tile_loops)
         return loops == designed and _sum_of(a.tensor_outside_loops, designed)
@@ -175,11 +175,12 @@ def hmma_per_ldmatrix(*at_least: Fraction):
     """HMMA a fragment load in each main loop, in order: each fragment an ldmatrix brings
     feeds this many products or more (exactly: a Fraction each). Forward, 32 query rows a
     warp: 128 HMMA over 32 ldmatrix.x4 (4: each K and V fragment feeds both row tiles; 16
-    rows a warp gave 64 over 36). Backward, a chunk of 16 queries or keys: the dK/dV pass, 32
-    key rows a warp, 64 over 24 (8/3: each q and dO fragment feeds both of the warp's row
-    tiles, v's fragments loaded again each chunk; at 16 key rows a warp a tile took 128 over
-    64); the dQ pass, 32 query rows a warp, 48 over 12 (4: each K and V fragment feeds both
-    of the warp's row tiles)."""
+    rows a warp gave 64 over 36). Backward, a chunk of 16 keys or queries: the dQ pass, 32
+    query rows a warp, 48 over 12 (4: each K and V fragment feeds both of the warp's row
+    tiles); the dK/dV pass, 32 key rows a warp, 64 over 16 (4: each q and dO fragment feeds
+    both of the warp's row tiles, k's and v's fragments held; with v's loaded again each
+    chunk, while one block took both passes, 64 over 24; at 16 key rows a warp a tile took
+    128 over 64)."""
     def promise(a: KernelAudit) -> bool:
         return len(a.tile_loops) == len(at_least) and all(
             loop["tensor"] * least.denominator >= least.numerator * loop["ldsm"]
@@ -239,17 +240,17 @@ def _sum_of(total: int, parts: tuple[int, ...]) -> bool:
 
 EVERY_KERNEL = (no_local_memory, no_generic_accesses, no_atomics, launchable)
 
-# The attention backward's four chunk loops, in order: the dK/dV pass's diagonal tile pair,
-# its pairs off the diagonal, the dQ pass's pairs off the diagonal, its diagonal pair.
-BACKWARD_MASK = mask_on_the_diagonal_chunks_only(True, False, False, True)
-BACKWARD_LOADS = hmma_per_ldmatrix(Fraction(8, 3), Fraction(8, 3), Fraction(4), Fraction(4))
+# The attention backward's four chunk loops, in order: the dQ blocks' pairs off the diagonal,
+# their diagonal tile pair, the dK/dV blocks' diagonal pair, their pairs off the diagonal.
+BACKWARD_MASK = mask_on_the_diagonal_chunks_only(False, True, True, False)
+BACKWARD_LOADS = hmma_per_ldmatrix(Fraction(4), Fraction(4), Fraction(4), Fraction(4))
 
 PROMISES = {
     "cgImageAttention": (tensor_per_tile(128), at_least(2), ldmatrix, cp_async,
                          conflict_free_ldmatrix, exp2_per_logit(64, 4, 64),
                          mask_on_the_diagonal_only, hmma_per_ldmatrix(Fraction(4)),
                          main_loops_read_no_global_memory),
-    "cgImageAttentionBackward": (tensor_per_tile(64, 64, 48, 48), at_least(4), ldmatrix,
+    "cgImageAttentionBackward": (tensor_per_tile(48, 48, 64, 64), at_least(4), ldmatrix,
                                  cp_async, conflict_free_ldmatrix, backward_exp2_per_logit(16, 8),
                                  BACKWARD_MASK, BACKWARD_LOADS, main_loops_read_no_global_memory),
     # float4 or 16-byte packs (docs/kernels.md)
@@ -443,18 +444,19 @@ def test_audit_reads_the_attention_design(gpt2_audit):
     """The FlashAttention-2 design as issue 13 describes it, read from the SASS. The forward's
     key-tile loop feeds its HMMA from ldmatrix, streams the next tile by cp.async (16 bytes a
     thread a copy: 4 wavefronts each) and has no generic access; its diagonal tile is peeled
-    (its 128 HMMA outside the loop). The backward takes each tile pair 16 queries (dK/dV) or
-    keys (dQ) at a time in a chunk loop, four of them (each pass's diagonal pair, peeled, and
-    the pairs off it): ldmatrix and HMMA, no copy, no generic access, no loop inside, no HMMA
-    outside them; the loops over query and key tiles around them stream the next tiles (the
-    dK/dV pass's also its query rows' lse and delta, 4 bytes a copy: 1 wavefront)."""
+    (its 128 HMMA outside the loop). The backward takes each tile pair 16 keys (its dQ
+    blocks) or queries (its dK/dV blocks) at a time in a chunk loop, four of them (each
+    pass's diagonal pair, peeled, and the pairs off it): ldmatrix and HMMA, no copy, no
+    generic access, no loop inside, no HMMA outside them; the loops over key and query tiles
+    around them stream the next tiles (the dK/dV pass's also its query rows' lse and delta,
+    4 bytes a copy: 1 wavefront)."""
     forward, backward = gpt2_audit["cgImageAttention"], gpt2_audit["cgImageAttentionBackward"]
     assert forward.tensor_outside_loops == 128 and backward.tensor_outside_loops == 0
     for audit, loops in ((forward, forward.tile_loops), (backward, backward.around_tiles)):
         # the next two tiles, 64 x 64 bfloat16 each, over the block's 64 threads: 8 copies a
         # thread each, unrolled in the body (kCopies: a count the shape fixes)
         tile_copies = 2 * 64 * 64 // 8 // audit.threads
-        rows = (0,) if audit is forward else (2, 0)  # a thread's query row's lse and delta
+        rows = (0,) if audit is forward else (0, 2)  # a thread's query row's lse and delta
         assert len(loops) == len(rows)
         for loop, row_copies in zip(loops, rows):
             assert loop["ldgsts"] == tile_copies + row_copies
@@ -469,7 +471,7 @@ def test_audit_reads_the_attention_design(gpt2_audit):
         assert audit.inner_loops == [[]] * len(audit.tile_loops)
         assert all(tile.get("sts", 0) == 0 for tile in audit.tile_loops)
     # each loop's body once: the forward's loop and peeled tile; the backward's four chunks
-    assert forward.counts["tensor"] == 2 * 128 and backward.counts["tensor"] == 64 + 64 + 48 + 48
+    assert forward.counts["tensor"] == 2 * 128 and backward.counts["tensor"] == 48 + 48 + 64 + 64
 
 
 def test_every_kernel_of_the_file_is_audited(gpt2_audit):
@@ -662,8 +664,8 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
 # machine code is read).
 _K_FRAGMENT = ("          mma(s[m][2 * n], query[m][d], left);\n"
                "          mma(s[m][2 * n + 1], query[m][d], right);")
-_DQ_FRAGMENT = ("            mma(dq[m][2 * n], ds[m], left);\n"
-                "            mma(dq[m][2 * n + 1], ds[m], right);")
+_DQ_FRAGMENT = ("              mma(dq[m][2 * n], ds[m], left);\n"
+                "              mma(dq[m][2 * n + 1], ds[m], right);")
 # the backward's lse and delta read from global memory a logit, as before they were staged
 _ROWS_STAGED = "          const float2 pair = tile_rows[c * 16 + n * 8 + 2 * t + e];"
 _ROWS_RELOADED = (
@@ -685,10 +687,10 @@ ATTENTION_MUTATIONS = {
                 "\n", "\n          load_b_transposed(left, right, k + n * 16 * kStride + d * 16 + "
                       "8 * m + 8, kStride);\n"))),
         "attention_backward.cu.j2": (
-            ("    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});",
-             "    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
+            ("      for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});",
+             "      for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
             (_DQ_FRAGMENT, _DQ_FRAGMENT.replace(
-                "left);\n", "left);\n            load_b(left, right, k + c * 16 * kStride + n * 16 + "
+                "left);\n", "left);\n              load_b(left, right, k + c * 16 * kStride + n * 16 + "
                             "8 * m + 8, kStride);\n"))),
     },
 }
@@ -737,7 +739,7 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     assert exp2_per_logit(64, 4, 64)(forward) and backward_exp2_per_logit(16, 8)(backward)
     assert not mask_on_the_diagonal_only(forward) and not BACKWARD_MASK(backward)
     assert not hmma_per_ldmatrix(Fraction(4))(forward) and not BACKWARD_LOADS(backward)
-    assert tensor_per_tile(128)(forward) and tensor_per_tile(64, 64, 48, 48)(backward)
+    assert tensor_per_tile(128)(forward) and tensor_per_tile(48, 48, 64, 64)(backward)
     assert main_loops_read_no_global_memory(forward)
     assert main_loops_read_no_global_memory(backward)
 

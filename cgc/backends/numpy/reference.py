@@ -241,10 +241,15 @@ def rotary(k: Kernel) -> None:
 
 class _Heads:
     """The attention problem of one launch: sequences of the grid, heads. q and k arrive
-    turned by the rotary pass (rotary); the backward turns their gradients back."""
+    turned by the rotary pass (rotary); the backward turns their gradients back. The grid
+    covers `tiles` tiles of each sequence, `heads` heads and `sequences` sequences: the
+    forward's x, y and z (by default); the backward's z / 2 (its dK/dV and dQ blocks), x and y."""
 
-    def __init__(self, k: Kernel):
-        self.sequences = k.grid[2]
+    def __init__(self, k: Kernel, tiles: int | None = None, heads: int | None = None,
+                 sequences: int | None = None):
+        self.grid_tiles = k.grid[0] if tiles is None else tiles
+        self.grid_heads = k.grid[1] if heads is None else heads
+        self.sequences = k.grid[2] if sequences is None else sequences
         self.context = int(k.constants["context"])
         self.heads = int(k.constants["heads"])
         self.kv_heads = _kv_heads(k)
@@ -279,14 +284,14 @@ class _Heads:
     def write_owned(self, k: Kernel, name: str, values: np.ndarray, head_columns,
                     count: int | None = None) -> None:
         """Writes, of [rows, columns] values, what the grid's blocks own, as the kernels do:
-        the rows of the first gridX tiles of each of gridZ sequences, and of each row the
-        columns `head_columns(h)` of the first gridY heads (of `count`, the query heads
+        the rows of the grid's first tiles of each of its sequences, and of each row the
+        columns `head_columns(h)` of the grid's first heads (of `count`, the query heads
         unless given). A grid short of the context or
         of the heads leaves the rest unwritten (the checker refuses it: (covers ...))."""
         tile = int(k.constants["attentionTile"])
-        rows = min(k.grid[0] * tile, self.context)
+        rows = min(self.grid_tiles * tile, self.context)
         mask = np.zeros(values.shape[1], dtype=bool)
-        for head in range(min(k.grid[1], self.heads if count is None else count)):
+        for head in range(min(self.grid_heads, self.heads if count is None else count)):
             mask[head_columns(head)] = True
         pointer, columns = k.pointers[name], values.shape[1]
         edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
@@ -338,7 +343,7 @@ def attention_delta(k: Kernel) -> None:
 
 
 def attention_backward(k: Kernel) -> None:
-    heads = _Heads(k)
+    heads = _Heads(k, tiles=k.grid[2] // 2, heads=k.grid[0], sequences=k.grid[1])
     rows, width, count = heads.rows, heads.width, heads.heads
     qkv = k.pointers["qkv"].read(0, rows * heads.row).reshape(rows, heads.row)
     q, key, v = heads.split(qkv)

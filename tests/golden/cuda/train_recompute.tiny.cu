@@ -1205,51 +1205,63 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
     }
 }
 
-// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; one block per key tile (and then query tile), key/value head and sequence: the block sums dk and dv over the query heads its key/value head serves and writes their dq (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
+// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; two blocks per tile (gridX: twice the tiles), key/value head and sequence: block 2i sums dk and dv of key tile i over the query heads its key/value head serves, block 2i + 1 writes their dq of query tile i (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
 // Attention backward, FlashAttention-2's split, deterministic (no atomics), with delta =
-// rowsum(dO * O) from the pre-pass (attention_delta). Two warps a block. The block of tile j
-// first accumulates dK_j and dV_j over the query tiles i >= j (each warp 32 key rows, two row
-// tiles of 16: S^T = K Q^T and dP^T = V dO^T recomputed, P^T from lse, dS^T = P^T * (dP^T -
-// delta) * scale; dV += P^T dO, dK += dS^T Q; each Q and dO fragment an ldmatrix brings feeds
-// both row tiles), then, as query tile j, dQ_j over the key tiles <= j (each warp 32 query
-// rows over all of each key tile's keys: dQ += dS K, each K and V fragment feeding both row
-// tiles); each pass takes a tile pair 16 queries (keys) at a time, a loop. K, dK, dV (then
-// Q, dO, dQ), the scores and the probabilities stay in mma.m16n8k16 registers (V's fragments
-// are loaded again in each chunk); the streamed tiles arrive by cp.async into two stages of padded
-// shared memory, a query tile's lse and delta with it (4-byte copies: a row's are kHeads
-// apart), so that the dK/dV loop reads them on chip, never from global memory. q and k
-// arrive already rotated (the rotary pass); dQ and dK, the gradients at
-// the rotated q and k, are turned back in registers as they are written (the rotary pass's
+// rowsum(dO * O) from the pre-pass (attention_delta). Two warps a block, two kinds of block:
+// the dK/dV block of key tile j accumulates dK_j and dV_j over the query tiles i >= j (each
+// warp 32 key rows, two row tiles of 16: S^T = K Q^T and dP^T = V dO^T recomputed, P^T from
+// lse, dS^T = P^T * (dP^T - delta) * scale; dV += P^T dO, dK += dS^T Q; each Q and dO
+// fragment an ldmatrix brings feeds both row tiles), and the dQ block of query tile j takes
+// dQ_j over the key tiles <= j (each warp 32 query rows over all of each key tile's keys: dQ
+// += dS K, each K and V fragment feeding both row tiles). Each pass takes a tile pair 16
+// queries (keys) at a time, a loop. K, V, dK and dV (Q, dO and dQ), the scores and the
+// probabilities stay in mma.m16n8k16 registers; the streamed tiles arrive by cp.async into
+// two stages of padded shared memory, a query tile's lse and delta with it (4-byte copies: a
+// row's are kHeads apart), so that the dK/dV loop reads them on chip, never from global
+// memory. q and k arrive already rotated (the rotary pass); dQ and dK, the gradients at the
+// rotated q and k, are turned back in registers as they are written (the rotary pass's
 // inverse, with the same angles: rotary_angle), so they leave as the gradients at the
 // unrotated q and k. Each element of dQ and dK is written once, by one lane: turned once.
 // The softmax is recomputed in base 2 on raw scores: one FFMA applies the scale and the row's
 // lse (in log2 units) and ex2.approx.ftz takes it (cg_exp2_approx), and dS = P (dP - delta)
 // scale is one FFMA and one FMUL (delta scaled once a row); the causal mask runs on the
 // diagonal tile pair only, peeled from each loop (every other pair is wholly visible).
-// Grouped-query attention: a block takes one key/value head (gridY) and the kHeads / kKvHeads
-// query heads it serves (a qkv row is q's kHeads heads, then k's and v's kKvHeads each): dK_j
-// and dV_j sum over those heads' query tiles in registers, and the block writes each one's
-// dQ_j in turn; no other block writes them, so nothing is added atomically.
-extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
+// Why two kinds of block, not one doing both passes: each kind holds its own pass's registers
+// alone (a dK/dV block k's, v's, dK and dV for 32 rows: 255 registers, none spilled; with the
+// dQ pass after it in the same block, v's fragments could not be held as well without local
+// memory, and were loaded again in each chunk: 24 ldmatrix a chunk, not 16).
+// Grouped-query attention: a block takes one key/value head (gridX) and the kHeads / kKvHeads
+// query heads it serves (a qkv row is q's kHeads heads, then k's and v's kKvHeads each): a
+// dK/dV block sums dK_j and dV_j over those heads' query tiles in registers, a dQ block writes
+// each one's dQ_j in turn; no other block writes them, so nothing is added atomically.
+extern "C" __global__ void __launch_bounds__(64, 4) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kTiles = kContext / T;
   static_assert(T == 64 && 64 == 64,
                 "2 warps: 32 key rows each (dK, dV), 32 query rows over all keys each (dQ)");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
-  low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (then q, dO) of tile j
-  // 2 stages of 2 tiles: q, dO (then k, v), each stage's tiles followed by its T query rows'
-  // (lse, delta) pairs (in the dK/dV loop)
+  low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (a dQ block's: q, dO) of tile j
+  // 2 stages of 2 tiles: q, dO (a dQ block's: k, v), each stage's tiles followed by its T
+  // query rows' (lse, delta) pairs (in the dK/dV loop)
   constexpr int kStage = 2 * T * kStride + 2 * T * static_cast<int>(sizeof(float) / sizeof(low_t));
   static_assert(sizeof(low_t) <= sizeof(float) && kStage * sizeof(low_t) % 16 == 0, "stages of 16 bytes");
   low_t* streamed = held + 2 * T * kStride;
 
   constexpr int kGroup = kHeads / kKvHeads, kQkvWidth = (kHeads + 2 * kKvHeads) * D;
-  int tile = blockIdx.x;
-  const int kv_head = blockIdx.y, sequence = blockIdx.z;
-  if (tile * T >= kContext || kv_head >= kKvHeads) return;
+  // The blocks in dispatch order (blockIdx.x fastest, then y, z) take the work longest
+  // first: the key/value head is x and the sequence y, so z orders the work. gridZ / 2 tiles,
+  // each twice: z = 2i takes dK and dV of key tile i (the query tiles from i on), z = 2i + 1
+  // dQ of query tile gridZ / 2 - 1 - i (as many key tiles). (A longest-first order over a
+  // linear block index, as the forward's, divides by the grid: the place then held through
+  // the loops spilled.)
+  const int rank = blockIdx.z, tiles = gridDim.z / 2, step = rank / 2;
+  const bool keys = rank % 2 == 0;  // this block's pass: dK and dV, else dQ
+  const int tile = keys ? step : tiles - 1 - step;
+  const int kv_head = blockIdx.x, sequence = blockIdx.y;
+  if (step >= tiles || tile * T >= kContext || kv_head >= kKvHeads) return;
   int head = kv_head * kGroup;  // the query head in hand
-  size_t base = static_cast<size_t>(sequence) * kContext;  // recomputed for dQ
+  const size_t base = static_cast<size_t>(sequence) * kContext;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, top = warp * 32;
   const int g = lane / 4, t = lane % 4;  // the lane's rows g, g + 8 and columns 2t, 2t + 1
   const float scale = rsqrtf(static_cast<float>(D));
@@ -1286,7 +1298,8 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
   auto store = [&](Accumulator (&values)[D / 8], int part, int first_row) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int position = tile * T + first_row + g + 8 * h;
+      // (the position from here: computed before the loops and held, ptxas spilled it)
+      const int position = cg_opaque(tile) * T + first_row + g + 8 * h;
       const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
       low_t* to = gradientQkv + (base + position) * kQkvWidth + column;
 #pragma unroll
@@ -1306,13 +1319,132 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
     }
   };
 
-  // ---- dK and dV of key tile `tile` ----
+  // ---- a dQ block: dQ of query tile `tile`, for each query head in turn ----
+  // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over all of each
+  // key tile's keys (four chunks of 16): each K and V fragment an ldmatrix brings feeds both
+  // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 48
+  // ldmatrix a key tile a warp). The registers: q's and dO's fragments and dQ for 32 rows.
+  if (!keys) {
+    const int rows = warp * 32;  // this warp's query rows
+    for (int member = 0; member < kGroup; ++member) {
+      head = kv_head * kGroup + member;
+      // every warp is done with the previous query head's shared tiles the copies below
+      // replace (the first head's copies replace nothing)
+      if (member > 0) __syncthreads();
+      Accumulator dq[2][D / 8];  // the warp's 32 rows of dQ
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) zero(dq[m][n]);
+      // the copies' addresses computed here: hoisted out of the loop over the query heads
+      // (grouped-query attention), the 8 chunks' addresses held through the dQ loop spilled
+      const int thread = cg_opaque(threadIdx.x);
+      copy_tile(held, tile, 0, head, false, thread);
+      copy_tile(held + T * kStride, tile, 3, head, false, thread);
+      copy_tile(streamed, 0, 1, head, false, thread);
+      copy_tile(streamed + T * kStride, 0, 2, head, false, thread);
+      cg_cp_async_commit();
+      FragmentA<low_t> query[2][D / 16], gradient[2][D / 16];  // q and dO: the warp's 32 rows
+      float lse_log2[2][2], delta_scaled[2][2];  // rows g, g + 8 of each row tile: held
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const size_t at = (base + tile * T + rows + 16 * m + g + 8 * h) * kHeads + head;
+          lse_log2[m][h] = lse[at] * kLog2e;
+          delta_scaled[m][h] = delta[at] * scale;
+        }
+      // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
+      auto key_step = [&](int key_tile, auto diagonal) {
+        const int stage = key_tile % 2;
+        low_t* k = streamed + stage * kStage;
+        low_t* v = k + T * kStride;
+        cg_cp_async_wait<0>();
+        __syncthreads();  // this tile has landed, and the other stage is no longer read
+        if (key_tile < tile) {
+          low_t* next = streamed + (1 - stage) * kStage;
+          copy_tile(next, key_tile + 1, 1, head);
+          copy_tile(next + T * kStride, key_tile + 1, 2, head);
+        }
+        cg_cp_async_commit();
+#pragma unroll 1  // (as the dK/dV pass's chunks, below)
+        for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
+          Accumulator scores[2][2], gradients[2][2];  // S and dP: 2 x 16 queries x 16 keys
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+            zero(scores[m][0]), zero(scores[m][1]), zero(gradients[m][0]), zero(gradients[m][1]);
+#pragma unroll
+          for (int d = 0; d < D / 16; ++d) {
+            FragmentB<low_t> left, right;
+            load_b_transposed(left, right, k + c * 16 * kStride + d * 16, kStride);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              mma(scores[m][0], query[m][d], left);
+              mma(scores[m][1], query[m][d], right);
+            }
+            load_b_transposed(left, right, v + c * 16 * kStride + d * 16, kStride);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              mma(gradients[m][0], gradient[m][d], left);
+              mma(gradients[m][1], gradient[m][d], right);
+            }
+          }
+          FragmentA<low_t> ds[2];
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float x = scores[m][n].x[2 * h + e];
+                  if constexpr (decltype(diagonal)::value) {
+                    if (c * 16 + n * 8 + 2 * t + e > rows + 16 * m + g + 8 * h)
+                      x = -CG_INFINITY;  // a key after the query: p = 2^-inf = 0
+                    // (masking the score, not p: in the float32 configuration with grouped
+                    // heads ptxas spilled in this peeled step otherwise: 4 local accesses)
+                  }
+                  const float p = cg_exp2_approx(fmaf(x, scale_log2, -lse_log2[m][h]));
+                  float& ds = gradients[m][n].x[2 * h + e];
+                  ds = p * fmaf(ds, scale, -delta_scaled[m][h]);
+                }
+            to_a(ds[m], gradients[m][0], gradients[m][1]);
+          }
+#pragma unroll
+          for (int n = 0; n < D / 16; ++n) {  // dQ += dS K
+            FragmentB<low_t> left, right;
+            load_b(left, right, k + c * 16 * kStride + n * 16, kStride);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              mma(dq[m][2 * n], ds[m], left);
+              mma(dq[m][2 * n + 1], ds[m], right);
+            }
+          }
+        }
+      };
+      cg_cp_async_wait<0>();
+      __syncthreads();  // q and dO have landed (with the first key tile): into registers, once
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d) {
+          load_a(query[m][d], held + (rows + 16 * m) * kStride + d * 16, kStride);
+          load_a(gradient[m][d], held + T * kStride + (rows + 16 * m) * kStride + d * 16, kStride);
+        }
+      for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
+      key_step(tile, cg_true{});
+#pragma unroll
+      for (int m = 0; m < 2; ++m) store(dq[m], 0, rows + 16 * m);
+    }
+    return;
+  }
+  // ---- a dK/dV block: dK and dV of key tile `tile` ----
   // 32 key rows a warp (two row tiles of 16): each q and dO fragment an ldmatrix brings
-  // feeds both row tiles, twice the products of a load at 16 rows a warp. k's fragments for
-  // the warp's 32 rows are held; v's are loaded again in each chunk of 16 queries (held as
-  // well, beside dK and dV for 32 rows, ptxas spilled: 6 local loads and stores at GPT-2
-  // small), so a chunk at a head of 64 takes 24 ldmatrix for its 64 HMMA, not 16 for 32.
-  FragmentA<low_t> held_k[2][D / 16];
+  // feeds both row tiles, twice the products of a load at 16 rows a warp. k's and v's
+  // fragments for the warp's 32 rows are held: a chunk at a head of 64 takes 16 ldmatrix
+  // (q and dO, each in both fragment layouts) for its 64 HMMA.
+  FragmentA<low_t> held_k[2][D / 16], held_v[2][D / 16];
   Accumulator first_sum[2][D / 8], second_sum[2][D / 8];  // dK and dV
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -1331,7 +1463,6 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
     low_t* q = streamed + stage * kStage;
     low_t* dout = q + T * kStride;
     const float2* tile_rows = reinterpret_cast<const float2*>(dout + T * kStride);
-    const low_t* v_rows = held + (T + top) * kStride;  // the warp's rows of v
     cg_cp_async_wait<0>();
     __syncthreads();  // this tile has landed, and the other stage is no longer read
     // the next: this head's next query tile, else the next head's first
@@ -1351,11 +1482,13 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int d = 0; d < D / 16; ++d)
+        {
           load_a(held_k[m][d], held + (top + 16 * m) * kStride + d * 16, kStride);
+          load_a(held_v[m][d], held + (T + top + 16 * m) * kStride + d * 16, kStride);
+        }
     }
     // a loop, not unrolled: unrolled, ptxas overlapped one chunk's products with the next
-    // chunk's and spilled (77 to 148 local loads and stores), and kept one chunk's v
-    // fragments for all four
+    // chunk's and spilled (77 to 148 local loads and stores)
 #pragma unroll 1
     for (int c = 0; c < T / 16; ++c) {  // 16 queries at a time
       Accumulator scores[2][2], gradients[2][2];  // S^T and dP^T: 2 x 16 keys x 16 queries
@@ -1374,10 +1507,8 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
         load_b_transposed(left, right, dout + c * 16 * kStride + d * 16, kStride);
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
-          FragmentA<low_t> v;  // from shared memory (see held_k)
-          load_a(v, v_rows + 16 * m * kStride + d * 16, kStride);
-          mma(gradients[m][0], v, left);
-          mma(gradients[m][1], v, right);
+          mma(gradients[m][0], held_v[m][d], left);
+          mma(gradients[m][1], held_v[m][d], right);
         }
       }
 #pragma unroll
@@ -1436,127 +1567,6 @@ extern "C" __global__ void __launch_bounds__(64) cgImageAttentionBackward(__nv_b
   for (int m = 0; m < 2; ++m) store(second_sum[m], 2, top + 16 * m);
 #pragma unroll
   for (int m = 0; m < 2; ++m) store(first_sum[m], 1, top + 16 * m);
-
-  // ---- dQ of query tile `tile`, for each query head in turn ----
-  // 32 query rows a warp (two row tiles of 16: its half of the tile's rows) over all of each
-  // key tile's keys (four chunks of 16): each K and V fragment an ldmatrix brings feeds both
-  // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 48
-  // ldmatrix a key tile a warp). The registers: q's and dO's fragments and dQ for 32 rows,
-  // where the dK/dV pass held k's, dK and dV for 32.
-  // Its addresses, and the values below, computed from here: ptxas would compute them at
-  // the start and hold them through the dK/dV loop (a spill at 255 registers).
-  tile = cg_opaque(tile);
-  base = static_cast<size_t>(cg_opaque(sequence)) * kContext;
-  const int rows = cg_opaque(warp) * 32;  // this warp's query rows
-  for (int member = 0; member < kGroup; ++member) {
-    head = kv_head * kGroup + member;
-    __syncthreads();  // every warp is done with the shared tiles the copies below replace
-    Accumulator dq[2][D / 8];  // the warp's 32 rows of dQ
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) zero(dq[m][n]);
-    // the copies' addresses computed here: hoisted out of the loop over the query heads
-    // (grouped-query attention), the 8 chunks' addresses held through the dQ loop spilled
-    const int thread = cg_opaque(threadIdx.x);
-    copy_tile(held, tile, 0, head, false, thread);
-    copy_tile(held + T * kStride, tile, 3, head, false, thread);
-    copy_tile(streamed, 0, 1, head, false, thread);
-    copy_tile(streamed + T * kStride, 0, 2, head, false, thread);
-    cg_cp_async_commit();
-    FragmentA<low_t> query[2][D / 16], gradient[2][D / 16];  // q and dO: the warp's 32 rows
-    float lse_log2[2][2], delta_scaled[2][2];  // rows g, g + 8 of each row tile: held
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const size_t at = (base + tile * T + rows + 16 * m + g + 8 * h) * kHeads + head;
-        lse_log2[m][h] = lse[at] * kLog2e;
-        delta_scaled[m][h] = delta[at] * scale;
-      }
-    // One key tile's step; `diagonal`: the last, the tile pair the mask cuts.
-    auto key_step = [&](int key_tile, auto diagonal) {
-      const int stage = key_tile % 2;
-      low_t* k = streamed + stage * kStage;
-      low_t* v = k + T * kStride;
-      cg_cp_async_wait<0>();
-      __syncthreads();  // this tile has landed, and the other stage is no longer read
-      if (key_tile < tile) {
-        low_t* next = streamed + (1 - stage) * kStage;
-        copy_tile(next, key_tile + 1, 1, head);
-        copy_tile(next + T * kStride, key_tile + 1, 2, head);
-      }
-      cg_cp_async_commit();
-#pragma unroll 1  // (as the dK/dV pass's chunks)
-      for (int c = 0; c < T / 16; ++c) {  // 16 keys at a time
-        Accumulator scores[2][2], gradients[2][2];  // S and dP: 2 x 16 queries x 16 keys
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-          zero(scores[m][0]), zero(scores[m][1]), zero(gradients[m][0]), zero(gradients[m][1]);
-#pragma unroll
-        for (int d = 0; d < D / 16; ++d) {
-          FragmentB<low_t> left, right;
-          load_b_transposed(left, right, k + c * 16 * kStride + d * 16, kStride);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            mma(scores[m][0], query[m][d], left);
-            mma(scores[m][1], query[m][d], right);
-          }
-          load_b_transposed(left, right, v + c * 16 * kStride + d * 16, kStride);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            mma(gradients[m][0], gradient[m][d], left);
-            mma(gradients[m][1], gradient[m][d], right);
-          }
-        }
-        FragmentA<low_t> ds[2];
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float x = scores[m][n].x[2 * h + e];
-                if constexpr (decltype(diagonal)::value) {
-                  if (c * 16 + n * 8 + 2 * t + e > rows + 16 * m + g + 8 * h)
-                    x = -CG_INFINITY;  // a key after the query: p = 2^-inf = 0
-                  // (masking the score, not p: in the float32 configuration with grouped
-                  // heads ptxas spilled in this peeled step otherwise: 4 local accesses)
-                }
-                const float p = cg_exp2_approx(fmaf(x, scale_log2, -lse_log2[m][h]));
-                float& ds = gradients[m][n].x[2 * h + e];
-                ds = p * fmaf(ds, scale, -delta_scaled[m][h]);
-              }
-          to_a(ds[m], gradients[m][0], gradients[m][1]);
-        }
-#pragma unroll
-        for (int n = 0; n < D / 16; ++n) {  // dQ += dS K
-          FragmentB<low_t> left, right;
-          load_b(left, right, k + c * 16 * kStride + n * 16, kStride);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            mma(dq[m][2 * n], ds[m], left);
-            mma(dq[m][2 * n + 1], ds[m], right);
-          }
-        }
-      }
-    };
-    cg_cp_async_wait<0>();
-    __syncthreads();  // q and dO have landed (with the first key tile): into registers, once
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        load_a(query[m][d], held + (rows + 16 * m) * kStride + d * 16, kStride);
-        load_a(gradient[m][d], held + T * kStride + (rows + 16 * m) * kStride + d * 16, kStride);
-      }
-    for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
-    key_step(tile, cg_true{});
-#pragma unroll
-    for (int m = 0; m < 2; ++m) store(dq[m], 0, rows + 16 * m);
-  }
 }
 
 // cgImageAttentionDelta: delta = rowsum(dO * O) per row and head: the attention backward's pre-pass.
@@ -2649,7 +2659,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
     CG_LAUNCHED("library.cg:262:43 (from backward.cg:27:7) cgImageAttentionDelta");
     // library.cg:268:43 (from backward.cg:27:7) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(1, 4, 4), dim3(64, 1, 1), 19456, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
+    CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 19456, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
     CG_LAUNCHED("library.cg:268:43 (from backward.cg:27:7) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
