@@ -666,6 +666,9 @@ _K_FRAGMENT = ("          mma(s[m][2 * n], query[m][d], left);\n"
                "          mma(s[m][2 * n + 1], query[m][d], right);")
 _DQ_FRAGMENT = ("              mma(dq[m][2 * n], ds[m], left);\n"
                 "              mma(dq[m][2 * n + 1], ds[m], right);")
+_V_HELD = "          mma(gradients[m][0], held_v[m][d], left);"
+_V_RELOADED = ("          load_a(held_v[m][d], held + (T + top + 16 * m) * kStride + d * 16, kStride);\n"
+               + _V_HELD)
 # the backward's lse and delta read from global memory a logit, as before they were staged
 _ROWS_STAGED = "          const float2 pair = tile_rows[c * 16 + n * 8 + 2 * t + e];"
 _ROWS_RELOADED = (
@@ -691,7 +694,9 @@ ATTENTION_MUTATIONS = {
              "      for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_true{});"),
             (_DQ_FRAGMENT, _DQ_FRAGMENT.replace(
                 "left);\n", "left);\n              load_b(left, right, k + c * 16 * kStride + n * 16 + "
-                            "8 * m + 8, kStride);\n"))),
+                            "8 * m + 8, kStride);\n")),
+            # v's fragments loaded again in each dK/dV chunk, as before v was held
+            (_V_HELD, _V_RELOADED)),
     },
 }
 
@@ -723,8 +728,9 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     compare, the mask's too); the backward's lse and delta read from global memory in the
     dK/dV pass's chunks break main_loops_read_no_global_memory; masking every tile breaks
     mask_on_the_diagonal_only (mask_on_the_diagonal_chunks_only in the backward) with the
-    exponentials intact; a fragment load a product breaks hmma_per_ldmatrix. Two nvcc builds
-    of GPT-2 small's file."""
+    exponentials intact; a fragment load a product (and, in the backward's dK/dV blocks, v's
+    fragments loaded again each chunk) breaks hmma_per_ldmatrix. Two nvcc builds of GPT-2
+    small's file."""
     exponential = _mutated_audits(tmp_path, monkeypatch, "exponential",
                                   ATTENTION_MUTATIONS["exponential and reloads"])
     forward, backward = exponential["cgImageAttention"], exponential["cgImageAttentionBackward"]
@@ -739,6 +745,9 @@ def test_mutated_attention_breaks_its_promises(tmp_path, monkeypatch):
     assert exp2_per_logit(64, 4, 64)(forward) and backward_exp2_per_logit(16, 8)(backward)
     assert not mask_on_the_diagonal_only(forward) and not BACKWARD_MASK(backward)
     assert not hmma_per_ldmatrix(Fraction(4))(forward) and not BACKWARD_LOADS(backward)
+    # each of the backward's four chunk loops breaks it: a K fragment load a product in the
+    # dQ blocks' two, v's fragments loaded again in the dK/dV blocks' two
+    assert all(loop["tensor"] < 4 * loop["ldsm"] for loop in backward.tile_loops)
     assert tensor_per_tile(128)(forward) and tensor_per_tile(48, 48, 64, 64)(backward)
     assert main_loops_read_no_global_memory(forward)
     assert main_loops_read_no_global_memory(backward)

@@ -2359,14 +2359,14 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:358:7 cgImageLoss
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:356:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:358:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:356:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
@@ -2437,8 +2437,8 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCHED("library.cg:268:43 (from backward.cg:68:11) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[1], "library.cg:231:33");
-  // concurrently, library.cg:280:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:280:33");
+  // concurrently, library.cg:278:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:278:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:68:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
@@ -2453,7 +2453,7 @@ static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:68:11) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:280:33");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:278:33");
 }
 
 // phase cgPhaseScatter

@@ -2593,18 +2593,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:375:13 (from backward.cg:25:11) cgImageClassifier
+  // library.cg:373:13 (from backward.cg:25:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:375:13 (from backward.cg:25:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:373:13 (from backward.cg:25:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -2665,8 +2665,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCHED("library.cg:268:43 (from backward.cg:27:7) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
-  // concurrently, library.cg:280:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:280:33");
+  // concurrently, library.cg:278:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:278:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientMiddleLow, 768, 768, 8192);
@@ -2681,7 +2681,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:27:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:280:33");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:278:33");
 }
 
 // phase cgPhaseScatter

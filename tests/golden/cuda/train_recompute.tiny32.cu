@@ -2591,18 +2591,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:349:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:352:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:375:13 (from backward.cg:25:11) cgImageClassifier
+  // library.cg:373:13 (from backward.cg:25:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 1024, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:375:13 (from backward.cg:25:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:373:13 (from backward.cg:25:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -2663,8 +2663,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCHED("library.cg:268:43 (from backward.cg:27:7) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
-  // concurrently, library.cg:280:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:280:33");
+  // concurrently, library.cg:278:33: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:278:33");
   {  // branch 0, on this stream
     // launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:27:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
@@ -2679,7 +2679,7 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:27:7) cgImageLayerNormBackwardAdd");
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:280:33");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:278:33");
 }
 
 // phase cgPhaseScatter
