@@ -1065,3 +1065,34 @@ def test_the_optimistic_parts_add_up_to_each_launch_s_time(train, audits):
         assert set(parts) - {"total"} <= set(cost_model.PARTS), launch.image.name
         tails += parts.get("tail", 0.0)
     assert tails > 0  # some grid ends in a part wave
+
+
+# ---- the figures the docs quote -----------------------------------------------------------
+
+def _shared_steps(stdout: str) -> list[tuple[float, str]]:
+    """The script's '(the model)' rows: the calibrated estimate's, then the optimistic
+    bound's, each (ms, tokens/s as printed)."""
+    rows = [line.split("|") for line in stdout.splitlines()
+            if line.startswith("| side by side, the machine shared (the model)")]
+    return [(float(row[2]), row[3].strip()) for row in rows]
+
+
+def test_the_readme_and_the_model_document_quote_what_the_script_prints(audits):
+    """README's status and docs/performance-model.md's headlines quote the step as the script
+    prices it today (GPT-2 small: the calibrated estimate and the optimistic bound; TinyLlama:
+    the calibrated estimate): a kernel or a model change that moves them fails here until the
+    documents say so. (`audits`: the CUDA compiler the audit needs is here.)"""
+    gpt2 = _script()
+    llama = _script("--file", str(ROOT / "schedules" / "llama" / "train.cg"),
+                    "--config", "tinyllama")
+    assert gpt2.returncode == 0 and llama.returncode == 0, gpt2.stderr + llama.stderr
+    (ms, tokens), (bound_ms, bound) = _shared_steps(gpt2.stdout)[:2]
+    llama_ms, llama_tokens = _shared_steps(llama.stdout)[0]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    model = " ".join((ROOT / "docs" / "performance-model.md").read_text(encoding="utf-8").split())
+    assert f"**{ms:.2f} ms a step, {tokens} tokens/s at GPT-2 small" in readme
+    assert f"is {bound_ms:.2f} ms, {bound} tokens/s" in readme
+    assert f"**{llama_ms:.1f} ms a step, {llama_tokens} tokens/s" in readme
+    assert f"**{ms:.2f} ms a step, {tokens} tokens/s (calibrated, MODELLED)**; the optimistic " \
+           f"bound {bound_ms:.2f} ms, {bound} tokens/s" in model
+    assert f"**{llama_ms:.2f} ms a step, {llama_tokens} tokens/s (MODELLED)**" in model

@@ -1205,7 +1205,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
     }
 }
 
-// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; two blocks per tile (gridX: twice the tiles), key/value head and sequence: block 2i sums dk and dv of key tile i over the query heads its key/value head serves, block 2i + 1 writes their dq of query tile i (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
+// cgImageAttentionBackward: The attention's backward: dq, dk and dv from the output's gradient, with the saved log-sum-exp and delta; a block per key/value head (gridX), sequence (gridY) and, twice a tile, step of the work (gridZ, longest first): z = 2i sums dk and dv of key tile i over the query heads its key/value head serves, z = 2i + 1 writes their dq of query tile gridZ / 2 - 1 - i (no atomics). q and k arrive turned (cgImageRotary); dq and dk leave turned back, in registers before they are written: the gradients at the unturned q and k, as the QKV product's backward needs them.
 // Attention backward, FlashAttention-2's split, deterministic (no atomics), with delta =
 // rowsum(dO * O) from the pre-pass (attention_delta). Two warps a block, two kinds of block:
 // the dK/dV block of key tile j accumulates dK_j and dV_j over the query tiles i >= j (each
