@@ -283,15 +283,16 @@ def _backward_chunks(r) -> tuple:
 def _backward_around(r, launch, around) -> tuple:
     """The attention backward's loops around its chunk loops, in address order, each pass's
     (the dQ blocks', then the dK/dV blocks'): the grouped-query backward's loop over the query
-    heads a block serves (heads / kvHeads trips a block; none without grouping: kGroup = 1,
-    the compiler drops it), then the loop over the key (dQ) or query (dK/dV) tiles off the
-    diagonal. Trips a warp, over the whole grid (tile_loop_work multiplies by its warps): each
-    pass's pairs off the diagonal over all blocks, though only its own blocks (half of them)
-    run it. At a context of one tile there is no pair off the diagonal: the dQ loop over
+    heads a block serves (heads / kvHeads trips in each of its pass's blocks; none without
+    grouping: kGroup = 1, the compiler drops it), then the loop over the key (dQ) or query
+    (dK/dV) tiles off the diagonal. Trips a warp over the whole grid (tile_loop_work
+    multiplies by all of its warps), while only a pass's own blocks, half of them, run its
+    loops: the heads loop heads / kvHeads / 2 trips, the tiles loop the pass's pairs off the
+    diagonal over all blocks. At a context of one tile there is no pair off the diagonal: the dQ loop over
     tiles is gone from the machine code, the dK/dV loop stays, running no trip
     (_backward_chunks says why)."""
     group = r["heads"] // r.get("kvHeads", r["heads"])
-    heads = (group,) if group > 1 else ()
+    heads = (group / 2,) if group > 1 else ()
     tiles = _off_diagonal_tiles(r) / launch.blocks
     if len(around) == 2 * len(heads) + 2:
         return (*heads, tiles) * 2

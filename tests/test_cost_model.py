@@ -933,7 +933,8 @@ def test_the_backward_chunk_loops_and_the_loops_around_them_by_hand():
     their diagonal, the dK/dV blocks' diagonal, their pairs off it); each loop over tiles
     runs 11,520 trips in its pass's 1,536 blocks, 3.75 a block of the grid's 3,072 (dK/dV
     and dQ blocks). TinyLlama (32 query heads on 4 key/value heads): the loops over a
-    block's 8 query heads come first in each pass."""
+    block's 8 query heads come first in each pass, 8 trips in each of the pass's blocks, 4 a
+    block of the grid."""
     gpt2 = {"batch": 8, "heads": 12, "context": 1024, "attentionTile": 64}
     assert cost_model._backward_chunks(gpt2) == (46080, 6144, 6144, 46080)
     launch = LaunchFacts("cgImageAttentionBackward", 2 * 16 * 12 * 8, 64, 0, 0)
@@ -945,7 +946,7 @@ def test_the_backward_chunk_loops_and_the_loops_around_them_by_hand():
     off = 4 * 32 * (32 * 33 // 2 - 32)
     assert cost_model._backward_around(
         llama, LaunchFacts("cgImageAttentionBackward", blocks, 64, 0, 0), [Counter()] * 4) == \
-        (8, off / blocks, 8, off / blocks)
+        (4, off / blocks, 4, off / blocks)
     # a context of one tile: no pair off the diagonal; the dQ blocks' loops over key tiles
     # (and their chunk loop) are gone from the machine code, the dK/dV blocks' run no trip
     one = {**gpt2, "context": 64}
@@ -954,7 +955,7 @@ def test_the_backward_chunk_loops_and_the_loops_around_them_by_hand():
     assert cost_model._backward_around(one, launch, [Counter()]) == (0,)
     assert cost_model._backward_around(one, launch, []) == ()
     grouped = {**llama, "context": 64}
-    assert cost_model._backward_around(grouped, launch, [Counter()] * 3) == (8, 8, 0)
+    assert cost_model._backward_around(grouped, launch, [Counter()] * 3) == (4, 4, 0)
 
 
 def test_the_backward_blocks_run_longest_first():

@@ -26,9 +26,11 @@ run in, with the kernel, the shared-memory offset and both threads.
   on the first two blocks of every launch (CG_CPU_BLOCKS: block sampling), except for the
   barriers of layer_norm_backward (and of its tickets' helpers, sum_partial_rows and
   take_last_ticket), whose last blocks run only when every block of a group has taken its
-  ticket, and of the sorted scatter, whose window of a run's rows is refilled
-  only in a run longer than 32 rows (the space of byte tokens): those run every block of
-  their own kernels' launches, the others sampled (UNSAMPLED_KERNELS, CG_CPU_UNSAMPLED).
+  ticket, of the sorted scatter, whose window of a run's rows is refilled
+  only in a run longer than 32 rows (the space of byte tokens), and of the attention
+  backward, whose first two blocks are both dK/dV blocks (its dQ blocks come after them):
+  those run every block of their own kernels' launches, the others sampled
+  (UNSAMPLED_KERNELS, CG_CPU_UNSAMPLED).
   Removing the barrier between a block's partial sums and its ticket (or a group's sum and
   the groups' ticket) is reported as a race on those partials (global memory) with the last
   block's reads. The ticket's __threadfence calls are not barriers and
@@ -66,7 +68,7 @@ from conftest import HOPPER_THREE_TILES, SCHEDULES
 PATH = str(SCHEDULES / "train.cg")
 UNIT = HEADERS.parent / "tests" / "racecheck.cu"
 CAMPAIGN = ("tiny", {"cgContext": 128})
-SAMPLE = "0,1"  # the blocks of every launch the campaign runs (attention: tiles 0 and 1)
+SAMPLE = "0,1"  # the blocks of every launch the campaign runs (the first two, in linear order)
 TOLERANCE = {"tiny": 1e-2, "tiny32": 1e-4}  # the loss against the numpy run's (relative)
 
 # The kernels that run the barriers of each function of the emitted file.
@@ -125,7 +127,8 @@ REDUNDANT: dict = {
     # The attention backward's dQ blocks take their key/value head's query heads in turn: the
     # barrier before a head's copies keeps them after every warp's reads of the head before.
     # The campaign's step (GPT, tiny) has no grouped heads: a dQ block takes one head, and
-    # the barrier (member > 0) never runs.
+    # the barrier (member > 0) never runs. With grouped heads it guards the stage the last
+    # key step read (test_the_grouped_backward_races_without_its_head_barrier).
     ("cgImageAttentionBackward", 0): "guards the next query head's copies; only grouped "
                                      "heads (kvHeads < heads) have one",
 }
@@ -146,8 +149,8 @@ _MISSING = _racecheck_available()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 
-def _dump(folder: Path, config: str, overrides: dict) -> str:
-    run = open_run("numpy", analyse([PATH]), PATH, config, overrides, 0)
+def _dump(folder: Path, config: str, overrides: dict, path: str = PATH) -> str:
+    run = open_run("numpy", analyse([path]), path, config, overrides, 0)
     program = run.program
     train(run, Batches(load_corpus(None), program.role("batch"), program.role("context"), 0), 1,
           out=io.StringIO(), dump=str(folder))
@@ -383,3 +386,32 @@ def test_three_schedule_seeds_give_the_same_bits():
     for other in memories[1:]:
         for name, memory in memories[0].items():
             assert np.array_equal(memory, other[name]), name
+
+
+LLAMA = str(SCHEDULES / "llama" / "train.cg")
+
+
+def test_the_grouped_backward_races_without_its_head_barrier(tmp_path):
+    """The barrier REDUNDANT lists for the campaign's step (GPT, no grouped heads) guards
+    something where heads are grouped. Llama's tiny step (4 query heads on 2 key/value heads)
+    at a context of one attention tile: a dQ block's diagonal key step reads stage 0 (k and
+    v), which the next query head's copies refill; every backward block run, without the
+    barrier the copies race with the other warp's ldmatrix reads, with it nothing races."""
+    overrides = {"cgContext": 64}
+    program = evaluate(analyse([LLAMA]), LLAMA, config="tiny", overrides=overrides)
+    assert program.role("heads") > program.role("kvHeads")
+    standalone(program, racecheck=True)
+    dump = _dump(tmp_path / "llama", "tiny", overrides, LLAMA)
+    text = emit_program(program, plan_memory(program)).text
+    _, sites = number_barriers(text)
+    backward = [site for site in sites if site.function == "cgImageAttentionBackward"]
+    barrier = backward[0]  # REDUNDANT's ("cgImageAttentionBackward", 0)
+    assert ("cgImageAttentionBackward", 0) in REDUNDANT
+    assert "if (member > 0) __syncthreads();" in text.splitlines()[barrier.line - 1]
+    ways = {"blocks": SAMPLE, "unsampled": ("cgImageAttentionBackward",), "threads": 1}
+    kept = racecheck_run(program, dump, **ways)
+    assert kept.races == [] and kept.status == 0, kept.stderr[-3000:]
+    removed = racecheck_run(program, dump, disabled_barrier=barrier.number, **ways)
+    assert removed.races, removed.stderr[-3000:]
+    assert {race.kernel for race in removed.races} == {"cgImageAttentionBackward"}
+    assert all(race.memory == "dynamic shared" for race in removed.races)

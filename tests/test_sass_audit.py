@@ -657,11 +657,12 @@ def test_mutated_templates_break_their_promises(tmp_path, monkeypatch):
 # The attention kernels' designs undone, in two builds. "exponential": e^(scale x - m) by
 # __expf of the scaled difference again (an FMUL a logit and __expf's own guard), forward and
 # backward. "mask and fragments": every key tile masked as the diagonal is (forward; the
-# backward's dQ pass: its chunk loop off the diagonal), and a K fragment loaded again where one load fed several products
-# (the forward's S = Q K^T: one load a product instead of one for two; the backward's dQ =
-# dS K: one load a row tile instead of one for the warp's two; from another address, or
-# ptxas would drop the load as the same as the last). Numbers wrong on purpose (only the
-# machine code is read).
+# backward's dQ pass: its chunk loop off the diagonal), a K fragment loaded again where one
+# load fed several products (the forward's S = Q K^T: one load a product instead of one for
+# two; the backward's dQ = dS K: one load a row tile instead of one for the warp's two; from
+# another address, or ptxas would drop the load as the same as the last), and the backward's
+# v fragments loaded again in each dK/dV chunk. Numbers wrong on purpose (only the machine
+# code is read).
 _K_FRAGMENT = ("          mma(s[m][2 * n], query[m][d], left);\n"
                "          mma(s[m][2 * n + 1], query[m][d], right);")
 _DQ_FRAGMENT = ("              mma(dq[m][2 * n], ds[m], left);\n"

@@ -366,7 +366,8 @@ def attention_backward(k: Kernel) -> None:
     dv = heads.narrow(dv)
     merged = np.concatenate([heads.merge(dq), heads.merge(dkey), heads.merge(dv)], axis=1)
     d, group, kv = heads.head_width, heads.group, heads.kv_heads
-    # a block per key/value head j: dq of the query heads it serves, then dk and dv of j
+    # key/value head j's blocks: dq of the query heads it serves (its dQ blocks), dk and dv
+    # of j (its dK/dV blocks)
     heads.write_owned(k, "gradientQkv", merged, lambda j: np.r_[
         [(j * group + m) * d + i for m in range(group) for i in range(d)],
         [(count + j) * d + i for i in range(d)], [(count + kv + j) * d + i for i in range(d)]],

@@ -856,6 +856,11 @@ constexpr int kAttentionRowPadding = 8;
 // small, 4 blocks of 45 KB of shared memory an SM). At 128 threads, 16 query rows a warp,
 // it let that kernel take 168 where ptxas alone held it to 128 and spilled.
 constexpr int kAttentionMinBlocks = 3;
+// The attention backward's (__launch_bounds__'s second argument): 4 blocks of 64 threads an
+// SM, which its 56 KB of shared memory allows, hold it to 255 registers as it takes them; the
+// hint also orders its code so that nothing spills (without it, GPT-2 small's backward had 2
+// local loads and stores: the dK/dV blocks' query rows' address held through the loops).
+constexpr int kAttentionBackwardMinBlocks = 4;
 
 // ---- mma.m16n8k16 fragments over low_t ------------------------------------------------
 // Lane l, g = l / 4, t = l % 4 (PTX ISA, "Matrix fragments for mma.m16n8k16"):
@@ -1234,7 +1239,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionMinBlocks) cgImageAtt
 // query heads it serves (a qkv row is q's kHeads heads, then k's and v's kKvHeads each): a
 // dK/dV block sums dK_j and dV_j over those heads' query tiles in registers, a dQ block writes
 // each one's dQ_j in turn; no other block writes them, so nothing is added atomically.
-extern "C" __global__ void __launch_bounds__(64, 4) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
+extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cgImageAttentionBackward(__nv_bfloat16* __restrict__ gradientQkv, const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ gradientOutput, const float* __restrict__ lse, const float* __restrict__ delta) {
   constexpr int T = kAttentionTile, D = kHeadWidth, kStride = D + kAttentionRowPadding;
   constexpr int kTiles = kContext / T;
   static_assert(T == 64 && 64 == 64,
@@ -1325,7 +1330,7 @@ extern "C" __global__ void __launch_bounds__(64, 4) cgImageAttentionBackward(__n
   // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 48
   // ldmatrix a key tile a warp). The registers: q's and dO's fragments and dQ for 32 rows.
   if (!keys) {
-    const int rows = warp * 32;  // this warp's query rows
+    const int rows = top;  // this warp's query rows
     for (int member = 0; member < kGroup; ++member) {
       head = kv_head * kGroup + member;
       // every warp is done with the previous query head's shared tiles the copies below
@@ -1477,12 +1482,11 @@ extern "C" __global__ void __launch_bounds__(64, 4) cgImageAttentionBackward(__n
                 true, thread);
     }
     cg_cp_async_commit();
-    if constexpr (decltype(diagonal)::value) {  // a head's first step: load this block's k
+    if constexpr (decltype(diagonal)::value) {  // a head's first step: this block's k and v
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int d = 0; d < D / 16; ++d)
-        {
+        for (int d = 0; d < D / 16; ++d) {
           load_a(held_k[m][d], held + (top + 16 * m) * kStride + d * 16, kStride);
           load_a(held_v[m][d], held + (T + top + 16 * m) * kStride + d * 16, kStride);
         }
