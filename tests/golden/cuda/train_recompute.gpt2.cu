@@ -994,7 +994,8 @@ __device__ __forceinline__ void to_a(FragmentA<float>& a, const Accumulator& lef
 
 // Rotary positions: the pair (i, i + D/2) of a head turns by position * 10000^(-2i/D); the
 // angle's sine and cosine (negated sine: turned back), then the turn of one pair. One
-// function for the rotary pass and the attention backward's inverse turn: the same bits.
+// function for the rotary pass and the attention backward's inverse turn (which takes a
+// lane's first row's angles from it, and each row 8 on by a turn of the angle of 8 positions).
 // The angle goes in half-turns (over pi) to sincospif, whose reduction is exact for every
 // float: sincosf's slow path for large arguments (Payne-Hanek) keeps a 32-byte local array,
 // which in the attention backward is stack and local memory (scripts/sass_audit.py).
@@ -1296,31 +1297,42 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
       cg_cp_async_4(pair + 1, delta + at);
     }
   };
-  // Writes 16 rows (from `first_row` of the tile) of a T x D gradient in registers into part
-  // `part` of gradientQkv (q's: the head in hand's); q's and k's (parts 0 and 1) turned back
-  // first. A lane holds both elements of each rotary pair (d, d + D/2): accumulators n and
-  // n + D/16.
-  auto store = [&](Accumulator (&values)[D / 8], int part, int first_row) {
+  // Writes the warp's 32 rows of a T x D gradient in registers (two row tiles of 16: a lane's
+  // rows top + g + 8 j, j = 0..3) into part `part` of gradientQkv (q's: the head in hand's);
+  // q's and k's (parts 0 and 1) turned back first. A lane holds both elements of each rotary
+  // pair (d, d + D/2): accumulators n and n + D/16. Its D/8 pairs' angles are taken at its
+  // first row (rotary_angle's bits) and turned on 8 rows at a time (the angle of 8 positions,
+  // a complex product a row): two sines and cosines a pair, not four.
+  auto store = [&](Accumulator (&values)[2][D / 8], int part) {
+    // (the position from here: computed before the loops and held, ptxas spilled it)
+    const int first = cg_opaque(tile) * T + top + g;
+    const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
+    float sine[D / 8], cosine[D / 8], step_sine[D / 8], step_cosine[D / 8];
+    if (part < 2) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // (the position from here: computed before the loops and held, ptxas spilled it)
-      const int position = cg_opaque(tile) * T + first_row + g + 8 * h;
-      const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
-      low_t* to = gradientQkv + (base + position) * kQkvWidth + column;
+      for (int i = 0; i < D / 8; ++i) {
+        const int d = i / 2 * 8 + 2 * t + i % 2;
+        rotary_angle(first, d, true, sine[i], cosine[i]);
+        rotary_angle(8, d, true, step_sine[i], step_cosine[i]);
+      }
+    }
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n)
+    for (int j = 0; j < 4; ++j) {
+      const int m = j / 2, h = j % 2;
+      low_t* to = gradientQkv + (base + first + 8 * j) * kQkvWidth + column;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int d = n * 8 + 2 * t + e;
-          float first = values[n].x[2 * h + e], second = values[n + D / 16].x[2 * h + e];
-          if (part < 2) {
-            float sine, cosine;
-            rotary_angle(position, d, true, sine, cosine);
-            rotate_pair(sine, cosine, first, second);
-          }
-          to[d] = from_float<low_t>(first);
-          to[d + D / 2] = from_float<low_t>(second);
+      for (int i = 0; i < D / 8; ++i) {
+        const int n = i / 2, e = i % 2, d = n * 8 + 2 * t + e;
+        float one = values[m][n].x[2 * h + e], other = values[m][n + D / 16].x[2 * h + e];
+        if (part < 2) {
+          rotate_pair(sine[i], cosine[i], one, other);
+          const float c = cosine[i];  // the angle of the row 8 on
+          cosine[i] = c * step_cosine[i] - sine[i] * step_sine[i];
+          sine[i] = sine[i] * step_cosine[i] + c * step_sine[i];
         }
+        to[d] = from_float<low_t>(one);
+        to[d + D / 2] = from_float<low_t>(other);
+      }
     }
   };
 
@@ -1439,8 +1451,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
         }
       for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
       key_step(tile, cg_true{});
-#pragma unroll
-      for (int m = 0; m < 2; ++m) store(dq[m], 0, rows + 16 * m);
+      store(dq, 0);
     }
     return;
   }
@@ -1567,10 +1578,8 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
   }
   // dV first: its registers free before dK's are turned (the angles' registers beside both
   // spilled)
-#pragma unroll
-  for (int m = 0; m < 2; ++m) store(second_sum[m], 2, top + 16 * m);
-#pragma unroll
-  for (int m = 0; m < 2; ++m) store(first_sum[m], 1, top + 16 * m);
+  store(second_sum, 2);
+  store(first_sum, 1);
 }
 
 // cgImageAttentionDelta: delta = rowsum(dO * O) per row and head: the attention backward's pre-pass.
