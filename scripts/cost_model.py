@@ -288,9 +288,9 @@ def _backward_around(r, launch, around) -> tuple:
     (dK/dV) tiles off the diagonal. Trips a warp over the whole grid (tile_loop_work
     multiplies by all of its warps), while only a pass's own blocks, half of them, run its
     loops: the heads loop heads / kvHeads / 2 trips, the tiles loop the pass's pairs off the
-    diagonal over all blocks. At a context of one tile there is no pair off the diagonal: the dQ loop over
-    tiles is gone from the machine code, the dK/dV loop stays, running no trip
-    (_backward_chunks says why)."""
+    diagonal over all blocks. At a context of one tile there is no pair off the diagonal:
+    the dQ loop over tiles is gone from the machine code, the dK/dV loop stays, running no
+    trip (_backward_chunks says why)."""
     group = r["heads"] // r.get("kvHeads", r["heads"])
     heads = (group / 2,) if group > 1 else ()
     tiles = _off_diagonal_tiles(r) / launch.blocks

@@ -266,6 +266,24 @@ def test_a_grid_of_one_block_that_leaves_outputs_unwritten_is_refused(schedules,
     assert any(f"'{image}' must cover all of" in m for m in messages), messages
 
 
+@pytest.mark.parametrize("blocks,refused", [
+    ("(naturalSaturatingSubtract cgAttentionBackwardBlocks 1)", True),
+    ("(naturalAdd cgAttentionBackwardBlocks 1)", False)])
+def test_the_backward_grid_covers_a_tile_only_with_both_its_blocks(schedules, blocks, refused):
+    """The attention backward's z takes each tile twice (its dK/dV block, then its dQ
+    block): a grid of one block fewer lacks a tile's dQ, or its dK and dV, and is refused
+    (the image's reach counts gridZ / 2 tiles, rounded down); a block more (past the last
+    pair: it returns at once) is accepted."""
+    edit(schedules / "library.cg", "cgHeads cgBatch cgAttentionBackwardBlocks",
+         f"cgHeads cgBatch {blocks}")
+    if refused:
+        messages = errors_of(schedules / "train.cg", "gpt2")
+        assert any("'cgImageAttentionBackward' must cover all of" in m for m in messages), \
+            messages
+    else:
+        checked(schedules / "train.cg", "gpt2")
+
+
 @pytest.mark.parametrize("setting,expected", [
     ("cgHeads=7", "the model requires (naturalMultiply cgHeads cgHeadWidth) (763) to be equal "
                   "to cgWidth (768)"),

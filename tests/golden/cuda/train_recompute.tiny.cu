@@ -1247,7 +1247,8 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
                 "2 warps: 32 key rows each (dK, dV), 32 query rows over all keys each (dQ)");
   static_assert(D % 16 == 0 && kContext % T == 0, "tiles of 16 and of the context");
   CG_DYNAMIC_SHARED(memory);
-  low_t* held = reinterpret_cast<low_t*>(memory);  // 2 tiles: k, v (a dQ block's: q, dO) of tile j
+  // 2 tiles of tile j: k, v (a dQ block's: q, dO)
+  low_t* held = reinterpret_cast<low_t*>(memory);
   // 2 stages of 2 tiles: q, dO (a dQ block's: k, v), each stage's tiles followed by its T
   // query rows' (lse, delta) pairs (in the dK/dV loop)
   constexpr int kStage = 2 * T * kStride + 2 * T * static_cast<int>(sizeof(float) / sizeof(low_t));
@@ -1307,6 +1308,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
     // (the position from here: computed before the loops and held, ptxas spilled it)
     const int first = cg_opaque(tile) * T + top + g;
     const int column = part == 0 ? head * D : (kHeads + (part - 1) * kKvHeads + kv_head) * D;
+    // pair i (n = i / 2, e = i % 2) is d = 8 n + 2t + e: accumulators n and n + D/16
     float sine[D / 8], cosine[D / 8], step_sine[D / 8], step_cosine[D / 8];
     if (part < 2) {
 #pragma unroll
@@ -1326,9 +1328,8 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
         float one = values[m][n].x[2 * h + e], other = values[m][n + D / 16].x[2 * h + e];
         if (part < 2) {
           rotate_pair(sine[i], cosine[i], one, other);
-          const float c = cosine[i];  // the angle of the row 8 on
-          cosine[i] = c * step_cosine[i] - sine[i] * step_sine[i];
-          sine[i] = sine[i] * step_cosine[i] + c * step_sine[i];
+          // the angle of the row 8 on: the pair (cosine, sine) turned by the step's angle
+          rotate_pair(step_sine[i], step_cosine[i], cosine[i], sine[i]);
         }
         to[d] = from_float<low_t>(one);
         to[d + D / 2] = from_float<low_t>(other);
@@ -1342,7 +1343,6 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
   // row tiles, twice the products of a load at 16 rows a warp (K and V at a head of 64: 48
   // ldmatrix a key tile a warp). The registers: q's and dO's fragments and dQ for 32 rows.
   if (!keys) {
-    const int rows = top;  // this warp's query rows
     for (int member = 0; member < kGroup; ++member) {
       head = kv_head * kGroup + member;
       // every warp is done with the previous query head's shared tiles the copies below
@@ -1367,7 +1367,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const size_t at = (base + tile * T + rows + 16 * m + g + 8 * h) * kHeads + head;
+          const size_t at = (base + tile * T + top + 16 * m + g + 8 * h) * kHeads + head;
           lse_log2[m][h] = lse[at] * kLog2e;
           delta_scaled[m][h] = delta[at] * scale;
         }
@@ -1417,7 +1417,7 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
                 for (int e = 0; e < 2; ++e) {
                   float x = scores[m][n].x[2 * h + e];
                   if constexpr (decltype(diagonal)::value) {
-                    if (c * 16 + n * 8 + 2 * t + e > rows + 16 * m + g + 8 * h)
+                    if (c * 16 + n * 8 + 2 * t + e > top + 16 * m + g + 8 * h)
                       x = -CG_INFINITY;  // a key after the query: p = 2^-inf = 0
                     // (masking the score, not p: in the float32 configuration with grouped
                     // heads ptxas spilled in this peeled step otherwise: 4 local accesses)
@@ -1446,8 +1446,8 @@ extern "C" __global__ void __launch_bounds__(64, kAttentionBackwardMinBlocks) cg
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
-          load_a(query[m][d], held + (rows + 16 * m) * kStride + d * 16, kStride);
-          load_a(gradient[m][d], held + T * kStride + (rows + 16 * m) * kStride + d * 16, kStride);
+          load_a(query[m][d], held + (top + 16 * m) * kStride + d * 16, kStride);
+          load_a(gradient[m][d], held + T * kStride + (top + 16 * m) * kStride + d * 16, kStride);
         }
       for (int key_tile = 0; key_tile < tile; ++key_tile) key_step(key_tile, cg_false{});
       key_step(tile, cg_true{});
