@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Schedules with concurrent branches (cgConcurrently) for the cost model's tests and for
 docs/performance-model.md's figures: written out, they are ordinary .cg files that import
-the shipped schedules' pieces (cgForwardSaved, cgClassifier, cgLayerBackwardSaved,
-cgOptimizer, with whatever branches those hold). Not shipped schedules.
+the shipped schedules' pieces (cgForwardSaved, cgClassifier, the saved backward's start,
+middle and end, cgOptimizer, with whatever branches those hold). Not shipped schedules.
 
-- bucketed.cg: the data-parallel step with its all-reduce in buckets: the backward of
-  layer l - 1 beside the all-reduce of layer l's eight gradient entries (one call each),
-  the scatter beside layer 0's, its sort beside the forward; the embedding's and the final
+- bucketed.cg: the data-parallel step with its all-reduce in buckets, on the saving
+  backward's turned loop (backward.cg, cgSavedBackward): layer l's MLP bucket (four gradient
+  entries, one call each) beside the end of its backward and the start of layer l - 1's,
+  its attention bucket (four more) beside the middle of layer l - 1's; layer 0's attention
+  bucket after the scatter, its sort beside the forward; the embedding's and the final
   norm's gradients after the backward; never two collectives at once (the checker accepts
-  it in config gpt2). bucketed_nested.cg: the same buckets, each beside the whole backward
-  below it (branches nested twelve deep; the checker refuses it, its collectives overlap:
-  it exercises the cost model's nesting at depth).
+  it in config gpt2). bucketed_nested.cg: each layer's eight entries, each bucket beside the
+  whole backward below it (branches nested twelve deep; the checker refuses it, its
+  collectives overlap: it exercises the cost model's nesting at depth).
 - products.cg: the one-GPU step with each layer's weight-gradient products beside the
   input-gradient chain they do not touch (the attention output's beside the attention
   backward and, nested inside, the QKV weight gradient's beside the layer norm's), and the
@@ -58,18 +60,26 @@ def exampleAllReduce : ((Buffer float32) -> Schedule) =
     (cgLaunch cgImageAllReduce 1 1 1
       (cgPointer (cgArgument 0) b (cgSlot (cgScalar 0) (cgCount b) cgNoSlots))))
 
---- Layer l's bucket: its eight gradient entries, one call each.
-def exampleBucket : (Nat -> Schedule) =
+--- Layer l's buckets: its MLP's four gradient entries, its attention's four, one call each,
+--- and the eight together.
+def exampleBucketMlp : (Nat -> Schedule) =
+  (lambda unrestricted l : Nat .
+    (cgPhase cgPhaseAllReduce
+      (cgThen (exampleAllReduce (cgGradientOf cgFcWeight l))
+      (cgThen (exampleAllReduce (cgGradientOf cgProjWeight l))
+      (cgThen (exampleAllReduce (cgGradientOf cgLn2Gamma l))
+        (exampleAllReduce (cgGradientOf cgLn2Beta l)))))))
+
+def exampleBucketAttention : (Nat -> Schedule) =
   (lambda unrestricted l : Nat .
     (cgPhase cgPhaseAllReduce
       (cgThen (exampleAllReduce (cgGradientOf cgQkvWeight l))
       (cgThen (exampleAllReduce (cgGradientOf cgOutputWeight l))
-      (cgThen (exampleAllReduce (cgGradientOf cgFcWeight l))
-      (cgThen (exampleAllReduce (cgGradientOf cgProjWeight l))
       (cgThen (exampleAllReduce (cgGradientOf cgLn1Gamma l))
-      (cgThen (exampleAllReduce (cgGradientOf cgLn1Beta l))
-      (cgThen (exampleAllReduce (cgGradientOf cgLn2Gamma l))
-        (exampleAllReduce (cgGradientOf cgLn2Beta l)))))))))))
+        (exampleAllReduce (cgGradientOf cgLn1Beta l)))))))
+
+def exampleBucket : (Nat -> Schedule) =
+  (lambda unrestricted l : Nat . (cgThen (exampleBucketMlp l) (exampleBucketAttention l)))
 
 --- The gradients that are not a layer's: the embedding's (the scatter's too) and the final
 --- layer norm's, after the backward.
@@ -79,25 +89,43 @@ def exampleRest : (family NvidiaLaunchSchedule) =
     (cgThen (exampleAllReduce (cgParameter cgBankG cgFinalGamma))
       (exampleAllReduce (cgParameter cgBankG cgFinalBeta)))))
 
-def exampleLayer : (Nat -> Schedule) =
-  (lambda unrestricted l : Nat . (cgLayerBackwardSaved l (cgArena cgDy0) (cgArena cgDy1)))
+--- The pieces of the saving backward's turned loop (library.cg): a layer's start, middle,
+--- and its end then `next`.
+def exampleStart : (Nat -> Schedule) =
+  (lambda unrestricted l : Nat . (cgPhase cgPhaseLayerBackward (cgLayerBackwardSavedStart l)))
+
+def exampleMiddle : (Nat -> Schedule) =
+  (lambda unrestricted l : Nat . (cgLayerBackwardSavedMiddle l (cgArena cgDy0) (cgArena cgDy1)))
+
+def exampleEnd : (Nat -> Schedule -> Schedule) =
+  (lambda unrestricted l : Nat .
+    (lambda unrestricted next : Schedule .
+      (cgLayerBackwardSavedEnd l (cgArena cgDy0) (cgArena cgDy1) next)))
 """
 
 
 def bucketed_source(layers: int, nested: bool = False) -> str:
     """The bucketed data-parallel step for a model of `layers` layers (written out: the
     language has no recursion to build the chain from cgLayers)."""
+    def end(layer):  # a layer's end, then the layer below's start (the scatter at layer 0)
+        after = f"(exampleStart {layer - 1})" if layer else "exampleSorted"
+        return f"(exampleEnd {layer} {after})"
+    top = layers - 1
     if nested:
-        chain = "exampleSorted"
-        for layer in range(layers):
-            chain = f"(cgThen (exampleLayer {layer})\n  (cgConcurrently (exampleBucket " \
-                    f"{layer}) {chain}))"
-    else:
-        chain = "(cgConcurrently (exampleBucket 0) exampleSorted)"
+        chain = "(exampleBucket 0)"
         for layer in range(1, layers):
-            chain = f"(cgThen (cgConcurrently (exampleBucket {layer}) (exampleLayer " \
-                    f"{layer - 1}))\n  {chain})"
-        chain = f"(cgThen (exampleLayer {layers - 1})\n  {chain})"
+            chain = f"(cgConcurrently (exampleBucket {layer})\n  (cgThen (exampleMiddle " \
+                    f"{layer - 1}) (cgThen {end(layer - 1)} {chain})))"
+    else:
+        chain = f"(cgThen (cgConcurrently (exampleBucketMlp 0) {end(0)})\n  " \
+                f"(exampleBucketAttention 0))"
+        for layer in range(1, layers):
+            chain = f"(cgThen (cgConcurrently (exampleBucketMlp {layer}) {end(layer)})\n  " \
+                    f"(cgThen (cgConcurrently (exampleBucketAttention {layer}) (exampleMiddle " \
+                    f"{layer - 1}))\n  {chain}))"
+    if nested:
+        chain = f"(cgThen {end(top)} {chain})"
+    chain = f"(cgThen (exampleStart {top}) (cgThen (exampleMiddle {top})\n  {chain}))"
     entry = "exampleBucketedNestedStep" if nested else "exampleBucketedStep"
     return IMPORTS.format(schedules=SCHEDULES) + BUCKETS + f"""
 def {entry} : (family NvidiaLaunchSchedule) =
@@ -109,7 +137,7 @@ def {entry} : (family NvidiaLaunchSchedule) =
 
 
 PRODUCTS = """
---- cgLayerBackwardSaved with each weight gradient's product beside the chain it does not
+--- A layer's saved backward with each weight gradient's product beside the chain it does not
 --- touch: dW_proj | dX_proj, dW_fc | dX_fc, dW_out | (dX_out ... the first layer norm's
 --- backward), and inside the last, dW_qkv | (dX_qkv, the layer norm's backward). The first
 --- layer norm's low copy cannot go to cgGradientLow, which dW_out reads beside it (the

@@ -1191,8 +1191,9 @@ class Pricer:
         self.program, self.audits, self.ranks, self.hw, self.model = \
             program, audits, ranks, hw, model
         self.roles = {k: v for k, v in program.roles.items() if isinstance(v, int)}
-        self.scaled = scaled or {}  # image -> a factor on its parts (a what-if; not its
-        # launch overhead, the gap between launches that no faster kernel shortens)
+        self.scaled = scaled or {}  # image -> a factor on its parts and its bytes (a
+        # what-if; not its launch overhead, the gap between launches that no faster kernel
+        # shortens)
         self.cache = {}
 
     def modelled(self, facts: LaunchFacts) -> Modelled:
@@ -1242,9 +1243,17 @@ class Pricer:
         if facts.collective_bytes:
             return collective_profile(facts, self.ranks, self.model)
         if facts.library:
-            return library_profile(facts, modelled, self.hw)
-        return kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
-                              self.hw)
+            profile = library_profile(facts, modelled, self.hw)
+        else:
+            profile = kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
+                                     self.hw)
+        factor = self.scaled.get(facts.image)
+        if factor is None:
+            return profile
+        # A scaled launch moves its bytes times the factor too: it draws HBM at its rate as
+        # built. (Its bytes kept, a cut would draw more bandwidth than the kernel as built,
+        # past the HBM's for a memory-bound one, and slow every launch beside it.)
+        return tuple(dataclasses.replace(s, hbm=s.hbm * factor) for s in profile)
 
 
 @dataclass
@@ -1313,7 +1322,7 @@ def print_sensitivity(name: str, config: str, program, audits, cut: float = 0.1,
           f"average, none for {idle * 1e6:,.1f} us (launch gaps no branch fills). MODELLED "
           "figures, not measurements.")
     print(f"What a {100 * cut:.0f}% cut of each image's time would save the step (the model "
-          "run again with that image's parts scaled, its launch overheads kept):")
+          "run again with that image's parts and bytes scaled, its launch overheads kept):")
     print("| image | its time (us, summed, overheads aside) | the step saves (us) | of its cut |")
     print("| --- | ---: | ---: | ---: |")
     for image, own, saved in sensitivity(program, audits, cut, hw):
@@ -1407,7 +1416,7 @@ EXPOSED_STEP = "cgCostModelAllReduceAll"
 EXPOSED_SOURCE = """\
 -- Written by scripts/cost_model.py: one all-reduce of the whole gradient bank, as
 -- schedules/train_parallel.cg had it before its buckets.
-import "{schedules}/library.cg"
+import "{library}"
 
 def {entry} : (family NvidiaLaunchSchedule) =
   (cgPhase cgPhaseAllReduce
@@ -1419,14 +1428,16 @@ def {entry} : (family NvidiaLaunchSchedule) =
 
 def exposed_program(config: str, train: str | None = None):
     """The reference step: `train`'s (train.cg's) step, with EXPOSED_SOURCE's all-reduce
-    spliced in before its first optimizer-stage phase at the top level."""
+    (of the gradient bank the library.cg beside `train` declares) spliced in before its
+    first optimizer-stage phase at the top level."""
     train = train or TRAIN
     base = evaluate(analyse([train]), train, config=config)
     with tempfile.TemporaryDirectory(prefix="cgc-cost-model-") as folder:
         path = os.path.join(folder, "allreduce_all.cg")
         with open(path, "w") as handle:
-            handle.write(EXPOSED_SOURCE.format(schedules=os.path.join(ROOT, "schedules"),
-                                               entry=EXPOSED_STEP))
+            handle.write(EXPOSED_SOURCE.format(
+                library=os.path.join(os.path.dirname(os.path.abspath(train)), "library.cg"),
+                entry=EXPOSED_STEP))
         reduce = evaluate(analyse([path]), path, entry=EXPOSED_STEP, config=config)
     body = list(base.body)
     at = next((i for i, node in enumerate(body) if isinstance(node, PhaseRegion)
@@ -1491,10 +1502,11 @@ def print_branches(name: str, program, audits, hw: Hardware = H200,
 
 
 def print_scaling(config: str, path: str, program, audits, ranks_list, hw: Hardware = H200,
-                  model: Model = MODEL) -> None:
+                  model: Model = MODEL, train: str | None = None) -> None:
     """The data-parallel step at each number of ranks: the all-reduce after the backward
-    (EXPOSED_SOURCE) against `path`'s step (buckets concurrent with the backward)."""
-    exposed = exposed_program(config)
+    (EXPOSED_SOURCE, spliced into `train`'s step: train.cg's by default) against `path`'s
+    step (buckets concurrent with the backward)."""
+    exposed = exposed_program(config, train)
     program_for = program if callable(program) else (lambda n: program)
     old, new = scaling(exposed, audits, ranks_list, hw, model), \
         scaling(program_for, audits, ranks_list, hw, model)
@@ -1689,10 +1701,10 @@ def main() -> int:
     parser.add_argument("--scale", type=parse_scale, action="append", default=[],
                         metavar="IMAGE=F",
                         help="a what-if: the step (calibrated, the machine shared) with IMAGE's "
-                        "time (its parts, not its launch overheads) times F, beside the step "
+                        "time and bytes (its parts, not its launch overheads) times F, beside the step "
                         "as built, e.g. cgImageAttentionBackward=0.800; may be given again "
                         "for other images (not with --floor, --parts, --ranks, "
-                        "--sensitivity or --registers); the step is not monotone in F "
+                        "--sensitivity or --registers); the step need not be monotone in F "
                         "(concurrent branches' launches start in another order as one "
                         "shrinks)")
     parser.add_argument("--sensitivity", action="store_true",
@@ -1787,7 +1799,8 @@ def main() -> int:
         def parallel_for(ranks: int, frontend=analyse([parallel_path])):
             """The data-parallel step as rank 0 of `ranks` evaluates it (cgRank, cgRanks)."""
             return evaluate(frontend, parallel_path, config=args.config, ranks=(0, ranks))
-        print_scaling(args.config, parallel_path, parallel_for, audits, args.ranks, hw)
+        print_scaling(args.config, parallel_path, parallel_for, audits, args.ranks, hw,
+                      train=path)
     return 0
 
 

@@ -34,7 +34,7 @@ def test_the_api_page_runs_as_written():
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "cgTrainStep tiny 33 launches"
+    assert lines[0] == "cgTrainStep tiny 45 launches"
     assert "error: unknown name 'cgForwardd'" in result.stdout
     assert "note: did you mean the def 'cgForward'?" in result.stdout
     assert "[2, 3, 4, 5, 6] -> " in result.stdout

@@ -89,7 +89,8 @@ def test_every_launch_is_checked_and_names_its_source_line():
     line = next(i for i, t in enumerate(source, 1) if "(cgLaunch cgImageScatterSorted" in t)
     column = source[line - 1].index("(cgLaunch") + 1
     assert f'CG_LAUNCHED("launches.cg:{line}:{column} cgImageScatterSorted");' in text
-    assert "for (int fromTop = 0; fromTop < 2; ++fromTop) {" in text
+    # the saving backward's turned loop: every layer's turn but the bottom one's
+    assert "for (int fromTop = 0; fromTop < 1; ++fromTop) {" in text
 
 
 def test_every_kernel_image_has_its_template():

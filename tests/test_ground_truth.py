@@ -79,17 +79,18 @@ def test_an_unbound_pointer_has_no_c_program(lane):
 
 
 def test_a_slot_moved_onto_one_live_across_it_keeps_both_values(lane):
-    """Every use of cgGradientAttention in a layer's backward moved onto cgSavedFcAct's bytes
+    """Every use of cgGradientAttention in a layer's backward moved onto cgSavedFcPre's bytes
     (a stacked slot the backward reads in every later layer): the step computes what it
-    computes with a slot each (until the weight gradients' branches were widened, the
-    campaign drew cgSavedQkv for it; the partners are drawn from the slots of its type).
+    computes with a slot each (the partners are drawn from the slots of its type: the
+    campaign drew cgSavedQkv until the weight gradients' branches were widened, cgSavedFcAct
+    until the layer's backward was cut into the pieces the turned loop runs).
     The plan that took a write binding a slot's whole view as a
     whole write let another slot into such a slot's bytes between the partial write and the
     read (with this very slot, then with cgGradientAttention onto cgSavedNormed1, mutants
     the campaign drew before the layer-norm backward wrote the low copy: 304 bytes of the
     gradient norm's partial sums came out different)."""
-    record = judge(lane, "train.cg", "slot cgGradientAttention renamed cgSavedFcAct "
-                                     "throughout cgLayerBackwardFrom")
+    record = judge(lane, "train.cg", "slot cgGradientAttention renamed cgSavedFcPre "
+                                     "throughout cgLayerAttentionBackward")
     assert record["gt1"] == "safe", record
     # The (covers ...) clauses refuse it (the product that writes the gradient must cover
     # its output, and reaches one item of the stacked slot); the values ground truth

@@ -39,7 +39,8 @@ def test_repeats_stay_loops_whatever_the_layer_count():
              for layers in (12, 96)}
     assert len(texts[12].splitlines()) == len(texts[96].splitlines())
     assert "repeat layer in 0 .. 95 {" in texts[96]
-    assert "repeat fromTop in 0 .. 95 {" in texts[96]
+    # the saving backward's loop is turned: the bottom layer's turn follows it (backward.cg)
+    assert "repeat fromTop in 0 .. 94 {" in texts[96]
 
 
 def test_the_seed_loop_indexes_layers_from_the_top():
@@ -60,14 +61,20 @@ def test_the_saved_backward_reads_each_layers_items_and_recomputes_nothing():
     train = program("train", "tiny")
     (loop,) = [node for node in train.body if isinstance(node, Repeat)
                and node.variable.name == "fromTop"]
-    (phase,) = loop.body
-    launches = list(launches_in(phase.body))
+    # the turned loop (backward.cg): a layer's end, beside which the layer below starts, then
+    # the layer below's middle
+    end, middle = loop.body
+    launches = list(launches_in(loop.body))
     images = [launch.image.name for launch in launches]
     # No layer norm forward, no attention forward, no GELU forward: read, not recomputed.
     assert not {"cgImageLayerNorm", "cgImageAttention", "cgImageGelu"} & set(images)
+    views = {p.view.label for launch in launches_in(end.body) for p in launch.pointers}
+    assert {"cgSavedAttention[1 - fromTop]", "cgSavedNormed1[1 - fromTop]",
+            "cgSavedStatistics1[1 - fromTop]", "cgSavedFcPre[-fromTop]"} <= views
+    views = {p.view.label for launch in launches_in(middle.body) for p in launch.pointers}
+    assert {"cgSavedFcAct[-fromTop]", "cgSavedQkv[-fromTop]",
+            "cgSavedAttentionLse[-fromTop]", "cgSavedMiddle[-fromTop]"} <= views
     views = {p.view.label for launch in launches for p in launch.pointers}
-    assert {"cgSavedFcAct[1 - fromTop]", "cgSavedQkv[1 - fromTop]",
-            "cgSavedAttentionLse[1 - fromTop]", "cgSavedMiddle[1 - fromTop]"} <= views
     assert not any(label in views for label in ("cgQkv", "cgFcAct", "cgMiddle"))
 
 
@@ -87,6 +94,9 @@ def test_every_phase_of_the_step_appears_in_order():
             elif isinstance(node, PhaseRegion):
                 yield node.phase
     phases = list(phases_in(program("train", "tiny").body))
+    # the backward: the top layer's start and middle, the turned loop (a repeat: not listed),
+    # the bottom layer's end, which ends with the embedding's scatter (a phase inside its phase)
     assert phases == ["cgPhaseEmbedding", "cgPhaseLayerForward", "cgPhaseScatter",
-                      "cgPhaseLoss", "cgPhaseOutput", "cgPhaseOutputGradient", "cgPhaseScatter",
+                      "cgPhaseLoss", "cgPhaseOutput", "cgPhaseOutputGradient",
+                      "cgPhaseLayerBackward", "cgPhaseLayerBackward", "cgPhaseLayerBackward",
                       "cgPhaseGradientNorm", "cgPhaseUpdate"]

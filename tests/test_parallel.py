@@ -597,7 +597,7 @@ def test_every_collective_the_language_accepts_has_its_nccl_call():
 
 def test_the_cupy_backend_all_reduces_the_gradient_bank_through_nccl_in_the_graph(monkeypatch):
     """Through tests/fake_cupy.py (no GPU): the collectives are ncclAllReduces of the
-    gradient bank's entries, a bucket a layer, each in place, float32, averaged, on the
+    gradient bank's entries, two buckets a layer, each in place, float32, averaged, on the
     communicator's own stream, made at the first (eager) step on a communicator from the id
     the run's communicator broadcast, and then replayed from the captured graph; together
     they reduce every element of the bank once a step, and the steps match the numpy
@@ -636,8 +636,9 @@ def test_the_cupy_backend_all_reduces_the_gradient_bank_through_nccl_in_the_grap
     reduced = []
     for number, (kind, send, receive, count, data_type, operator, stream) in \
             enumerate(fake_cupy.nccl_calls[:buckets]):
-        # the layers' buckets beside the backward; the last, after the scatter, on its own
-        on = communicator_stream if number < buckets - 3 else run.stream.ptr
+        # the layers' buckets beside the backward; the last layer's attention bucket (four
+        # entries) and the three outside, after the scatter, on their own
+        on = communicator_stream if number < buckets - 7 else run.stream.ptr
         assert (kind, send, data_type, operator, stream) == ("allReduce", receive, 7, 4, on)
         base = max(address for address in entries if address <= send)
         storage = entries[base]

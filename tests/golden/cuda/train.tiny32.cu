@@ -2039,7 +2039,7 @@ static void cg_check(cublasStatus_t status, const char* where) {
 // before what follows them (cg_join). Under graph capture the same calls make the graph's
 // parallel branches.
 static cudaStream_t cg_streams[2] = {};
-static cudaEvent_t cg_events[6] = {};
+static cudaEvent_t cg_events[10] = {};
 
 static void cg_fork(cudaStream_t parent, cudaStream_t branch, cudaEvent_t event, const char* where) {
   cg_check(cudaEventRecord(event, parent), where);
@@ -2553,7 +2553,7 @@ static void cgImageProductWeightSet(cudaStream_t stream, const char* where, floa
 static void cg_prepare() {
   for (int s = 1; s < 2; ++s)
     cg_check(cudaStreamCreateWithFlags(&cg_streams[s], cudaStreamNonBlocking), "creating a stream");
-  for (int e = 0; e < 6; ++e)
+  for (int e = 0; e < 10; ++e)
     cg_check(cudaEventCreateWithFlags(&cg_events[e], cudaEventDisableTiming), "creating an event");
   cg_check(cublasLtCreate(&cg_lt), "creating the cuBLASLt handle");
 }
@@ -2604,88 +2604,149 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:416:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:347:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:350:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:416:5) cgImageLayerNorm");
+  // launches.cg:37:13 (from library.cg:419:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:419:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:373:13 (from backward.cg:11:11) cgImageClassifier
+  // library.cg:442:13 (from backward.cg:14:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 1024, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:373:13 (from backward.cg:11:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:442:13 (from backward.cg:14:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:37:13 (from backward.cg:11:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:11:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
-  // launches.cg:37:13 (from backward.cg:11:11) cgImageProductData
-  cgImageProductData(stream, "launches.cg:37:13 (from backward.cg:11:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:62:19 (from backward.cg:11:11) cgImageLayerNormBackward
+  // launches.cg:37:13 (from backward.cg:14:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:14:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // launches.cg:37:13 (from backward.cg:14:11) cgImageProductData
+  cgImageProductData(stream, "launches.cg:37:13 (from backward.cg:14:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:62:19 (from backward.cg:14:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 256);
-  CG_LAUNCHED("library.cg:62:19 (from backward.cg:11:11) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:62:19 (from backward.cg:14:11) cgImageLayerNormBackward");
+}
+
+// phase cgPhaseLayerBackward
+static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream) {
+  // launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1), cgSavedFcPre + 65536L * (1), 256, 256, 64);
+  // launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposed
+  cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1), 256, 64, 256);
+}
+
+// phase cgPhaseLayerBackward
+static void cg_phase_7_cgPhaseLayerBackward(cudaStream_t stream) {
+  // concurrently, library.cg:373:11: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:373:11");
+  {  // branch 0, on this stream
+    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1), cgSavedFcAct + 65536L * (1), cgGradientLow, 256, 64, 256);
+    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1), cgSavedNormed2 + 16384L * (1), cgGradientFc, 64, 256, 256);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:89:21 (from backward.cg:19:9) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1), cgSavedStatistics2 + 512L * (1), cgBankP_cgLn2Gamma + 64L * (1), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1), cgBankG_cgLn2Beta + 64L * (1), cgGradientMiddleLow, 256);
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:19:9) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1), 256, 64, 64);
+    // library.cg:297:25 (from backward.cg:19:9) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1), cgGradientAttention);
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:19:9) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:19:9) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 37888, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1), cgGradientAttention, cgSavedAttentionLse + 1024L * (1), cgAttentionDelta);
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:19:9) cgImageAttentionBackward");
+  }
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:373:11");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
-static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcPre + 65536L * (1 - fromTop), 256, 256, 64);
-  // concurrently, library.cg:231:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:231:33");
+static void cg_phase_8_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
+  // concurrently, library.cg:395:13: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:395:13");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgSavedFcAct + 65536L * (1 - fromTop), cgGradientLow, 256, 64, 256);
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgSavedNormed2 + 16384L * (1 - fromTop), cgGradientFc, 64, 256, 256);
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientMiddleLow, 64, 64, 256);
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-    // library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd
-    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1 - fromTop), cgSavedStatistics2 + 512L * (1 - fromTop), cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientMiddleLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:262:43 (from backward.cg:13:7) cgImageAttentionDelta
-    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:262:43 (from backward.cg:13:7) cgImageAttentionDelta");
-    // library.cg:268:43 (from backward.cg:13:7) cgImageAttentionBackward
-    CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 37888, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1 - fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (1 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:268:43 (from backward.cg:13:7) cgImageAttentionBackward");
-  }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:231:33");
-  // concurrently, library.cg:278:33: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:278:33");
-  {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientMiddleLow, 64, 64, 256);
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
-  }
-  {  // branch 1, on stream 1
-    cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:13:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-    // library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+    // library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:13:7) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedGeluBackward
+    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (-fromTop), cgSavedFcPre + 65536L * (-fromTop), 256, 256, 64);
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (-fromTop), 256, 64, 256);
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:278:33");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:395:13");
+}
+
+// phase cgPhaseLayerBackward, inside the repeat of fromTop
+static void cg_phase_9_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
+  // concurrently, library.cg:373:11: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:373:11");
+  {  // branch 0, on this stream
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (-fromTop), cgSavedFcAct + 65536L * (-fromTop), cgGradientLow, 256, 64, 256);
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (-fromTop), cgSavedNormed2 + 16384L * (-fromTop), cgGradientFc, 64, 256, 256);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (-fromTop), cgSavedStatistics2 + 512L * (-fromTop), cgBankP_cgLn2Gamma + 64L * (-fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (-fromTop), cgBankG_cgLn2Beta + 64L * (-fromTop), cgGradientMiddleLow, 256);
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd");
+    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (-fromTop), 256, 64, 64);
+    // library.cg:297:25 (from backward.cg:22:11) cgImageAttentionDelta
+    CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (-fromTop), cgGradientAttention);
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:22:11) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:22:11) cgImageAttentionBackward
+    CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 37888, stream)(cgGradientQkv, cgSavedQkv + 49152L * (-fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (-fromTop), cgAttentionDelta);
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:22:11) cgImageAttentionBackward");
+  }
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:373:11");
 }
 
 // phase cgPhaseScatter
-static void cg_phase_7_cgPhaseScatter(cudaStream_t stream) {
+static void cg_phase_11_cgPhaseScatter(cudaStream_t stream) {
   // launches.cg:267:5 cgImageScatterSorted
   CG_LAUNCH(cgImageScatterSorted, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
   CG_LAUNCHED("launches.cg:267:5 cgImageScatterSorted");
 }
 
+// phase cgPhaseLayerBackward
+static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
+  // concurrently, library.cg:395:13: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:395:13");
+  {  // branch 0, on this stream
+    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (0), cgSavedAttention + 16384L * (0), cgGradientMiddleLow, 64, 64, 256);
+    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (0), cgSavedNormed1 + 16384L * (0), cgGradientQkv, 64, 192, 256);
+  }
+  {  // branch 1, on stream 1
+    cudaStream_t stream = cg_streams[1];
+    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (0), 256, 64, 192);
+    // library.cg:89:21 (from backward.cg:35:11) cgImageLayerNormBackwardAdd
+    CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (0), cgSavedStatistics1 + 512L * (0), cgBankP_cgLn1Gamma + 64L * (0), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (0), cgBankG_cgLn1Beta + 64L * (0), cgGradientLow, 256);
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:35:11) cgImageLayerNormBackwardAdd");
+    cg_phase_11_cgPhaseScatter(stream);
+  }
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:395:13");
+}
+
 // phase cgPhaseGradientNorm
-static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
+static void cg_phase_12_cgPhaseGradientNorm(cudaStream_t stream) {
   // launches.cg:227:9 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 115328);
   CG_LAUNCHED("launches.cg:227:9 cgImageSquareSum");
@@ -2695,7 +2756,7 @@ static void cg_phase_8_cgPhaseGradientNorm(cudaStream_t stream) {
 }
 
 // phase cgPhaseUpdate
-static void cg_phase_9_cgPhaseUpdate(cudaStream_t stream) {
+static void cg_phase_13_cgPhaseUpdate(cudaStream_t stream) {
   // launches.cg:237:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
   CG_LAUNCHED("launches.cg:237:9 cgImageStepAdvance");
@@ -2720,12 +2781,15 @@ void cg_step(cudaStream_t stream) {
   cg_phase_3_cgPhaseLoss(stream);
   cg_phase_4_cgPhaseOutput(stream);
   cg_phase_5_cgPhaseOutputGradient(stream);
-  for (int fromTop = 0; fromTop < 2; ++fromTop) {
-    cg_phase_6_cgPhaseLayerBackward(stream, fromTop);
+  cg_phase_6_cgPhaseLayerBackward(stream);
+  cg_phase_7_cgPhaseLayerBackward(stream);
+  for (int fromTop = 0; fromTop < 1; ++fromTop) {
+    cg_phase_8_cgPhaseLayerBackward(stream, fromTop);
+    cg_phase_9_cgPhaseLayerBackward(stream, fromTop);
   }
-  cg_phase_7_cgPhaseScatter(stream);
-  cg_phase_8_cgPhaseGradientNorm(stream);
-  cg_phase_9_cgPhaseUpdate(stream);
+  cg_phase_10_cgPhaseLayerBackward(stream);
+  cg_phase_12_cgPhaseGradientNorm(stream);
+  cg_phase_13_cgPhaseUpdate(stream);
 }
 
 // ======================================================================================
