@@ -901,8 +901,12 @@ class Machine:
     tensor: float = 1.0
 
 
-def machine_of(hw: Hardware = H200) -> Machine:
-    return Machine(hw.sms, hw.hbm_bytes_per_s)
+def machine_of(hw: Hardware = H200, model: Model = MODEL) -> Machine:
+    """What branches side by side share: the SMs and HBM's bandwidth, at the rate the model
+    prices a kernel alone by (the calibrated estimate: the measured ceiling; the bound and
+    the floor: the peak), so that launches together draw no more than one could alone."""
+    hbm = hw.measured_hbm_bytes_per_s if model.calibrated else hw.hbm_bytes_per_s
+    return Machine(hw.sms, hbm)
 
 
 # Each branch with a machine of its own: the critical path alone, nothing shared.
@@ -914,37 +918,42 @@ def profile_seconds(profile) -> float:
 
 
 def wave_segments(body: float, blocks: int, per_wave: int, moved: float,
-                  hw: Hardware = H200) -> list:
+                  hw: Hardware = H200, hbm: float = math.inf) -> list:
     """A grid's waves as segments: each as long as the model prices one (the tail: the last
     wave takes a whole wave's time), holding the SMs with one of its blocks (a grid of 64
     blocks holds 64 SMs; the last wave of a grid as many SMs as it has blocks, up to all),
-    drawing `moved` bytes from HBM in proportion to the blocks a wave runs."""
+    drawing `moved` bytes from HBM in proportion to the blocks a wave runs, but no faster
+    than `hbm` (the rate the launch was priced at): what the full waves cannot draw at it,
+    the last wave does (a memory-bound grid draws its bytes at one rate to the end)."""
     if blocks <= per_wave:
-        waves = [(body, min(hw.sms, blocks), blocks)]
+        waves = [(body, min(hw.sms, blocks), moved)]
     else:
         count = math.ceil(blocks / per_wave)
         last = blocks - (count - 1) * per_wave
-        waves = [(body * (count - 1) / count, hw.sms, (count - 1) * per_wave),
-                 (body / count, min(hw.sms, last), last)]
-    return [Segment(seconds, sms=sms, hbm=moved * share / max(blocks, 1) / seconds
-                    if seconds else 0.0)
+        first_seconds = body * (count - 1) / count
+        first = min(moved * (count - 1) * per_wave / blocks, hbm * first_seconds)
+        waves = [(first_seconds, hw.sms, first),
+                 (body / count, min(hw.sms, last), moved - first)]
+    return [Segment(seconds, sms=sms, hbm=share / seconds if seconds else 0.0)
             for seconds, sms, share in waves]
 
 
 def kernel_profile(facts: LaunchFacts, modelled: Modelled, per_sm: int,
-                   hw: Hardware = H200) -> tuple:
+                   hw: Hardware = H200, hbm: float = math.inf) -> tuple:
     """A kernel: its launch overhead (nothing held); its waves (wave_segments, `per_sm`
     blocks an SM), its floor bytes drawn from HBM; then a serial last block on one SM."""
     parts = modelled.parts
     body = parts["total"] - parts["overhead"] - parts.get("last block", 0.0)
     profile = [Segment(parts["overhead"])]
-    profile += wave_segments(body, facts.blocks, max(per_sm, 1) * hw.sms, facts.floor_bytes, hw)
+    profile += wave_segments(body, facts.blocks, max(per_sm, 1) * hw.sms, facts.floor_bytes,
+                             hw, hbm)
     if parts.get("last block"):
         profile.append(Segment(parts["last block"], sms=1))
     return tuple(s for s in profile if s.seconds > 0)
 
 
-def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200) -> tuple:
+def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200,
+                    hbm: float = math.inf) -> tuple:
     """A cuBLAS product. Priced per shape (model_product, the calibrated model), its plan's
     tiles run in waves over the SMs, one tile an SM: its waves hold the SMs their tiles hold
     (a 768 x 768 weight gradient's 36 tiles hold 36 SMs, and a branch beside it has the
@@ -955,7 +964,7 @@ def library_profile(facts: LaunchFacts, modelled: Modelled, hw: Hardware = H200)
     if modelled.tiles:
         body = parts["total"] - parts["overhead"] - parts["last tile"]
         profile = [Segment(parts["overhead"]),
-                   *wave_segments(body, modelled.tiles, hw.sms, modelled.moved, hw),
+                   *wave_segments(body, modelled.tiles, hw.sms, modelled.moved, hw, hbm),
                    Segment(parts["last tile"], sms=1)]
     else:
         body = parts["total"] - parts["overhead"]
@@ -1242,18 +1251,20 @@ class Pricer:
             return floor_profile(facts, self.ranks, self.hw, self.model)
         if facts.collective_bytes:
             return collective_profile(facts, self.ranks, self.model)
-        if facts.library:
-            profile = library_profile(facts, modelled, self.hw)
-        else:
-            profile = kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
-                                     self.hw)
         factor = self.scaled.get(facts.image)
-        if factor is None:
-            return profile
-        # A scaled launch moves its bytes times the factor too: it draws HBM at its rate as
-        # built. (Its bytes kept, a cut would draw more bandwidth than the kernel as built,
-        # past the HBM's for a memory-bound one, and slow every launch beside it.)
-        return tuple(dataclasses.replace(s, hbm=s.hbm * factor) for s in profile)
+        if factor is not None:
+            # A scaled launch moves its bytes times the factor too: it draws HBM at its rate
+            # as built. (Its bytes kept, a cut would draw more bandwidth than the kernel as
+            # built, past the HBM's for a memory-bound one, and slow every launch beside it.)
+            facts = dataclasses.replace(facts, floor_bytes=facts.floor_bytes * factor,
+                                        copies_residual_bytes=facts.copies_residual_bytes
+                                        * factor)
+            modelled = dataclasses.replace(modelled, moved=modelled.moved * factor)
+        hbm = machine_of(self.hw, self.model).hbm  # the rate a launch alone is priced at
+        if facts.library:
+            return library_profile(facts, modelled, self.hw, hbm)
+        return kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
+                              self.hw, hbm)
 
 
 @dataclass
@@ -1272,7 +1283,7 @@ def step_times(program, audits: dict | None, ranks: int = 1, hw: Hardware = H200
     price = Pricer(program, audits, ranks, hw, model)
     return StepTimes(program_seconds(program.body, price),
                      program_seconds(program.body, price, UNSHARED),
-                     program_seconds(program.body, price, machine_of(hw)))
+                     program_seconds(program.body, price, machine_of(hw, model)))
 
 
 def shared_step(program, audits: dict, scaled: dict | None = None, hw: Hardware = H200,
@@ -1280,7 +1291,7 @@ def shared_step(program, audits: dict, scaled: dict | None = None, hw: Hardware 
     """The step on the shared machine (the model's figure), each image of `scaled` with its
     parts times its factor (Pricer), or priced by `price`."""
     price = price or Pricer(program, audits, 1, hw, model, scaled)
-    return program_seconds(program.body, price, machine_of(hw))
+    return program_seconds(program.body, price, machine_of(hw, price.model))
 
 
 def sensitivity(program, audits: dict, cut: float = 0.1, hw: Hardware = H200,
@@ -1308,7 +1319,7 @@ def sms_at_work(program, audits: dict, hw: Hardware = H200, model: Model = CALIB
     seconds no SM works: launch gaps no branch fills)."""
     timeline = []
     run_tasks(program_tasks(program.body, Pricer(program, audits, 1, hw, model)),
-              machine_of(hw), timeline)
+              machine_of(hw, model), timeline)
     seconds = sum(s.seconds for s in timeline)
     busy = sum(s.seconds * min(s.sms, hw.sms) for s in timeline) / hw.sms
     return seconds, busy / seconds, sum(s.seconds for s in timeline if s.sms <= 0)
@@ -1337,14 +1348,14 @@ def tokens_a_step(program) -> int:
 
 def print_scaled(name: str, config: str, program, audits, scales: dict,
                  hw: Hardware = H200) -> None:
-    """--scale: the step (calibrated, the machine shared) with each named image's parts
-    scaled by its factor, its launch overheads kept, beside the step as built."""
+    """--scale: the step (calibrated, the machine shared) with each named image's parts and
+    bytes scaled by its factor, its launch overheads kept, beside the step as built."""
     built, scaled = shared_step(program, audits, hw=hw), shared_step(program, audits, scales, hw)
     tokens = tokens_a_step(program)
     what = ", ".join(f"{image} x {factor:g}" for image, factor in scales.items())
     print(f"WHAT-IF, not the kernels as built: {name}, config {config}, {hw.name}, one GPU, "
-          f"calibrated estimate, the machine shared, with {what} (each image's parts, its "
-          "launch overheads kept). MODELLED figures, not measurements.")
+          f"calibrated estimate, the machine shared, with {what} (each image's parts and bytes, "
+          "its launch overheads kept). MODELLED figures, not measurements.")
     print("| step | ms | tokens/s |")
     print("| --- | ---: | ---: |")
     print(f"| as built | {built * 1e3:.3f} | {tokens / built:,.0f} |")

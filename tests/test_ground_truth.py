@@ -47,6 +47,25 @@ def judge(lane, schedule: str, description: str | None = None) -> dict:
     return lane.judge(case)
 
 
+def judge_renamed(lane, schedule: str, definition: str, slot: str, other: str) -> dict:
+    """The campaign's slot-lifetime mutation made on purpose, not drawn: every use of arena
+    slot `slot` in `definition` renamed `other` (checker_vs_ground_truth._lifetime_mutants),
+    judged as the campaign judges its own."""
+    declaration = {d.name.text: d for m in lane.modules[schedule]
+                   for d in m.declarations}[definition]
+    changed = declaration._replace(terms=(declaration.terms[0],
+                                          campaign._renamed(declaration.terms[1],
+                                                            {slot: other}))
+                                   + declaration.terms[2:])
+    mutant = campaign.Mutant("lifetime", f"slot {slot} renamed {other} throughout {definition}",
+                             ((definition, None, None, changed),))
+    assert mutant.apply(lane.modules[schedule]) is not None
+    lane.mutants[schedule].append(mutant)
+    case = campaign.Case(0, schedule, dict(campaign.SCHEDULES)[schedule], "test",
+                         mutant.description, len(lane.mutants[schedule]) - 1)
+    return lane.judge(case)
+
+
 @pytest.mark.parametrize("schedule", [s for s, _ in campaign.SCHEDULES])
 def test_every_unmutated_schedule_is_accepted_and_clean_on_both_ground_truths(lane, schedule):
     record = judge(lane, schedule)
@@ -81,16 +100,16 @@ def test_an_unbound_pointer_has_no_c_program(lane):
 def test_a_slot_moved_onto_one_live_across_it_keeps_both_values(lane):
     """Every use of cgGradientAttention in a layer's backward moved onto cgSavedFcPre's bytes
     (a stacked slot the backward reads in every later layer): the step computes what it
-    computes with a slot each (the partners are drawn from the slots of its type: the
-    campaign drew cgSavedQkv until the weight gradients' branches were widened, cgSavedFcAct
-    until the layer's backward was cut into the pieces the turned loop runs).
+    computes with a slot each. (The campaign draws such partners at random from the slots of
+    the type, and its draw moves as the schedules' definitions do: this mutant is made here,
+    as the campaign makes its slot renamings, so that the test does not depend on the draw.)
     The plan that took a write binding a slot's whole view as a
     whole write let another slot into such a slot's bytes between the partial write and the
     read (with this very slot, then with cgGradientAttention onto cgSavedNormed1, mutants
     the campaign drew before the layer-norm backward wrote the low copy: 304 bytes of the
     gradient norm's partial sums came out different)."""
-    record = judge(lane, "train.cg", "slot cgGradientAttention renamed cgSavedFcPre "
-                                     "throughout cgLayerAttentionBackward")
+    record = judge_renamed(lane, "train.cg", "cgLayerAttentionBackward", "cgGradientAttention",
+                           "cgSavedFcPre")
     assert record["gt1"] == "safe", record
     # The (covers ...) clauses refuse it (the product that writes the gradient must cover
     # its output, and reaches one item of the stacked slot); the values ground truth

@@ -2610,55 +2610,55 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgSavedNormed1 + 6291456L * (layer), cgSavedStatistics1 + 16384L * (layer), cgBoundaries + 6291456L * (layer), cgBankP_cgLn1Gamma + 768L * (layer), cgBankP_cgLn1Beta + 768L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
-    // launches.cg:215:7 (from forward.cg:17:7) cgImageRotary
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 18874368L * (layer), cgSavedNormed1 + 6291456L * (layer), cgBankHalf_cgQkvWeight + 1769472L * (layer), 8192, 2304, 768);
+    // launches.cg:216:7 (from forward.cg:17:7) cgImageRotary
     CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgSavedQkv + 18874368L * (layer), 0);
-    CG_LAUNCHED("launches.cg:215:7 (from forward.cg:17:7) cgImageRotary");
+    CG_LAUNCHED("launches.cg:216:7 (from forward.cg:17:7) cgImageRotary");
     // library.cg:133:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(160, 1, 1), 41984, stream)(cgSavedAttention + 6291456L * (layer), cgSavedAttentionLse + 98304L * (layer), cgSavedQkv + 18874368L * (layer), cg_tensor_map_2d(cgSavedQkv + 18874368L * (layer), 2304, (18874368) / 2304, 64, 64, 128));
     CG_LAUNCHED("library.cg:133:31 (from forward.cg:17:7) cgImageAttention");
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
-    cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 6291456L * (layer), cgSavedAttention + 6291456L * (layer), cgBankHalf_cgOutputWeight + 589824L * (layer), cgBoundaries + 6291456L * (layer), 8192, 768, 768);
     // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgSavedNormed2 + 6291456L * (layer), cgSavedStatistics2 + 16384L * (layer), cgSavedMiddle + 6291456L * (layer), cgBankP_cgLn2Gamma + 768L * (layer), cgBankP_cgLn2Beta + 768L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu
-    cgImageProductGelu(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 25165824L * (layer), cgSavedNormed2 + 6291456L * (layer), cgBankHalf_cgFcWeight + 2359296L * (layer), cgSavedFcPre + 25165824L * (layer), 8192, 3072, 768);
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
-    cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgSavedFcAct + 25165824L * (layer), cgBankHalf_cgProjWeight + 2359296L * (layer), cgSavedMiddle + 6291456L * (layer), 8192, 768, 3072);
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductGelu
+    cgImageProductGelu(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 25165824L * (layer), cgSavedNormed2 + 6291456L * (layer), cgBankHalf_cgFcWeight + 2359296L * (layer), cgSavedFcPre + 25165824L * (layer), 8192, 3072, 768);
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 6291456L * (layer + 1), cgSavedFcAct + 25165824L * (layer), cgBankHalf_cgProjWeight + 2359296L * (layer), cgSavedMiddle + 6291456L * (layer), 8192, 768, 3072);
   }
 }
 
 // phase cgPhaseScatter
 static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
-  // launches.cg:259:5 cgImageScatterOrder
+  // launches.cg:260:5 cgImageScatterOrder
   CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
-  CG_LAUNCHED("launches.cg:259:5 cgImageScatterOrder");
+  CG_LAUNCHED("launches.cg:260:5 cgImageScatterOrder");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:416:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:416:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:419:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:419:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:442:13 (from backward.cg:14:11) cgImageClassifier
+  // library.cg:452:13 (from backward.cg:14:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:442:13 (from backward.cg:14:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:452:13 (from backward.cg:14:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:37:13 (from backward.cg:14:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:14:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
-  // launches.cg:37:13 (from backward.cg:14:11) cgImageProductData
-  cgImageProductData(stream, "launches.cg:37:13 (from backward.cg:14:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // launches.cg:38:13 (from backward.cg:14:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:14:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+  // launches.cg:38:13 (from backward.cg:14:11) cgImageProductData
+  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:14:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
   // library.cg:62:19 (from backward.cg:14:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 8192);
   CG_LAUNCHED("library.cg:62:19 (from backward.cg:14:11) cgImageLayerNormBackward");
@@ -2666,10 +2666,10 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
 
 // phase cgPhaseLayerBackward
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream) {
-  // launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11), cgSavedFcPre + 25165824L * (11), 8192, 3072, 768);
-  // launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11), 8192, 768, 3072);
+  // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11), cgSavedFcPre + 25165824L * (11), 8192, 3072, 768);
+  // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+  cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11), 8192, 768, 3072);
 }
 
 // phase cgPhaseLayerBackward
@@ -2677,24 +2677,24 @@ static void cg_phase_7_cgPhaseLayerBackward(cudaStream_t stream) {
   // concurrently, library.cg:373:11: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:373:11");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11), cgSavedFcAct + 25165824L * (11), cgGradientLow, 3072, 768, 8192);
-    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11), cgSavedNormed2 + 6291456L * (11), cgGradientFc, 768, 3072, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11), cgSavedFcAct + 25165824L * (11), cgGradientLow, 3072, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11), cgSavedNormed2 + 6291456L * (11), cgGradientFc, 768, 3072, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:89:21 (from backward.cg:19:9) cgImageLayerNormBackwardAdd
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (11), cgSavedStatistics2 + 16384L * (11), cgBankP_cgLn2Gamma + 768L * (11), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11), cgBankG_cgLn2Beta + 768L * (11), cgGradientMiddleLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:19:9) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11), 8192, 768, 768);
-    // library.cg:297:25 (from backward.cg:19:9) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11), 8192, 768, 768);
+    // library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (11), cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:19:9) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:19:9) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(12, 8, 32), dim3(64, 1, 1), 56320, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11), cgGradientAttention, cgSavedAttentionLse + 98304L * (11), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:19:9) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:373:11");
 }
@@ -2704,22 +2704,22 @@ static void cg_phase_8_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // concurrently, library.cg:395:13: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:395:13");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientMiddleLow, 768, 768, 8192);
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientMiddleLow, 768, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgSavedNormed1 + 6291456L * (11 - fromTop), cgGradientQkv, 768, 2304, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-    // library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgSavedStatistics1 + 16384L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (10 - fromTop), cgSavedFcPre + 25165824L * (10 - fromTop), 8192, 3072, 768);
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (10 - fromTop), 8192, 768, 3072);
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward
+    cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (10 - fromTop), cgSavedFcPre + 25165824L * (10 - fromTop), 8192, 3072, 768);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (10 - fromTop), 8192, 768, 3072);
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:395:13");
 }
@@ -2729,33 +2729,33 @@ static void cg_phase_9_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // concurrently, library.cg:373:11: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:373:11");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (10 - fromTop), cgSavedFcAct + 25165824L * (10 - fromTop), cgGradientLow, 3072, 768, 8192);
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (10 - fromTop), cgSavedNormed2 + 6291456L * (10 - fromTop), cgGradientFc, 768, 3072, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (10 - fromTop), cgSavedFcAct + 25165824L * (10 - fromTop), cgGradientLow, 3072, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (10 - fromTop), cgSavedNormed2 + 6291456L * (10 - fromTop), cgGradientFc, 768, 3072, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 6291456L * (10 - fromTop), cgSavedStatistics2 + 16384L * (10 - fromTop), cgBankP_cgLn2Gamma + 768L * (10 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (10 - fromTop), cgBankG_cgLn2Beta + 768L * (10 - fromTop), cgGradientMiddleLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (10 - fromTop), 8192, 768, 768);
-    // library.cg:297:25 (from backward.cg:22:11) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (10 - fromTop), 8192, 768, 768);
+    // library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 6291456L * (10 - fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:22:11) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:22:11) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(12, 8, 32), dim3(64, 1, 1), 56320, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (10 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (10 - fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:22:11) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[7], "library.cg:373:11");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_11_cgPhaseScatter(cudaStream_t stream) {
-  // launches.cg:267:5 cgImageScatterSorted
+  // launches.cg:268:5 cgImageScatterSorted
   CG_LAUNCH(cgImageScatterSorted, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
-  CG_LAUNCHED("launches.cg:267:5 cgImageScatterSorted");
+  CG_LAUNCHED("launches.cg:268:5 cgImageScatterSorted");
 }
 
 // phase cgPhaseLayerBackward
@@ -2763,18 +2763,18 @@ static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
   // concurrently, library.cg:395:13: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:395:13");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (0), cgSavedAttention + 6291456L * (0), cgGradientMiddleLow, 768, 768, 8192);
-    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (0), cgSavedNormed1 + 6291456L * (0), cgGradientQkv, 768, 2304, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (0), cgSavedAttention + 6291456L * (0), cgGradientMiddleLow, 768, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (0), cgSavedNormed1 + 6291456L * (0), cgGradientQkv, 768, 2304, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (0), 8192, 768, 2304);
-    // library.cg:89:21 (from backward.cg:35:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (0), 8192, 768, 2304);
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (0), cgSavedStatistics1 + 16384L * (0), cgBankP_cgLn1Gamma + 768L * (0), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (0), cgBankG_cgLn1Beta + 768L * (0), cgGradientLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:35:11) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
     cg_phase_11_cgPhaseScatter(stream);
   }
   cg_join(stream, cg_streams[1], cg_events[9], "library.cg:395:13");
@@ -2782,22 +2782,22 @@ static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
 
 // phase cgPhaseGradientNorm
 static void cg_phase_12_cgPhaseGradientNorm(cudaStream_t stream) {
-  // launches.cg:227:9 cgImageSquareSum
+  // launches.cg:228:9 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 123606528);
-  CG_LAUNCHED("launches.cg:227:9 cgImageSquareSum");
-  // launches.cg:231:9 cgImageGradientNorm
+  CG_LAUNCHED("launches.cg:228:9 cgImageSquareSum");
+  // launches.cg:232:9 cgImageGradientNorm
   CG_LAUNCH(cgImageGradientNorm, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNorm, cgGradientNormPartials, 1024, 1.0f);
-  CG_LAUNCHED("launches.cg:231:9 cgImageGradientNorm");
+  CG_LAUNCHED("launches.cg:232:9 cgImageGradientNorm");
 }
 
 // phase cgPhaseUpdate
 static void cg_phase_13_cgPhaseUpdate(cudaStream_t stream) {
-  // launches.cg:237:9 cgImageStepAdvance
+  // launches.cg:238:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
-  CG_LAUNCHED("launches.cg:237:9 cgImageStepAdvance");
-  // launches.cg:238:9 cgImageAdamW
+  CG_LAUNCHED("launches.cg:238:9 cgImageStepAdvance");
+  // launches.cg:239:9 cgImageAdamW
   CG_LAUNCH(cgImageAdamW, dim3(120710, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, cgStepLearningRate, 123606528, 0.9f, 0.95f, 1e-08f, 0.1f, 123568128);
-  CG_LAUNCHED("launches.cg:238:9 cgImageAdamW");
+  CG_LAUNCHED("launches.cg:239:9 cgImageAdamW");
 }
 
 // One training step: cgTrainStep.

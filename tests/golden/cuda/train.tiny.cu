@@ -2575,55 +2575,55 @@ static void cg_phase_1_cgPhaseLayerForward(cudaStream_t stream) {
     // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgSavedNormed1 + 16384L * (layer), cgSavedStatistics1 + 512L * (layer), cgBoundaries + 16384L * (layer), cgBankP_cgLn1Gamma + 64L * (layer), cgBankP_cgLn1Beta + 64L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow
-    cgImageProductDataLow(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
-    // launches.cg:215:7 (from forward.cg:17:7) cgImageRotary
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow
+    cgImageProductDataLow(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductDataLow", cgSavedQkv + 49152L * (layer), cgSavedNormed1 + 16384L * (layer), cgBankHalf_cgQkvWeight + 12288L * (layer), 256, 192, 64);
+    // launches.cg:216:7 (from forward.cg:17:7) cgImageRotary
     CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgSavedQkv + 49152L * (layer), 0);
-    CG_LAUNCHED("launches.cg:215:7 (from forward.cg:17:7) cgImageRotary");
+    CG_LAUNCHED("launches.cg:216:7 (from forward.cg:17:7) cgImageRotary");
     // library.cg:133:31 (from forward.cg:17:7) cgImageAttention
     CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(64, 1, 1), 15360, stream)(cgSavedAttention + 16384L * (layer), cgSavedAttentionLse + 1024L * (layer), cgSavedQkv + 49152L * (layer));
     CG_LAUNCHED("library.cg:133:31 (from forward.cg:17:7) cgImageAttention");
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
-    cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgSavedMiddle + 16384L * (layer), cgSavedAttention + 16384L * (layer), cgBankHalf_cgOutputWeight + 4096L * (layer), cgBoundaries + 16384L * (layer), 256, 64, 64);
     // library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm
     CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgSavedNormed2 + 16384L * (layer), cgSavedStatistics2 + 512L * (layer), cgSavedMiddle + 16384L * (layer), cgBankP_cgLn2Gamma + 64L * (layer), cgBankP_cgLn2Beta + 64L * (layer), 1e-05f);
     CG_LAUNCHED("library.cg:27:13 (from forward.cg:17:7) cgImageLayerNorm");
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu
-    cgImageProductGelu(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 65536L * (layer), cgSavedNormed2 + 16384L * (layer), cgBankHalf_cgFcWeight + 16384L * (layer), cgSavedFcPre + 65536L * (layer), 256, 256, 64);
-    // launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual
-    cgImageProductResidual(stream, "launches.cg:37:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgSavedFcAct + 65536L * (layer), cgBankHalf_cgProjWeight + 16384L * (layer), cgSavedMiddle + 16384L * (layer), 256, 64, 256);
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductGelu
+    cgImageProductGelu(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductGelu", cgSavedFcAct + 65536L * (layer), cgSavedNormed2 + 16384L * (layer), cgBankHalf_cgFcWeight + 16384L * (layer), cgSavedFcPre + 65536L * (layer), 256, 256, 64);
+    // launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual
+    cgImageProductResidual(stream, "launches.cg:38:13 (from forward.cg:17:7) cgImageProductResidual", cgBoundaries + 16384L * (layer + 1), cgSavedFcAct + 65536L * (layer), cgBankHalf_cgProjWeight + 16384L * (layer), cgSavedMiddle + 16384L * (layer), 256, 64, 256);
   }
 }
 
 // phase cgPhaseScatter
 static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
-  // launches.cg:259:5 cgImageScatterOrder
+  // launches.cg:260:5 cgImageScatterOrder
   CG_LAUNCH(cgImageScatterOrder, dim3(1, 1, 1), dim3(1024, 1, 1), 0, stream)(cgScatterOrder, cgIds);
-  CG_LAUNCHED("launches.cg:259:5 cgImageScatterOrder");
+  CG_LAUNCHED("launches.cg:260:5 cgImageScatterOrder");
 }
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:416:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:416:5) cgImageLayerNorm");
-  // launches.cg:37:13 (from library.cg:419:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:37:13 (from library.cg:419:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:442:13 (from backward.cg:14:11) cgImageClassifier
+  // library.cg:452:13 (from backward.cg:14:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 512, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:442:13 (from backward.cg:14:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:452:13 (from backward.cg:14:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:37:13 (from backward.cg:14:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:14:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
-  // launches.cg:37:13 (from backward.cg:14:11) cgImageProductData
-  cgImageProductData(stream, "launches.cg:37:13 (from backward.cg:14:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // launches.cg:38:13 (from backward.cg:14:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:14:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // launches.cg:38:13 (from backward.cg:14:11) cgImageProductData
+  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:14:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
   // library.cg:62:19 (from backward.cg:14:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 256);
   CG_LAUNCHED("library.cg:62:19 (from backward.cg:14:11) cgImageLayerNormBackward");
@@ -2631,10 +2631,10 @@ static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
 
 // phase cgPhaseLayerBackward
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream) {
-  // launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1), cgSavedFcPre + 65536L * (1), 256, 256, 64);
-  // launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposed
-  cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:17:9) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1), 256, 64, 256);
+  // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1), cgSavedFcPre + 65536L * (1), 256, 256, 64);
+  // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+  cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1), 256, 64, 256);
 }
 
 // phase cgPhaseLayerBackward
@@ -2642,24 +2642,24 @@ static void cg_phase_7_cgPhaseLayerBackward(cudaStream_t stream) {
   // concurrently, library.cg:373:11: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:373:11");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1), cgSavedFcAct + 65536L * (1), cgGradientLow, 256, 64, 256);
-    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1), cgSavedNormed2 + 16384L * (1), cgGradientFc, 64, 256, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1), cgSavedFcAct + 65536L * (1), cgGradientLow, 256, 64, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1), cgSavedNormed2 + 16384L * (1), cgGradientFc, 64, 256, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:89:21 (from backward.cg:19:9) cgImageLayerNormBackwardAdd
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (1), cgSavedStatistics2 + 512L * (1), cgBankP_cgLn2Gamma + 64L * (1), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1), cgBankG_cgLn2Beta + 64L * (1), cgGradientMiddleLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:19:9) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:19:9) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:19:9) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1), 256, 64, 64);
-    // library.cg:297:25 (from backward.cg:19:9) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1), 256, 64, 64);
+    // library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (1), cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:19:9) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:19:9) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 19456, stream)(cgGradientQkv, cgSavedQkv + 49152L * (1), cgGradientAttention, cgSavedAttentionLse + 1024L * (1), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:19:9) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:373:11");
 }
@@ -2669,22 +2669,22 @@ static void cg_phase_8_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // concurrently, library.cg:395:13: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:395:13");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientMiddleLow, 64, 64, 256);
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgSavedAttention + 16384L * (1 - fromTop), cgGradientMiddleLow, 64, 64, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgSavedNormed1 + 16384L * (1 - fromTop), cgGradientQkv, 64, 192, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-    // library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgSavedStatistics1 + 512L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedGeluBackward
-    cgImageProductTransposedGeluBackward(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (-fromTop), cgSavedFcPre + 65536L * (-fromTop), 256, 256, 64);
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (-fromTop), 256, 64, 256);
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward
+    cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (-fromTop), cgSavedFcPre + 65536L * (-fromTop), 256, 256, 64);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (-fromTop), 256, 64, 256);
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:395:13");
 }
@@ -2694,33 +2694,33 @@ static void cg_phase_9_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
   // concurrently, library.cg:373:11: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:373:11");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (-fromTop), cgSavedFcAct + 65536L * (-fromTop), cgGradientLow, 256, 64, 256);
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (-fromTop), cgSavedNormed2 + 16384L * (-fromTop), cgGradientFc, 64, 256, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (-fromTop), cgSavedFcAct + 65536L * (-fromTop), cgGradientLow, 256, 64, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (-fromTop), cgSavedNormed2 + 16384L * (-fromTop), cgGradientFc, 64, 256, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgSavedMiddle + 16384L * (-fromTop), cgSavedStatistics2 + 512L * (-fromTop), cgBankP_cgLn2Gamma + 64L * (-fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (-fromTop), cgBankG_cgLn2Beta + 64L * (-fromTop), cgGradientMiddleLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:22:11) cgImageLayerNormBackwardAdd");
-    // launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:37:13 (from backward.cg:22:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (-fromTop), 256, 64, 64);
-    // library.cg:297:25 (from backward.cg:22:11) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (-fromTop), 256, 64, 64);
+    // library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgSavedAttention + 16384L * (-fromTop), cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:22:11) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:22:11) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:15:5) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 19456, stream)(cgGradientQkv, cgSavedQkv + 49152L * (-fromTop), cgGradientAttention, cgSavedAttentionLse + 1024L * (-fromTop), cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:22:11) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[7], "library.cg:373:11");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_11_cgPhaseScatter(cudaStream_t stream) {
-  // launches.cg:267:5 cgImageScatterSorted
+  // launches.cg:268:5 cgImageScatterSorted
   CG_LAUNCH(cgImageScatterSorted, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds, cgScatterOrder);
-  CG_LAUNCHED("launches.cg:267:5 cgImageScatterSorted");
+  CG_LAUNCHED("launches.cg:268:5 cgImageScatterSorted");
 }
 
 // phase cgPhaseLayerBackward
@@ -2728,18 +2728,18 @@ static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
   // concurrently, library.cg:395:13: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:395:13");
   {  // branch 0, on this stream
-    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (0), cgSavedAttention + 16384L * (0), cgGradientMiddleLow, 64, 64, 256);
-    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (0), cgSavedNormed1 + 16384L * (0), cgGradientQkv, 64, 192, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (0), cgSavedAttention + 16384L * (0), cgGradientMiddleLow, 64, 64, 256);
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (0), cgSavedNormed1 + 16384L * (0), cgGradientQkv, 64, 192, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:37:13 (from backward.cg:35:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:37:13 (from backward.cg:35:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (0), 256, 64, 192);
-    // library.cg:89:21 (from backward.cg:35:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (0), 256, 64, 192);
+    // library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (0), cgSavedStatistics1 + 512L * (0), cgBankP_cgLn1Gamma + 64L * (0), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (0), cgBankG_cgLn1Beta + 64L * (0), cgGradientLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:35:11) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
     cg_phase_11_cgPhaseScatter(stream);
   }
   cg_join(stream, cg_streams[1], cg_events[9], "library.cg:395:13");
@@ -2747,22 +2747,22 @@ static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
 
 // phase cgPhaseGradientNorm
 static void cg_phase_12_cgPhaseGradientNorm(cudaStream_t stream) {
-  // launches.cg:227:9 cgImageSquareSum
+  // launches.cg:228:9 cgImageSquareSum
   CG_LAUNCH(cgImageSquareSum, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNormPartials, cgBankG_all, 115328);
-  CG_LAUNCHED("launches.cg:227:9 cgImageSquareSum");
-  // launches.cg:231:9 cgImageGradientNorm
+  CG_LAUNCHED("launches.cg:228:9 cgImageSquareSum");
+  // launches.cg:232:9 cgImageGradientNorm
   CG_LAUNCH(cgImageGradientNorm, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream)(cgGradientNorm, cgGradientNormPartials, 1024, 1.0f);
-  CG_LAUNCHED("launches.cg:231:9 cgImageGradientNorm");
+  CG_LAUNCHED("launches.cg:232:9 cgImageGradientNorm");
 }
 
 // phase cgPhaseUpdate
 static void cg_phase_13_cgPhaseUpdate(cudaStream_t stream) {
-  // launches.cg:237:9 cgImageStepAdvance
+  // launches.cg:238:9 cgImageStepAdvance
   CG_LAUNCH(cgImageStepAdvance, dim3(1, 1, 1), dim3(1, 1, 1), 0, stream)(cgOptimizerStep);
-  CG_LAUNCHED("launches.cg:237:9 cgImageStepAdvance");
-  // launches.cg:238:9 cgImageAdamW
+  CG_LAUNCHED("launches.cg:238:9 cgImageStepAdvance");
+  // launches.cg:239:9 cgImageAdamW
   CG_LAUNCH(cgImageAdamW, dim3(113, 1, 1), dim3(256, 1, 1), 0, stream)(cgBankP_all, cgBankG_all, cgBankM_all, cgBankV_all, cgGradientNorm, cgOptimizerStep, cgBankHalf_all, cgStepLearningRate, 115328, 0.9f, 0.95f, 1e-08f, 0.1f, 114688);
-  CG_LAUNCHED("launches.cg:238:9 cgImageAdamW");
+  CG_LAUNCHED("launches.cg:239:9 cgImageAdamW");
 }
 
 // One training step: cgTrainStep.
