@@ -89,18 +89,10 @@ def exampleRest : (family NvidiaLaunchSchedule) =
     (cgThen (exampleAllReduce (cgParameter cgBankG cgFinalGamma))
       (exampleAllReduce (cgParameter cgBankG cgFinalBeta)))))
 
---- The pieces of the saving backward's turned loop (library.cg): a layer's start, middle,
---- and its end then `next`.
+--- The saving backward's turned loop's start, as a phase (library.cg's middle and end are
+--- phases of their own).
 def exampleStart : (Nat -> Schedule) =
   (lambda unrestricted l : Nat . (cgPhase cgPhaseLayerBackward (cgLayerBackwardSavedStart l)))
-
-def exampleMiddle : (Nat -> Schedule) =
-  (lambda unrestricted l : Nat . (cgLayerBackwardSavedMiddle l (cgArena cgDy0) (cgArena cgDy1)))
-
-def exampleEnd : (Nat -> Schedule -> Schedule) =
-  (lambda unrestricted l : Nat .
-    (lambda unrestricted next : Schedule .
-      (cgLayerBackwardSavedEnd l (cgArena cgDy0) (cgArena cgDy1) next)))
 """
 
 
@@ -109,23 +101,25 @@ def bucketed_source(layers: int, nested: bool = False) -> str:
     language has no recursion to build the chain from cgLayers)."""
     def end(layer):  # a layer's end, then the layer below's start (the scatter at layer 0)
         after = f"(exampleStart {layer - 1})" if layer else "exampleSorted"
-        return f"(exampleEnd {layer} {after})"
+        return f"(cgLayerBackwardSavedEnd {layer} {after})"
+
+    def middle(layer):
+        return f"(cgLayerBackwardSavedMiddle {layer})"
     top = layers - 1
-    if nested:
+    if nested:  # each layer's whole bucket beside everything below its end
         chain = "(exampleBucket 0)"
         for layer in range(1, layers):
-            chain = f"(cgConcurrently (exampleBucket {layer})\n  (cgThen (exampleMiddle " \
-                    f"{layer - 1}) (cgThen {end(layer - 1)} {chain})))"
+            chain = f"(cgConcurrently (exampleBucket {layer})\n  (cgThen {middle(layer - 1)} " \
+                    f"(cgThen {end(layer - 1)} {chain})))"
+        chain = f"(cgThen {end(top)} {chain})"
     else:
         chain = f"(cgThen (cgConcurrently (exampleBucketMlp 0) {end(0)})\n  " \
                 f"(exampleBucketAttention 0))"
         for layer in range(1, layers):
             chain = f"(cgThen (cgConcurrently (exampleBucketMlp {layer}) {end(layer)})\n  " \
-                    f"(cgThen (cgConcurrently (exampleBucketAttention {layer}) (exampleMiddle " \
-                    f"{layer - 1}))\n  {chain}))"
-    if nested:
-        chain = f"(cgThen {end(top)} {chain})"
-    chain = f"(cgThen (exampleStart {top}) (cgThen (exampleMiddle {top})\n  {chain}))"
+                    f"(cgThen (cgConcurrently (exampleBucketAttention {layer}) " \
+                    f"{middle(layer - 1)})\n  {chain}))"
+    chain = f"(cgThen (exampleStart {top}) (cgThen {middle(top)}\n  {chain}))"
     entry = "exampleBucketedNestedStep" if nested else "exampleBucketedStep"
     return IMPORTS.format(schedules=SCHEDULES) + BUCKETS + f"""
 def {entry} : (family NvidiaLaunchSchedule) =

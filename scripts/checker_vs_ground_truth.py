@@ -568,6 +568,14 @@ def _renamed(term, mapping: dict):
     return term
 
 
+def with_slots_renamed(declaration, mapping: dict):
+    """`declaration` with every use of each arena slot of `mapping` renamed: a slot-lifetime
+    mutant's edit."""
+    return declaration._replace(terms=(declaration.terms[0],
+                                       _renamed(declaration.terms[1], mapping))
+                                + declaration.terms[2:])
+
+
 def _lifetime_mutants(declarations, reach, kinds, chooser) -> list[Mutant]:
     """Slot lifetimes moved: within one definition, every use of an arena slot renamed to
     another slot of its element type, or two slots' uses exchanged. The definition computes
@@ -584,9 +592,7 @@ def _lifetime_mutants(declarations, reach, kinds, chooser) -> list[Mutant]:
             for other in chooser.sample(same, min(2, len(same))):
                 mapping = {slot: other, other: slot} if other in used else {slot: other}
                 verb = "exchanged with" if other in used else "renamed"
-                changed = declaration._replace(terms=(declaration.terms[0],
-                                                      _renamed(body, mapping))
-                                               + declaration.terms[2:])
+                changed = with_slots_renamed(declaration, mapping)
                 found.append(Mutant("lifetime", f"slot {slot} {verb} {other} throughout "
                                                 f"{name}", ((name, None, None, changed),)))
     return found

@@ -1203,6 +1203,7 @@ class Pricer:
         self.scaled = scaled or {}  # image -> a factor on its parts and its bytes (a
         # what-if; not its launch overhead, the gap between launches that no faster kernel
         # shortens)
+        self.hbm = machine_of(hw, model).hbm  # the rate a launch alone is priced at
         self.cache = {}
 
     def modelled(self, facts: LaunchFacts) -> Modelled:
@@ -1260,11 +1261,10 @@ class Pricer:
                                         copies_residual_bytes=facts.copies_residual_bytes
                                         * factor)
             modelled = dataclasses.replace(modelled, moved=modelled.moved * factor)
-        hbm = machine_of(self.hw, self.model).hbm  # the rate a launch alone is priced at
         if facts.library:
-            return library_profile(facts, modelled, self.hw, hbm)
+            return library_profile(facts, modelled, self.hw, self.hbm)
         return kernel_profile(facts, modelled, self.audits[facts.image].occupancy.blocks,
-                              self.hw, hbm)
+                              self.hw, self.hbm)
 
 
 @dataclass
@@ -1712,9 +1712,9 @@ def main() -> int:
     parser.add_argument("--scale", type=parse_scale, action="append", default=[],
                         metavar="IMAGE=F",
                         help="a what-if: the step (calibrated, the machine shared) with IMAGE's "
-                        "time and bytes (its parts, not its launch overheads) times F, beside the step "
-                        "as built, e.g. cgImageAttentionBackward=0.800; may be given again "
-                        "for other images (not with --floor, --parts, --ranks, "
+                        "time and bytes (its parts, not its launch overheads) times F, beside "
+                        "the step as built, e.g. cgImageAttentionBackward=0.800; may be given "
+                        "again for other images (not with --floor, --parts, --ranks, "
                         "--sensitivity or --registers); the step need not be monotone in F "
                         "(concurrent branches' launches start in another order as one "
                         "shrinks)")

@@ -657,26 +657,23 @@ import "{schedules}/optimizer.cg"
 
 --- The saving backward before its loop was turned: each layer whole (cgLayerBackwardFrom),
 --- the next layer waiting for both of its weight-gradient pairs.
+def exampleWholeLayer : (Nat -> Schedule) =
+  (lambda unrestricted layer : Nat .
+    (cgPhase cgPhaseLayerBackward
+      (cgLayerBackwardFrom (cgItem (cgArena cgSavedNormed1) layer)
+        (cgItem (cgArena cgSavedStatistics1) layer) (cgItem (cgArena cgSavedQkv) layer)
+        (cgItem (cgArena cgSavedAttention) layer) (cgItem (cgArena cgSavedAttentionLse) layer)
+        (cgItem (cgArena cgSavedMiddle) layer) (cgItem (cgArena cgSavedNormed2) layer)
+        (cgItem (cgArena cgSavedStatistics2) layer) (cgItem (cgArena cgSavedFcPre) layer)
+        (cgItem (cgArena cgSavedFcAct) layer) layer (cgArena cgDy0) (cgArena cgDy1))))
+
 def exampleUnturnedBackward : (family NvidiaLaunchSchedule) =
   (cgThen (cgClassifier (cgArena cgDy0) (cgArena cgGradientLow))
     (cgThen
       (nvidiaAffineLaunchRepeat cgLayers
         (lambda unrestricted fromTop : Nat .
-          (cgPhase cgPhaseLayerBackward
-            (cgLayerBackwardFrom
-              (cgItem (cgArena cgSavedNormed1) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedStatistics1) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedQkv) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedAttention) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedAttentionLse) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedMiddle) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedNormed2) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedStatistics2) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedFcPre) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (cgItem (cgArena cgSavedFcAct) (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))
-              (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop)
-              (cgArena cgDy0)
-              (cgArena cgDy1)))))
+          (exampleWholeLayer
+            (naturalSaturatingSubtract (naturalSaturatingSubtract cgLayers 1) fromTop))))
       cgScatterSorted))
 
 def exampleUnturnedStep : (family NvidiaLaunchSchedule) =

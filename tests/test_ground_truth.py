@@ -49,14 +49,11 @@ def judge(lane, schedule: str, description: str | None = None) -> dict:
 
 def judge_renamed(lane, schedule: str, definition: str, slot: str, other: str) -> dict:
     """The campaign's slot-lifetime mutation made on purpose, not drawn: every use of arena
-    slot `slot` in `definition` renamed `other` (checker_vs_ground_truth._lifetime_mutants),
-    judged as the campaign judges its own."""
+    slot `slot` in `definition` renamed `other` (campaign.with_slots_renamed, as the
+    campaign's own), judged as the campaign judges its own."""
     declaration = {d.name.text: d for m in lane.modules[schedule]
                    for d in m.declarations}[definition]
-    changed = declaration._replace(terms=(declaration.terms[0],
-                                          campaign._renamed(declaration.terms[1],
-                                                            {slot: other}))
-                                   + declaration.terms[2:])
+    changed = campaign.with_slots_renamed(declaration, {slot: other})
     mutant = campaign.Mutant("lifetime", f"slot {slot} renamed {other} throughout {definition}",
                              ((definition, None, None, changed),))
     assert mutant.apply(lane.modules[schedule]) is not None

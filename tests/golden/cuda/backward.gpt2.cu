@@ -2373,108 +2373,108 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
-  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
-  // library.cg:435:7 cgImageLoss
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  // library.cg:420:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:435:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:420:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:40:9 cgImageCrossEntropyBackward
+  // backward.cg:41:9 cgImageCrossEntropyBackward
   CG_LAUNCH(cgImageCrossEntropyBackward, dim3(8192, 393, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradientSlot, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.0001220703125f);
-  CG_LAUNCHED("backward.cg:40:9 cgImageCrossEntropyBackward");
+  CG_LAUNCHED("backward.cg:41:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:176:9 (from backward.cg:50:19) cgImageCastDown
+  // launches.cg:176:9 (from backward.cg:51:19) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(201216, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 412090368);
-  CG_LAUNCHED("launches.cg:176:9 (from backward.cg:50:19) cgImageCastDown");
-  // launches.cg:38:13 (from backward.cg:52:15) cgImageProductWeight
-  cgImageProductWeight(stream, "launches.cg:38:13 (from backward.cg:52:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 50304, 768, 8192);
-  // launches.cg:38:13 (from backward.cg:56:17) cgImageProductData
-  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:56:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:62:19 (from backward.cg:58:17) cgImageLayerNormBackward
+  CG_LAUNCHED("launches.cg:176:9 (from backward.cg:51:19) cgImageCastDown");
+  // launches.cg:38:13 (from backward.cg:53:15) cgImageProductWeight
+  cgImageProductWeight(stream, "launches.cg:38:13 (from backward.cg:53:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 50304, 768, 8192);
+  // launches.cg:38:13 (from backward.cg:57:17) cgImageProductData
+  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:57:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:62:19 (from backward.cg:59:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 8192);
-  CG_LAUNCHED("library.cg:62:19 (from backward.cg:58:17) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:62:19 (from backward.cg:59:17) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm
+  // library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // launches.cg:216:7 (from backward.cg:66:11) cgImageRotary
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
+  // launches.cg:216:7 (from backward.cg:67:11) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:66:11) cgImageRotary");
-  // library.cg:133:31 (from backward.cg:66:11) cgImageAttention
+  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:67:11) cgImageRotary");
+  // library.cg:133:31 (from backward.cg:67:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(64, 1, 1), 46080, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:133:31 (from backward.cg:66:11) cgImageAttention");
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductResidual
-  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:133:31 (from backward.cg:67:11) cgImageAttention");
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductResidual
+  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductGelu
-  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductGelu
+  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
   // concurrently, library.cg:229:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:229:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-    // library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+    // library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientMiddleLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd");
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:297:25 (from backward.cg:66:11) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:297:25 (from backward.cg:67:11) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:66:11) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:66:11) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:67:11) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:67:11) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(12, 8, 32), dim3(64, 1, 1), 56320, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:66:11) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:67:11) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[1], "library.cg:229:33");
   // concurrently, library.cg:235:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:235:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientMiddleLow, 768, 768, 8192);
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientMiddleLow, 768, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-    // library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+    // library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:235:33");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:73:13 cgImageScatter
+  // backward.cg:74:13 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:73:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:74:13 cgImageScatter");
 }
 
 // One training step: cgBackward.

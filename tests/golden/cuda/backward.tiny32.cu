@@ -2372,108 +2372,108 @@ static void cg_prepare() {
 
 // phase cgPhaseLoss
 static void cg_phase_0_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
-  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
-  // library.cg:435:7 cgImageLoss
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  // library.cg:420:7 cgImageLoss
   CG_LAUNCH(cgImageLoss, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgLoss, cgCorrect, cgLogits, cgTargets, -1);
-  CG_LAUNCHED("library.cg:435:7 cgImageLoss");
+  CG_LAUNCHED("library.cg:420:7 cgImageLoss");
 }
 
 // phase cgPhaseOutput
 static void cg_phase_1_cgPhaseOutput(cudaStream_t stream) {
-  // backward.cg:40:9 cgImageCrossEntropyBackward
+  // backward.cg:41:9 cgImageCrossEntropyBackward
   CG_LAUNCH(cgImageCrossEntropyBackward, dim3(256, 2, 1), dim3(128, 1, 1), 0, stream)(cgLogitsGradientSlot, cgLogits, cgLoss, cgCorrect, cgTargets, 1.4426950408889634f, -1, 0.00390625f);
-  CG_LAUNCHED("backward.cg:40:9 cgImageCrossEntropyBackward");
+  CG_LAUNCHED("backward.cg:41:9 cgImageCrossEntropyBackward");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_2_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:176:9 (from backward.cg:50:19) cgImageCastDown
+  // launches.cg:176:9 (from backward.cg:51:19) cgImageCastDown
   CG_LAUNCH(cgImageCastDown, dim3(32, 1, 1), dim3(256, 1, 1), 0, stream)(cgLogitsGradientHalfSlot, cgLogitsGradientSlot, 65536);
-  CG_LAUNCHED("launches.cg:176:9 (from backward.cg:50:19) cgImageCastDown");
-  // launches.cg:38:13 (from backward.cg:52:15) cgImageProductWeight
-  cgImageProductWeight(stream, "launches.cg:38:13 (from backward.cg:52:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
-  // launches.cg:38:13 (from backward.cg:56:17) cgImageProductData
-  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:56:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:62:19 (from backward.cg:58:17) cgImageLayerNormBackward
+  CG_LAUNCHED("launches.cg:176:9 (from backward.cg:51:19) cgImageCastDown");
+  // launches.cg:38:13 (from backward.cg:53:15) cgImageProductWeight
+  cgImageProductWeight(stream, "launches.cg:38:13 (from backward.cg:53:15) cgImageProductWeight", cgBankG_cgEmbeddingEntry, cgLogitsGradientHalfSlot, cgFinalHalf, 256, 64, 256);
+  // launches.cg:38:13 (from backward.cg:57:17) cgImageProductData
+  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:57:17) cgImageProductData", cgFinalGradient, cgLogitsGradientHalfSlot, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:62:19 (from backward.cg:59:17) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 256);
-  CG_LAUNCHED("library.cg:62:19 (from backward.cg:58:17) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:62:19 (from backward.cg:59:17) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_3_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm
+  // library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductDataLow
-  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // launches.cg:216:7 (from backward.cg:66:11) cgImageRotary
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductDataLow
+  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
+  // launches.cg:216:7 (from backward.cg:67:11) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:66:11) cgImageRotary");
-  // library.cg:133:31 (from backward.cg:66:11) cgImageAttention
+  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:67:11) cgImageRotary");
+  // library.cg:133:31 (from backward.cg:67:11) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(64, 1, 1), 30720, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:133:31 (from backward.cg:66:11) cgImageAttention");
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductResidual
-  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:133:31 (from backward.cg:67:11) cgImageAttention");
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductResidual
+  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
+  // library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:66:11) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductGelu
-  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:67:11) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductGelu
+  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
   // concurrently, library.cg:229:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[0], "library.cg:229:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-    // library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+    // library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientMiddleLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd");
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:297:25 (from backward.cg:66:11) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+    // library.cg:297:25 (from backward.cg:67:11) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:66:11) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:66:11) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:67:11) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:67:11) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 37888, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:66:11) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:67:11) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[1], "library.cg:229:33");
   // concurrently, library.cg:235:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:235:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:66:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-    // library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:67:11) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+    // library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:66:11) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:67:11) cgImageLayerNormBackwardAdd");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:235:33");
 }
 
 // phase cgPhaseScatter
 static void cg_phase_4_cgPhaseScatter(cudaStream_t stream) {
-  // backward.cg:73:13 cgImageScatter
+  // backward.cg:74:13 cgImageScatter
   CG_LAUNCH(cgImageScatter, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgBankG_cgEmbeddingEntry, cgDy0, cgIds);
-  CG_LAUNCHED("backward.cg:73:13 cgImageScatter");
+  CG_LAUNCHED("backward.cg:74:13 cgImageScatter");
 }
 
 // One training step: cgBackward.

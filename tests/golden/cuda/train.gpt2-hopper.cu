@@ -2639,18 +2639,18 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
-  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:452:13 (from backward.cg:14:11) cgImageClassifier
+  // library.cg:437:13 (from backward.cg:14:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:452:13 (from backward.cg:14:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:437:13 (from backward.cg:14:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
@@ -2674,8 +2674,8 @@ static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream) {
 
 // phase cgPhaseLayerBackward
 static void cg_phase_7_cgPhaseLayerBackward(cudaStream_t stream) {
-  // concurrently, library.cg:373:11: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:373:11");
+  // concurrently, library.cg:371:7: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:371:7");
   {  // branch 0, on this stream
     // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11), cgSavedFcAct + 25165824L * (11), cgGradientLow, 3072, 768, 8192);
@@ -2696,13 +2696,13 @@ static void cg_phase_7_cgPhaseLayerBackward(cudaStream_t stream) {
     CG_LAUNCH(cgImageAttentionBackward, dim3(12, 8, 32), dim3(64, 1, 1), 56320, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (11), cgGradientAttention, cgSavedAttentionLse + 98304L * (11), cgAttentionDelta);
     CG_LAUNCHED("library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:373:11");
+  cg_join(stream, cg_streams[1], cg_events[3], "library.cg:371:7");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_8_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // concurrently, library.cg:395:13: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:395:13");
+  // concurrently, library.cg:390:9: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:390:9");
   {  // branch 0, on this stream
     // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgSavedAttention + 6291456L * (11 - fromTop), cgGradientMiddleLow, 768, 768, 8192);
@@ -2721,13 +2721,13 @@ static void cg_phase_8_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     // launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed
     cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (10 - fromTop), 8192, 768, 3072);
   }
-  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:395:13");
+  cg_join(stream, cg_streams[1], cg_events[5], "library.cg:390:9");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_9_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // concurrently, library.cg:373:11: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:373:11");
+  // concurrently, library.cg:371:7: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[6], "library.cg:371:7");
   {  // branch 0, on this stream
     // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (10 - fromTop), cgSavedFcAct + 25165824L * (10 - fromTop), cgGradientLow, 3072, 768, 8192);
@@ -2748,7 +2748,7 @@ static void cg_phase_9_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
     CG_LAUNCH(cgImageAttentionBackward, dim3(12, 8, 32), dim3(64, 1, 1), 56320, stream)(cgGradientQkv, cgSavedQkv + 18874368L * (10 - fromTop), cgGradientAttention, cgSavedAttentionLse + 98304L * (10 - fromTop), cgAttentionDelta);
     CG_LAUNCHED("library.cg:301:25 (from backward.cg:15:5) cgImageAttentionBackward");
   }
-  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:373:11");
+  cg_join(stream, cg_streams[1], cg_events[7], "library.cg:371:7");
 }
 
 // phase cgPhaseScatter
@@ -2760,8 +2760,8 @@ static void cg_phase_11_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLayerBackward
 static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
-  // concurrently, library.cg:395:13: 2 branches
-  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:395:13");
+  // concurrently, library.cg:390:9: 2 branches
+  cg_fork(stream, cg_streams[1], cg_events[8], "library.cg:390:9");
   {  // branch 0, on this stream
     // launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet
     cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:15:5) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (0), cgSavedAttention + 6291456L * (0), cgGradientMiddleLow, 768, 768, 8192);
@@ -2777,7 +2777,7 @@ static void cg_phase_10_cgPhaseLayerBackward(cudaStream_t stream) {
     CG_LAUNCHED("library.cg:89:21 (from backward.cg:15:5) cgImageLayerNormBackwardAdd");
     cg_phase_11_cgPhaseScatter(stream);
   }
-  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:395:13");
+  cg_join(stream, cg_streams[1], cg_events[9], "library.cg:390:9");
 }
 
 // phase cgPhaseGradientNorm

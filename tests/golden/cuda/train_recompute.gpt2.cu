@@ -2606,93 +2606,93 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 6291456L * (12), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
-  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 8192, 50304, 768);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:452:13 (from backward.cg:23:11) cgImageClassifier
+  // library.cg:437:13 (from backward.cg:24:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(8192, 1, 1), dim3(1024, 1, 1), 100608, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.0001220703125f, -1);
-  CG_LAUNCHED("library.cg:452:13 (from backward.cg:23:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:437:13 (from backward.cg:24:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:38:13 (from backward.cg:23:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:23:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
-  // launches.cg:38:13 (from backward.cg:23:11) cgImageProductData
-  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:23:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
-  // library.cg:62:19 (from backward.cg:23:11) cgImageLayerNormBackward
+  // launches.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 50304, 768, 8192);
+  // launches.cg:38:13 (from backward.cg:24:11) cgImageProductData
+  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:24:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 8192, 768, 50304);
+  // library.cg:62:19 (from backward.cg:24:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 6291456L * (12), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 8192);
-  CG_LAUNCHED("library.cg:62:19 (from backward.cg:23:11) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:62:19 (from backward.cg:24:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm
+  // library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 6291456L * (11 - fromTop), cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgBankP_cgLn1Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
-  // launches.cg:216:7 (from backward.cg:25:7) cgImageRotary
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductDataLow
+  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 2304, 768);
+  // launches.cg:216:7 (from backward.cg:26:7) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(1024, 8, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:25:7) cgImageRotary");
-  // library.cg:133:31 (from backward.cg:25:7) cgImageAttention
+  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:26:7) cgImageRotary");
+  // library.cg:133:31 (from backward.cg:26:7) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(16, 12, 8), dim3(64, 1, 1), 46080, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:133:31 (from backward.cg:25:7) cgImageAttention");
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductResidual
-  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
-  // library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:133:31 (from backward.cg:26:7) cgImageAttention");
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductResidual
+  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), cgBoundaries + 6291456L * (11 - fromTop), 8192, 768, 768);
+  // library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(8192, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgBankP_cgLn2Beta + 768L * (11 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductGelu
-  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductGelu
+  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 2359296L * (11 - fromTop), cgFcPre, 8192, 3072, 768);
   // concurrently, library.cg:229:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:229:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 2359296L * (11 - fromTop), cgFcAct, cgGradientLow, 3072, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 2359296L * (11 - fromTop), cgNormed2, cgGradientFc, 768, 3072, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
-    // library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 2359296L * (11 - fromTop), 8192, 768, 3072);
+    // library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 768L * (11 - fromTop), cgBankG_cgLn2Beta + 768L * (11 - fromTop), cgGradientMiddleLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd");
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
-    // library.cg:297:25 (from backward.cg:25:7) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 589824L * (11 - fromTop), 8192, 768, 768);
+    // library.cg:297:25 (from backward.cg:26:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(8192, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:25:7) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:25:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:26:7) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:26:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(12, 8, 32), dim3(64, 1, 1), 56320, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:25:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:26:7) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:229:33");
   // concurrently, library.cg:235:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:235:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientMiddleLow, 768, 768, 8192);
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 589824L * (11 - fromTop), cgAttention, cgGradientMiddleLow, 768, 768, 8192);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 1769472L * (11 - fromTop), cgNormed1, cgGradientQkv, 768, 2304, 8192);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
-    // library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 1769472L * (11 - fromTop), 8192, 768, 2304);
+    // library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 6291456L * (11 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 768L * (11 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 768L * (11 - fromTop), cgBankG_cgLn1Beta + 768L * (11 - fromTop), cgGradientLow, 8192);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:235:33");
 }

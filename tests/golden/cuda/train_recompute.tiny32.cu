@@ -2604,93 +2604,93 @@ static void cg_phase_2_cgPhaseScatter(cudaStream_t stream) {
 
 // phase cgPhaseLoss
 static void cg_phase_3_cgPhaseLoss(cudaStream_t stream) {
-  // library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm
+  // library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgFinalHalf, cgFinalStatistics, cgBoundaries + 16384L * (2), cgBankP_cgFinalGamma, cgBankP_cgFinalBeta, 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from library.cg:426:5) cgImageLayerNorm");
-  // launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow
-  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:429:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from library.cg:411:5) cgImageLayerNorm");
+  // launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow
+  cgImageProductTransposedLow(stream, "launches.cg:38:13 (from library.cg:414:5) cgImageProductTransposedLow", cgLogits, cgFinalHalf, cgBankHalf_cgEmbeddingEntry, 256, 256, 64);
 }
 
 // phase cgPhaseOutput
 static void cg_phase_4_cgPhaseOutput(cudaStream_t stream) {
-  // library.cg:452:13 (from backward.cg:23:11) cgImageClassifier
+  // library.cg:437:13 (from backward.cg:24:11) cgImageClassifier
   CG_LAUNCH(cgImageClassifier, dim3(256, 1, 1), dim3(1024, 1, 1), 1024, stream)(cgLogits, cgLoss, cgCorrect, cgTargets, 0.00390625f, -1);
-  CG_LAUNCHED("library.cg:452:13 (from backward.cg:23:11) cgImageClassifier");
+  CG_LAUNCHED("library.cg:437:13 (from backward.cg:24:11) cgImageClassifier");
 }
 
 // phase cgPhaseOutputGradient
 static void cg_phase_5_cgPhaseOutputGradient(cudaStream_t stream) {
-  // launches.cg:38:13 (from backward.cg:23:11) cgImageProductWeightSet
-  cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:23:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
-  // launches.cg:38:13 (from backward.cg:23:11) cgImageProductData
-  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:23:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
-  // library.cg:62:19 (from backward.cg:23:11) cgImageLayerNormBackward
+  // launches.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet
+  cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:24:11) cgImageProductWeightSet", cgBankG_cgEmbeddingEntry, cgLogits, cgFinalHalf, 256, 64, 256);
+  // launches.cg:38:13 (from backward.cg:24:11) cgImageProductData
+  cgImageProductData(stream, "launches.cg:38:13 (from backward.cg:24:11) cgImageProductData", cgFinalGradient, cgLogits, cgBankHalf_cgEmbeddingEntry, 256, 64, 256);
+  // library.cg:62:19 (from backward.cg:24:11) cgImageLayerNormBackward
   CG_LAUNCH(cgImageLayerNormBackward, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgFinalGradient, cgBoundaries + 16384L * (2), cgFinalStatistics, cgBankP_cgFinalGamma, cgNormPartials, cgBankG_cgFinalGamma, cgBankG_cgFinalBeta, cgGradientLow, 256);
-  CG_LAUNCHED("library.cg:62:19 (from backward.cg:23:11) cgImageLayerNormBackward");
+  CG_LAUNCHED("library.cg:62:19 (from backward.cg:24:11) cgImageLayerNormBackward");
 }
 
 // phase cgPhaseLayerBackward, inside the repeat of fromTop
 static void cg_phase_6_cgPhaseLayerBackward(cudaStream_t stream, int fromTop) {
-  // library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm
+  // library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed1, cgStatistics1, cgBoundaries + 16384L * (1 - fromTop), cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgBankP_cgLn1Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductDataLow
-  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
-  // launches.cg:216:7 (from backward.cg:25:7) cgImageRotary
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductDataLow
+  cgImageProductDataLow(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductDataLow", cgQkv, cgNormed1, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 192, 64);
+  // launches.cg:216:7 (from backward.cg:26:7) cgImageRotary
   CG_LAUNCH(cgImageRotary, dim3(64, 4, 1), dim3(128, 1, 1), 0, stream)(cgQkv, 0);
-  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:25:7) cgImageRotary");
-  // library.cg:133:31 (from backward.cg:25:7) cgImageAttention
+  CG_LAUNCHED("launches.cg:216:7 (from backward.cg:26:7) cgImageRotary");
+  // library.cg:133:31 (from backward.cg:26:7) cgImageAttention
   CG_LAUNCH(cgImageAttention, dim3(1, 4, 4), dim3(64, 1, 1), 30720, stream)(cgAttention, cgAttentionLse, cgQkv);
-  CG_LAUNCHED("library.cg:133:31 (from backward.cg:25:7) cgImageAttention");
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductResidual
-  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
-  // library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm
+  CG_LAUNCHED("library.cg:133:31 (from backward.cg:26:7) cgImageAttention");
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductResidual
+  cgImageProductResidual(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductResidual", cgMiddle, cgAttention, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), cgBoundaries + 16384L * (1 - fromTop), 256, 64, 64);
+  // library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm
   CG_LAUNCH(cgImageLayerNorm, dim3(256, 1, 1), dim3(32, 1, 1), 0, stream)(cgNormed2, cgStatistics2, cgMiddle, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgBankP_cgLn2Beta + 64L * (1 - fromTop), 1e-05f);
-  CG_LAUNCHED("library.cg:27:13 (from backward.cg:25:7) cgImageLayerNorm");
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductGelu
-  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
-  // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedGeluBackward
-  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  CG_LAUNCHED("library.cg:27:13 (from backward.cg:26:7) cgImageLayerNorm");
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductGelu
+  cgImageProductGelu(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductGelu", cgFcAct, cgNormed2, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
+  // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedGeluBackward
+  cgImageProductTransposedGeluBackward(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedGeluBackward", cgGradientFc, cgGradientLow, cgBankHalf_cgProjWeight + 16384L * (1 - fromTop), cgFcPre, 256, 256, 64);
   // concurrently, library.cg:229:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[2], "library.cg:229:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgProjWeight + 16384L * (1 - fromTop), cgFcAct, cgGradientLow, 256, 64, 256);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgFcWeight + 16384L * (1 - fromTop), cgNormed2, cgGradientFc, 64, 256, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
-    // library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientFc, cgBankHalf_cgFcWeight + 16384L * (1 - fromTop), 256, 64, 256);
+    // library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy1, cgGradientNormed, cgMiddle, cgStatistics2, cgBankP_cgLn2Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy0, cgBankG_cgLn2Gamma + 64L * (1 - fromTop), cgBankG_cgLn2Beta + 64L * (1 - fromTop), cgGradientMiddleLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd");
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedLow
-    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
-    // library.cg:297:25 (from backward.cg:25:7) cgImageAttentionDelta
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow
+    cgImageProductTransposedLow(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposedLow", cgGradientAttention, cgGradientMiddleLow, cgBankHalf_cgOutputWeight + 4096L * (1 - fromTop), 256, 64, 64);
+    // library.cg:297:25 (from backward.cg:26:7) cgImageAttentionDelta
     CG_LAUNCH(cgImageAttentionDelta, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream)(cgAttentionDelta, cgAttention, cgGradientAttention);
-    CG_LAUNCHED("library.cg:297:25 (from backward.cg:25:7) cgImageAttentionDelta");
-    // library.cg:301:25 (from backward.cg:25:7) cgImageAttentionBackward
+    CG_LAUNCHED("library.cg:297:25 (from backward.cg:26:7) cgImageAttentionDelta");
+    // library.cg:301:25 (from backward.cg:26:7) cgImageAttentionBackward
     CG_LAUNCH(cgImageAttentionBackward, dim3(4, 4, 2), dim3(64, 1, 1), 37888, stream)(cgGradientQkv, cgQkv, cgGradientAttention, cgAttentionLse, cgAttentionDelta);
-    CG_LAUNCHED("library.cg:301:25 (from backward.cg:25:7) cgImageAttentionBackward");
+    CG_LAUNCHED("library.cg:301:25 (from backward.cg:26:7) cgImageAttentionBackward");
   }
   cg_join(stream, cg_streams[1], cg_events[3], "library.cg:229:33");
   // concurrently, library.cg:235:33: 2 branches
   cg_fork(stream, cg_streams[1], cg_events[4], "library.cg:235:33");
   {  // branch 0, on this stream
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet
-    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgOutputWeight + 4096L * (1 - fromTop), cgAttention, cgGradientMiddleLow, 64, 64, 256);
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet
+    cgImageProductWeightSet(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductWeightSet", cgBankG_cgQkvWeight + 12288L * (1 - fromTop), cgNormed1, cgGradientQkv, 64, 192, 256);
   }
   {  // branch 1, on stream 1
     cudaStream_t stream = cg_streams[1];
-    // launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed
-    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:25:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
-    // library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd
+    // launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed
+    cgImageProductTransposed(stream, "launches.cg:38:13 (from backward.cg:26:7) cgImageProductTransposed", cgGradientNormed, cgGradientQkv, cgBankHalf_cgQkvWeight + 12288L * (1 - fromTop), 256, 64, 192);
+    // library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd
     CG_LAUNCH(cgImageLayerNormBackwardAdd, dim3(8, 1, 1), dim3(256, 1, 1), 0, stream)(cgDy0, cgGradientNormed, cgBoundaries + 16384L * (1 - fromTop), cgStatistics1, cgBankP_cgLn1Gamma + 64L * (1 - fromTop), cgNormPartials, cgDy1, cgBankG_cgLn1Gamma + 64L * (1 - fromTop), cgBankG_cgLn1Beta + 64L * (1 - fromTop), cgGradientLow, 256);
-    CG_LAUNCHED("library.cg:89:21 (from backward.cg:25:7) cgImageLayerNormBackwardAdd");
+    CG_LAUNCHED("library.cg:89:21 (from backward.cg:26:7) cgImageLayerNormBackwardAdd");
   }
   cg_join(stream, cg_streams[1], cg_events[5], "library.cg:235:33");
 }
